@@ -1,0 +1,192 @@
+//! [`Chain`]: an ordered list of stages with one row's seed and step; itself a
+//! [`Sampler`].
+
+use crate::{
+    Candidates, RowRng, SampleError, Sampler, StageContext, StageSpec, TokenId, TokenOrigin,
+    rng::entropy_seed,
+};
+
+/// A sampler chain for one row (one request): stages in order, the row's
+/// seed, and its step counter (tokens sampled since the last reset).
+///
+/// The usage loop, per generated token:
+/// 1. fill a [`Candidates`] from the row's logits `[vocab]`;
+/// 2. [`Chain::sample`] applies every stage, takes the selected token, feeds
+///    it to every stage's `accept` and advances the step;
+/// 3. repeat. Prompt tokens that history-based stages should count are fed
+///    once with [`Chain::accept_prompt`].
+#[derive(Clone)]
+pub struct Chain {
+    stages: Vec<Box<dyn Sampler>>,
+    seed: u64,
+    step: u64,
+}
+
+impl std::fmt::Debug for Chain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chain")
+            .field("stages", &self.names())
+            .field("seed", &self.seed)
+            .field("step", &self.step)
+            .finish()
+    }
+}
+
+impl Chain {
+    /// A chain of `stages`. `seed: None` draws a seed from the OS.
+    pub fn new(stages: Vec<Box<dyn Sampler>>, seed: Option<u64>) -> Self {
+        Self {
+            stages,
+            seed: seed.unwrap_or_else(entropy_seed),
+            step: 0,
+        }
+    }
+
+    /// The row's seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+    /// Tokens sampled (or committed) since the last reset.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+    /// Number of stages, no-op ones included.
+    pub fn len(&self) -> usize {
+        self.stages.len()
+    }
+    /// Whether the chain has no stages.
+    pub fn is_empty(&self) -> bool {
+        self.stages.is_empty()
+    }
+    /// Stage names in order.
+    pub fn names(&self) -> Vec<String> {
+        self.stages.iter().map(|s| s.name().to_string()).collect()
+    }
+    /// The stages.
+    pub fn stages(&self) -> &[Box<dyn Sampler>] {
+        &self.stages
+    }
+    /// Specs of the stages (`None` for custom ones).
+    pub fn specs(&self) -> Vec<Option<StageSpec>> {
+        self.stages.iter().map(|s| s.spec()).collect()
+    }
+    /// Whether some active stage selects a token.
+    pub fn selects(&self) -> bool {
+        self.stages.iter().any(|s| !s.is_noop() && s.selects())
+    }
+
+    /// Apply every stage to `row` (validated first: empty, NaN and `+inf`
+    /// rows are errors). Does not accept or advance the step.
+    ///
+    /// # Errors
+    /// The first stage error, or the validation error.
+    pub fn apply(&mut self, row: &mut Candidates) -> Result<(), SampleError> {
+        self.apply_from(0, row)
+    }
+
+    /// Apply stages `start..` only: the host suffix after a device prefix.
+    ///
+    /// # Errors
+    /// As [`Chain::apply`].
+    pub fn apply_from(&mut self, start: usize, row: &mut Candidates) -> Result<(), SampleError> {
+        row.validate()?;
+        for (index, stage) in self.stages.iter_mut().enumerate().skip(start) {
+            if stage.is_noop() {
+                continue;
+            }
+            let ctx = StageContext {
+                rng: RowRng {
+                    seed: self.seed,
+                    step: self.step,
+                    stage_index: index,
+                },
+            };
+            stage.apply(row, &ctx)?;
+        }
+        Ok(())
+    }
+
+    /// Apply the chain, take the selected token, accept it and advance the step.
+    ///
+    /// # Errors
+    /// [`SampleError::NoSelectingStage`] when no active stage selects; any
+    /// stage or validation error. On error nothing is accepted.
+    pub fn sample(&mut self, row: &mut Candidates) -> Result<TokenId, SampleError> {
+        self.sample_from(0, row)
+    }
+
+    /// [`Chain::sample`] running stages `start..` only.
+    ///
+    /// # Errors
+    /// As [`Chain::sample`].
+    pub fn sample_from(
+        &mut self,
+        start: usize,
+        row: &mut Candidates,
+    ) -> Result<TokenId, SampleError> {
+        if !self.selects() {
+            return Err(SampleError::NoSelectingStage);
+        }
+        self.apply_from(start, row)?;
+        let token = row.selected_token().ok_or(SampleError::NoSelectingStage)?;
+        self.commit(token);
+        Ok(token)
+    }
+
+    /// Record a token chosen elsewhere (e.g. on a device) as this row's
+    /// output: every stage accepts it and the step advances.
+    pub fn commit(&mut self, token: TokenId) {
+        self.accept(token, TokenOrigin::Output);
+        self.step += 1;
+    }
+
+    /// Feed one accepted token to every stage (does not advance the step).
+    pub fn accept(&mut self, token: TokenId, origin: TokenOrigin) {
+        for s in &mut self.stages {
+            s.accept(token, origin);
+        }
+    }
+
+    /// Feed prompt tokens, in order, to history-based stages.
+    pub fn accept_prompt(&mut self, tokens: &[TokenId]) {
+        for &t in tokens {
+            self.accept(t, TokenOrigin::Prompt);
+        }
+    }
+
+    /// Forget history and adaptive state; the step restarts at 0, so a fixed
+    /// seed replays the same random numbers.
+    pub fn reset(&mut self) {
+        for s in &mut self.stages {
+            s.reset();
+        }
+        self.step = 0;
+    }
+}
+
+/// A chain is itself a sampler (tokenizers' `Sequence`): its stages run with
+/// lanes relative to the inner chain and the outer step.
+impl Sampler for Chain {
+    fn name(&self) -> &str {
+        "chain"
+    }
+    fn selects(&self) -> bool {
+        Chain::selects(self)
+    }
+    fn apply(&mut self, row: &mut Candidates, ctx: &StageContext) -> Result<(), SampleError> {
+        let saved = self.step;
+        self.step = ctx.rng.step;
+        let r = Chain::apply(self, row);
+        self.step = saved;
+        r
+    }
+    fn accept(&mut self, token: TokenId, origin: TokenOrigin) {
+        Chain::accept(self, token, origin);
+    }
+    fn reset(&mut self) {
+        Chain::reset(self);
+    }
+    fn box_clone(&self) -> Box<dyn Sampler> {
+        Box::new(self.clone())
+    }
+}

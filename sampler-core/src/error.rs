@@ -1,0 +1,87 @@
+//! Error types. Every error has structured fields so callers can match on them;
+//! nothing in this workspace panics on user input.
+
+use thiserror::Error;
+
+/// A parameter value outside its documented range.
+///
+/// Carries the stage's canonical name, the parameter name, the offending value
+/// (as text, so ints, floats and lists all fit) and the valid range in words.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[error("{stage}.{param} = {value} is out of range: expected {expected}")]
+pub struct ParamError {
+    /// Canonical stage name, e.g. `top_p`.
+    pub stage: &'static str,
+    /// Parameter name, e.g. `p`.
+    pub param: &'static str,
+    /// The rejected value, formatted.
+    pub value: String,
+    /// The valid range in words, e.g. `a finite number in [0, 1]`.
+    pub expected: String,
+}
+
+/// Why one row could not be sampled. Errors are per row: in a batch, one bad
+/// row never spoils the others.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum SampleError {
+    /// The row has no logits at all (vocabulary of size 0).
+    #[error("the row is empty: a vocabulary of 0 tokens cannot be sampled")]
+    EmptyRow,
+    /// A NaN logit makes the whole row invalid (DESIGN.md contract 8).
+    #[error("logit at position {index} is NaN: the row is invalid")]
+    NanLogit {
+        /// Position in the row (== token id for a raw vocabulary row).
+        index: usize,
+    },
+    /// A `+inf` logit has no probability interpretation; the row is invalid.
+    #[error("logit at position {index} is +inf: the row is invalid")]
+    PosInfLogit {
+        /// Position in the row.
+        index: usize,
+    },
+    /// Every remaining candidate has logit `-inf` (probability 0), so no
+    /// token can be drawn. llama.cpp would return NaN probabilities here.
+    #[error("every candidate logit is -inf: no token has positive probability")]
+    AllMasked,
+    /// A token was asked for but no stage in the chain selects one
+    /// (e.g. `top_k;top_p` without `dist` or `greedy`).
+    #[error("the chain has no stage that selects a token (add `dist` or `greedy` at the end)")]
+    NoSelectingStage,
+    /// Logits buffer does not match the declared `[batch, vocab]` shape.
+    #[error(
+        "logits have {len} values but the shape [batch = {batch}, vocab = {vocab}] needs {expected}"
+    )]
+    Shape {
+        /// Values supplied.
+        len: usize,
+        /// Declared batch size.
+        batch: usize,
+        /// Declared vocabulary size.
+        vocab: usize,
+        /// `batch * vocab` (saturating).
+        expected: usize,
+    },
+    /// The number of per-row chains does not match the batch size.
+    #[error("{chains} chains were given for a batch of {batch} rows")]
+    ChainCount {
+        /// Chains supplied.
+        chains: usize,
+        /// Rows in the batch.
+        batch: usize,
+    },
+    /// A token id at or beyond the vocabulary size.
+    #[error("token id {token} is out of range for a vocabulary of {vocab}")]
+    TokenOutOfRange {
+        /// The offending id.
+        token: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// Invalid stage parameter.
+    #[error(transparent)]
+    Param(#[from] ParamError),
+    /// A device error reported by a backend (sampler-backend maps its own
+    /// errors into this variant when they concern a single row).
+    #[error("device error: {0}")]
+    Device(String),
+}

@@ -1,0 +1,38 @@
+//! # sampler-core
+//!
+//! The vocabulary of sampler-chain, with no burn dependency: a user who only
+//! samples on the CPU never compiles a tensor library.
+//!
+//! * [`TokenId`], [`Candidates`]: one row's working set (ids, logits, probs, flags, selection);
+//! * [`StageKind`], [`StageMeta`]: static metadata of every stage (contract 2);
+//! * [`StageSpec`], [`ChainSpec`]: declarative chains (what `chain-config` builds);
+//! * [`Sampler`], [`Chain`]: the CPU hooks `apply` / `accept` / `reset` (contract 3);
+//! * [`plan`]: the planner and readback formats (contracts 5 and 6);
+//! * [`rng`]: counter-based randomness (contract 7);
+//! * [`SampleError`], [`ParamError`]: structured errors (contract 9).
+//!
+//! Implementations of the stages live in `sampler-cpu`; device hooks in
+//! `sampler-backend`.
+
+#![warn(missing_docs)]
+
+mod candidates;
+mod chain;
+mod error;
+mod meta;
+pub mod plan;
+pub mod rng;
+mod sampler;
+mod spec;
+
+pub use candidates::{Candidates, RawCandidates, desc_cmp, validate_logits};
+pub use chain::Chain;
+pub use error::{ParamError, SampleError};
+pub use meta::{Effects, ParamKind, ParamMeta, StageKind, StageMeta};
+pub use plan::{OffloadPolicy, Plan, PlanStage, Readback};
+pub use rng::RowRng;
+pub use sampler::{Sampler, StageContext, TokenOrigin};
+pub use spec::{ChainSpec, GREEDY_TEMPERATURE, HistoryScope, StageSpec};
+
+/// A token id: an index into the vocabulary, `0..vocab`.
+pub type TokenId = u32;

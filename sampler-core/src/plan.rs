@@ -1,0 +1,298 @@
+//! The planner (DESIGN.md contract 5) and readback formats (contract 6).
+//!
+//! Pure functions of stage metadata, parameters and the device's `init`
+//! answers: a [`Plan`] is a value that prints and can be compared in tests.
+
+use std::fmt;
+
+use crate::StageSpec;
+
+/// How much of a chain may run on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OffloadPolicy {
+    /// The longest device-capable prefix.
+    #[default]
+    Auto,
+    /// Everything on the host.
+    Off,
+    /// At most this many active (non-no-op) stages on the device.
+    Stages(usize),
+}
+
+/// What crosses from the device to the host after the device prefix, per row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readback {
+    /// The whole chain ran on the device: one `u32` token id (4 bytes).
+    TokenIds,
+    /// A device `top_k` truncated the row: the `k` survivors' ids and logits (8·k bytes).
+    Candidates {
+        /// Survivors per row.
+        k: usize,
+    },
+    /// Nothing truncated: the full row of (possibly masked) logits (4·vocab bytes).
+    FullLogits {
+        /// Vocabulary size.
+        vocab: usize,
+    },
+}
+
+impl Readback {
+    /// Bytes read back per row per step.
+    pub fn bytes_per_row(&self) -> usize {
+        match *self {
+            Readback::TokenIds => 4,
+            Readback::Candidates { k } => 8 * k,
+            Readback::FullLogits { vocab } => 4 * vocab,
+        }
+    }
+}
+
+impl fmt::Display for Readback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Readback::TokenIds => write!(f, "token ids"),
+            Readback::Candidates { k } => write!(f, "candidates (ids + logits of {k} survivors)"),
+            Readback::FullLogits { vocab } => write!(f, "full logits ({vocab} per row)"),
+        }
+    }
+}
+
+/// Where each stage of a chain runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Stage names in chain order (index = stage index).
+    pub names: Vec<String>,
+    /// Indices of active stages run on the device, in order.
+    pub device: Vec<usize>,
+    /// Indices of active stages run on the host, in order.
+    pub host: Vec<usize>,
+    /// Indices of no-op stages (dropped everywhere).
+    pub skipped: Vec<usize>,
+    /// The first stage index the host runs (`Chain::apply_from`).
+    pub host_start: usize,
+    /// What is read back per row.
+    pub readback: Readback,
+}
+
+impl Plan {
+    /// Bytes read back per row per step.
+    pub fn bytes_per_row(&self) -> usize {
+        self.readback.bytes_per_row()
+    }
+    /// Whether the device selects the token (nothing left for the host).
+    pub fn fully_offloaded(&self) -> bool {
+        self.readback == Readback::TokenIds
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |ix: &[usize]| {
+            if ix.is_empty() {
+                "(none)".to_string()
+            } else {
+                ix.iter()
+                    .map(|&i| self.names[i].as_str())
+                    .collect::<Vec<_>>()
+                    .join(" -> ")
+            }
+        };
+        writeln!(f, "device stages: {}", list(&self.device))?;
+        writeln!(f, "host stages:   {}", list(&self.host))?;
+        if !self.skipped.is_empty() {
+            writeln!(f, "no-op stages:  {}", list(&self.skipped))?;
+        }
+        write!(
+            f,
+            "readback:      {} = {} bytes/row/step",
+            self.readback,
+            self.bytes_per_row()
+        )
+    }
+}
+
+/// The planner's view of one stage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanStage {
+    /// Display name.
+    pub name: String,
+    /// Built-in spec, or `None` for a custom (host-only) stage.
+    pub spec: Option<StageSpec>,
+    /// The device's `init` answer for this stage (`false` when no hook exists).
+    pub device_ok: bool,
+}
+
+/// Plan a chain over a vocabulary of `vocab` tokens.
+///
+/// The device prefix is the longest run of active stages from the start whose
+/// device hook exists and whose `init` succeeded (`device_ok`); no-op stages
+/// are skipped and never break it. A selecting stage joins the prefix only if
+/// no active stage follows it. [`OffloadPolicy::Stages`] caps the prefix.
+pub fn plan(stages: &[PlanStage], vocab: usize, policy: OffloadPolicy) -> Plan {
+    let cap = match policy {
+        OffloadPolicy::Auto => usize::MAX,
+        OffloadPolicy::Off => 0,
+        OffloadPolicy::Stages(n) => n,
+    };
+    let active: Vec<usize> = (0..stages.len())
+        .filter(|&i| !stages[i].spec.as_ref().is_some_and(|s| s.is_noop()))
+        .collect();
+    let skipped: Vec<usize> = (0..stages.len()).filter(|i| !active.contains(i)).collect();
+
+    let mut device = Vec::new();
+    for (pos, &i) in active.iter().enumerate() {
+        let st = &stages[i];
+        let Some(spec) = &st.spec else { break };
+        if device.len() >= cap || !spec.kind().meta().device_hook || !st.device_ok {
+            break;
+        }
+        if spec.selects() && pos + 1 != active.len() {
+            break;
+        }
+        device.push(i);
+    }
+    let host: Vec<usize> = active[device.len()..].to_vec();
+    let host_start = host.first().copied().unwrap_or(stages.len());
+
+    let selects_on_device = device
+        .last()
+        .is_some_and(|&i| stages[i].spec.as_ref().is_some_and(|s| s.selects()));
+    let min_k = device
+        .iter()
+        .filter_map(|&i| match stages[i].spec {
+            Some(StageSpec::TopK { k }) if k > 0 => Some((k as u64).min(vocab as u64) as usize),
+            _ => None,
+        })
+        .min();
+    let readback = if selects_on_device {
+        Readback::TokenIds
+    } else if let Some(k) = min_k {
+        Readback::Candidates { k }
+    } else {
+        Readback::FullLogits { vocab }
+    };
+    Plan {
+        names: stages.iter().map(|s| s.name.clone()).collect(),
+        device,
+        host,
+        skipped,
+        host_start,
+        readback,
+    }
+}
+
+/// Plan stages given as specs, with a device that accepts every stage that
+/// has a device hook (`device_ok = meta.device_hook`).
+pub fn plan_specs(specs: &[StageSpec], vocab: usize, policy: OffloadPolicy) -> Plan {
+    let stages: Vec<PlanStage> = specs
+        .iter()
+        .map(|s| PlanStage {
+            name: s.name().to_string(),
+            spec: Some(s.clone()),
+            device_ok: s.kind().meta().device_hook,
+        })
+        .collect();
+    plan(&stages, vocab, policy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StageSpec as S;
+
+    fn temp(t: f32) -> S {
+        S::Temperature {
+            t,
+            dynatemp_range: 0.0,
+            dynatemp_exponent: 1.0,
+        }
+    }
+
+    #[test]
+    fn whole_chain_offloaded_reads_ids() {
+        let p = plan_specs(
+            &[
+                S::TopK { k: 40 },
+                temp(0.8),
+                S::TopP {
+                    p: 0.9,
+                    min_keep: 0,
+                },
+                S::Dist,
+            ],
+            32000,
+            OffloadPolicy::Auto,
+        );
+        assert_eq!(p.device, vec![0, 1, 2, 3]);
+        assert!(p.host.is_empty());
+        assert_eq!(p.bytes_per_row(), 4);
+    }
+
+    #[test]
+    fn noop_stage_does_not_break_prefix() {
+        let p = plan_specs(
+            &[
+                S::Typical {
+                    p: 1.0,
+                    min_keep: 0,
+                },
+                S::TopK { k: 40 },
+                S::Dist,
+            ],
+            100,
+            OffloadPolicy::Auto,
+        );
+        assert_eq!(p.device, vec![1, 2]);
+        assert_eq!(p.skipped, vec![0]);
+    }
+
+    #[test]
+    fn host_only_stage_ends_prefix_and_top_k_reads_candidates() {
+        let p = plan_specs(
+            &[
+                S::TopK { k: 40 },
+                S::Typical {
+                    p: 0.5,
+                    min_keep: 0,
+                },
+                S::Dist,
+            ],
+            32000,
+            OffloadPolicy::Auto,
+        );
+        assert_eq!(p.device, vec![0]);
+        assert_eq!(p.host, vec![1, 2]);
+        assert_eq!(p.host_start, 1);
+        assert_eq!(p.readback, Readback::Candidates { k: 40 });
+        assert_eq!(p.bytes_per_row(), 320);
+    }
+
+    #[test]
+    fn no_truncation_reads_full_rows_and_policy_caps() {
+        let p = plan_specs(
+            &[
+                temp(0.7),
+                S::Xtc {
+                    probability: 0.5,
+                    threshold: 0.1,
+                    min_keep: 0,
+                },
+                S::Dist,
+            ],
+            1000,
+            OffloadPolicy::Auto,
+        );
+        assert_eq!(p.readback, Readback::FullLogits { vocab: 1000 });
+        let off = plan_specs(&[S::TopK { k: 5 }, S::Dist], 1000, OffloadPolicy::Off);
+        assert!(off.device.is_empty());
+        let one = plan_specs(&[S::TopK { k: 5 }, S::Dist], 1000, OffloadPolicy::Stages(1));
+        assert_eq!(one.device, vec![0]);
+        assert!(format!("{one}").contains("device stages: top_k"));
+    }
+
+    #[test]
+    fn k_is_clamped_to_vocab() {
+        let p = plan_specs(&[S::TopK { k: 10 }], 4, OffloadPolicy::Auto);
+        assert_eq!(p.readback, Readback::Candidates { k: 4 });
+    }
+}
