@@ -1,1 +1,3 @@
 //! examples library
+
+pub mod llama2;

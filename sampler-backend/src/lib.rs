@@ -1,9 +1,54 @@
-//! sampler-backend
-use burn_tensor::Tensor;
-pub fn probe() -> Vec<f32> {
-    let device = burn_tensor::Device::default();
-    let t = Tensor::<2>::from_floats([[1.0, 2.0, 3.0]], &device);
-    let (v, i) = t.topk_with_indices(2, 1);
-    let _ = i;
-    v.into_data().to_vec::<f32>().unwrap()
-}
+//! # sampler-backend
+//!
+//! burn device hooks for sampler-chain stages, the hybrid executor that runs
+//! a chain's device prefix next to the logits and the rest on the CPU, the
+//! readback formats, and run-time device selection.
+//!
+//! ## The per-step loop
+//!
+//! ```no_run
+//! # #[cfg(feature = "flex")] {
+//! use sampler_backend::{Executor, parse_device};
+//! use sampler_core::{ChainSpec, OffloadPolicy, StageSpec};
+//! use burn_tensor::Tensor;
+//!
+//! let device = parse_device("flex").unwrap();
+//! let chain = ChainSpec::new(vec![StageSpec::TopK { k: 40 }, StageSpec::Dist], Some(42));
+//! let mut exec = Executor::new(vec![chain; 2], 8, &device, OffloadPolicy::Auto).unwrap();
+//! exec.accept_prompt(0, &[1, 2, 3]);          // history for penalties (state change)
+//! let logits = Tensor::<2>::zeros([2, 8], &device); // [batch, vocab], from the model
+//! let out = exec.step(logits).unwrap();       // one batched pass + one readback
+//! // inside `step`:
+//! // 1. validate rows (NaN / +inf -> that row's error, others go on);
+//! // 2. `set_input`: upload uniforms (contract 7) and history deltas;
+//! // 3. `apply`: append each device stage's tensor ops;
+//! // 4. read back once: token ids (4 B/row), or the k survivors after a top_k
+//! //    (8 k B/row), or full rows (4 V B/row);
+//! // 5. the host suffix runs on sampler-cpu (`Chain::sample_from`);
+//! // 6. `accept`: every row's chain and the device state record the token.
+//! assert_eq!(out.tokens.len(), 2);
+//! println!("{} bytes read back", out.bytes_read);
+//! # }
+//! ```
+//!
+//! `Executor::plan` is a pure check (what runs where); `step`,
+//! `accept_prompt` and `reset` change state.
+//!
+//! Design notes: `docs/architecture.md`.
+
+#![warn(missing_docs)]
+
+mod device;
+mod error;
+mod executor;
+pub mod ops;
+pub mod readback;
+mod stage;
+pub mod stages;
+
+pub use burn_tensor;
+pub use burn_tensor::{Device, Tensor, TensorData};
+pub use device::{compiled_devices, parse_device};
+pub use error::BackendError;
+pub use executor::{Executor, FilterOutput, StepOutput};
+pub use stage::{DeviceStage, InitContext, RowState, StepData, build_device_stage};

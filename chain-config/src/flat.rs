@@ -1,0 +1,581 @@
+//! OpenAI / vLLM-style flat sampling parameters -> the canonical chain.
+
+use std::collections::BTreeMap;
+
+use sampler_core::{ChainSpec, GREEDY_TEMPERATURE, HistoryScope, StageSpec, TokenId};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ConfigError, Diagnostic};
+use crate::json::{find_key, json_type};
+use crate::suggest::suggest;
+use crate::{ChainConfig, DeviceConfig, LoadOptions};
+
+/// The window of the penalties stages built from flat parameters when
+/// `repeat_last_n` is not given: the whole history (vLLM and transformers
+/// count every token). The largest count a TOML integer can hold, so the
+/// chain still round-trips through TOML.
+pub const WHOLE_HISTORY: usize = if usize::BITS >= 64 {
+    i64::MAX as usize
+} else {
+    usize::MAX
+};
+
+/// Flat sampling parameters as in OpenAI / vLLM requests (plus the
+/// llama.cpp-server and Hugging Face extras listed below). Every field is
+/// optional; an absent field takes the neutral OpenAI / vLLM default noted
+/// on it (not llama.cpp's defaults: `temperature` is 1, not 0.8).
+///
+/// [`SamplingParams::to_chain`] builds the canonical chain in llama.cpp's
+/// default order (`logit_bias; penalties; no_repeat_ngram; dry; top_n_sigma;
+/// top_k; typical; top_p; min_p; xtc; temperature; dist`), leaving out every
+/// stage whose parameters make it a no-op. Note that vLLM itself applies
+/// temperature *before* top-k / top-p / min-p; declare that order
+/// explicitly (preset `examples/chains/vllm.toml`) when it matters.
+///
+/// Greedy rules (vLLM / TensorRT-LLM): `temperature < 1e-5` (i.e. 0),
+/// `top_k == 1`, `top_p == 0`, `min_p == 1` or `do_sample == false` give the
+/// chain `[logit_bias] [penalties...] [no_repeat_ngram] [dry] greedy`, with a
+/// [`Diagnostic::IgnoredByGreedy`] naming every other parameter that thereby
+/// has no effect.
+///
+/// History scopes: `repetition_penalty` counts prompt and output tokens
+/// ([`HistoryScope::PromptAndOutput`], vLLM and transformers);
+/// `frequency_penalty` / `presence_penalty` count output tokens only
+/// ([`HistoryScope::Output`], vLLM / OpenAI). So each gets its own
+/// `penalties` stage. Both use the window `repeat_last_n`, by default
+/// [`WHOLE_HISTORY`].
+///
+/// Deserialises from JSON with unknown fields refused; prefer
+/// [`SamplingParams::from_json_str`], whose errors carry suggestions and
+/// `line:column`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingParams {
+    /// Temperature, `>= 0`; `< 1e-5` (i.e. 0) means greedy. Default 1 (off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Top-k: `-1` or `0` off (vLLM uses -1), `1` greedy, `k >= 1` keeps k. Default off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<i64>,
+    /// Nucleus mass in `[0, 1]`; `0` greedy, `1` off. Default 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    /// Min-p in `[0, 1]`; `0` off, `1` greedy. Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f32>,
+    /// Locally typical mass in `[0, 1]`; `1` off (transformers / llama.cpp server). Default 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub typical_p: Option<f32>,
+    /// Top-n-sigma, finite; `<= 0` off (llama.cpp server). Default off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_n_sigma: Option<f32>,
+    /// XTC chance in `[0, 1]`; `0` off (llama.cpp server). Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub xtc_probability: Option<f32>,
+    /// XTC threshold in `[0, 1]`; `> 0.5` off. Default 0.1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub xtc_threshold: Option<f32>,
+    /// Dynamic-temperature half range, `>= 0` (llama.cpp server). Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dynatemp_range: Option<f32>,
+    /// Dynamic-temperature exponent, `>= 0`. Default 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dynatemp_exponent: Option<f32>,
+    /// Repetition penalty, finite `> 0`; `1` off. Positive logits of tokens
+    /// seen in the prompt or output are divided by it, negative ones
+    /// multiplied (CTRL / vLLM / transformers). Default 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<f32>,
+    /// Subtracted once per occurrence in the output, in `[-2, 2]` (OpenAI / vLLM). Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f32>,
+    /// Subtracted once if present in the output, in `[-2, 2]` (OpenAI / vLLM). Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f32>,
+    /// Penalty window in tokens, `>= 0`; `0` disables the penalties
+    /// (llama.cpp server `repeat_last_n`; alias `penalty_last_n`). Default
+    /// [`WHOLE_HISTORY`]. Negative values are an error (llama.cpp #9356).
+    #[serde(alias = "penalty_last_n", skip_serializing_if = "Option::is_none")]
+    pub repeat_last_n: Option<i64>,
+    /// Ban any token that would repeat an n-gram of this size from the prompt
+    /// or output, `>= 0`; `0` off (transformers). Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_repeat_ngram_size: Option<i64>,
+    /// DRY multiplier, `>= 0`; `0` off (llama.cpp server). Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_multiplier: Option<f32>,
+    /// DRY base, `>= 1`. Default 1.75.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_base: Option<f32>,
+    /// DRY free repeat length, `>= 0`. Default 2.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_allowed_length: Option<i64>,
+    /// DRY window, `>= 0`; `0` off. Default 64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_penalty_last_n: Option<i64>,
+    /// DRY sequence breakers as token-id sequences (tokenise llama.cpp's
+    /// strings first). Default none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_sequence_breakers: Option<Vec<Vec<TokenId>>>,
+    /// Mirostat mode: `0` off, `1` v1, `2` v2 (llama.cpp: replaces the
+    /// truncation stages by `temperature; mirostat`). Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mirostat: Option<i64>,
+    /// Mirostat target surprise in bits, `>= 0`. Default 5.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mirostat_tau: Option<f32>,
+    /// Mirostat learning rate, `>= 0`. Default 0.1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mirostat_eta: Option<f32>,
+    /// `min_keep` of top_p / min_p / typical / xtc, `>= 0`. Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_keep: Option<i64>,
+    /// Token id -> bias added to its logit (OpenAI / vLLM `logit_bias`; JSON
+    /// keys are decimal token ids). Finite, or `-inf` to ban (Rust only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<BTreeMap<TokenId, f32>>,
+    /// Row seed (contract-7 randomness). Default: fresh from the OS.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// `false` means greedy (transformers). Default sampling.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub do_sample: Option<bool>,
+}
+
+/// Every JSON key of [`SamplingParams`] (and its aliases).
+pub(crate) const FIELDS: [&str; 28] = [
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "top_n_sigma",
+    "xtc_probability",
+    "xtc_threshold",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "repeat_last_n",
+    "penalty_last_n",
+    "no_repeat_ngram_size",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "min_keep",
+    "logit_bias",
+    "seed",
+    "do_sample",
+];
+
+fn fmt_f(x: f32) -> String {
+    format!("{x}")
+}
+
+fn range_err(path: &str, value: String, expected: &str) -> ConfigError {
+    ConfigError::OutOfRange {
+        path: path.to_string(),
+        value,
+        expected: expected.to_string(),
+        location: None,
+    }
+}
+
+fn check_f(path: &str, v: Option<f32>, ok: impl Fn(f32) -> bool, expected: &str) -> Result<(), ConfigError> {
+    match v {
+        Some(x) if !ok(x) => Err(range_err(path, fmt_f(x), expected)),
+        _ => Ok(()),
+    }
+}
+
+fn check_i(path: &str, v: Option<i64>, ok: impl Fn(i64) -> bool, expected: &str) -> Result<(), ConfigError> {
+    match v {
+        Some(x) if !ok(x) => Err(range_err(path, x.to_string(), expected)),
+        _ => Ok(()),
+    }
+}
+
+fn count(v: Option<i64>, default: usize) -> usize {
+    v.and_then(|x| usize::try_from(x).ok()).unwrap_or(default)
+}
+
+impl SamplingParams {
+    /// Parse a JSON object of flat parameters (e.g. the sampling part of an
+    /// OpenAI / vLLM request body) and check every range.
+    ///
+    /// # Errors
+    /// [`ConfigError::Syntax`] / [`ConfigError::Schema`] with `line:column`;
+    /// [`ConfigError::UnknownKey`] with a suggestion (`top_kk` -> `top_k`);
+    /// [`ConfigError::OutOfRange`] naming the key, as [`SamplingParams::check`].
+    pub fn from_json_str(text: &str) -> Result<Self, ConfigError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| crate::json::schema_error(text, &e))?;
+        let serde_json::Value::Object(map) = &value else {
+            return Err(ConfigError::WrongType {
+                path: "(root)".into(),
+                found: json_type(&value).into(),
+                expected: "an object of sampling parameters".into(),
+                location: Some(crate::Location { line: 1, column: 1 }),
+            });
+        };
+        for key in map.keys() {
+            if !FIELDS.contains(&key.as_str()) {
+                return Err(ConfigError::UnknownKey {
+                    path: key.clone(),
+                    location: find_key(text, key),
+                    suggestion: suggest(key, FIELDS),
+                });
+            }
+        }
+        let params: SamplingParams =
+            serde_json::from_str(text).map_err(|e| crate::json::schema_error(text, &e))?;
+        params.check().map_err(|e| match e {
+            ConfigError::OutOfRange {
+                path,
+                value,
+                expected,
+                location: None,
+            } => {
+                let key = path.split('.').next().unwrap_or(&path).to_string();
+                ConfigError::OutOfRange {
+                    location: find_key(text, &key),
+                    path,
+                    value,
+                    expected,
+                }
+            }
+            other => other,
+        })?;
+        Ok(params)
+    }
+
+    /// Check every given value against its range (listed on each field).
+    ///
+    /// # Errors
+    /// [`ConfigError::OutOfRange`] with the field name as the path (no location).
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let finite_ge0 = |x: f32| x.is_finite() && x >= 0.0;
+        let unit = |x: f32| (0.0..=1.0).contains(&x);
+        check_f("temperature", self.temperature, finite_ge0, "a finite number >= 0 (0 = greedy)")?;
+        check_i("top_k", self.top_k, |k| k >= -1, "-1 or 0 (off), or an integer >= 1 (1 = greedy)")?;
+        check_f("top_p", self.top_p, unit, "a number in [0, 1] (0 = greedy, 1 = off)")?;
+        check_f("min_p", self.min_p, unit, "a number in [0, 1] (0 = off, 1 = greedy)")?;
+        check_f("typical_p", self.typical_p, unit, "a number in [0, 1] (1 = off)")?;
+        check_f("top_n_sigma", self.top_n_sigma, f32::is_finite, "a finite number (<= 0 = off)")?;
+        check_f("xtc_probability", self.xtc_probability, unit, "a number in [0, 1]")?;
+        check_f("xtc_threshold", self.xtc_threshold, unit, "a number in [0, 1] (above 0.5 disables)")?;
+        check_f("dynatemp_range", self.dynatemp_range, finite_ge0, "a finite number >= 0")?;
+        check_f("dynatemp_exponent", self.dynatemp_exponent, finite_ge0, "a finite number >= 0")?;
+        check_f(
+            "repetition_penalty",
+            self.repetition_penalty,
+            |x| x.is_finite() && x > 0.0 && (1.0 / x).is_finite(),
+            "a finite number > 0 (1 = off)",
+        )?;
+        let pm2 = |x: f32| (-2.0..=2.0).contains(&x);
+        check_f("frequency_penalty", self.frequency_penalty, pm2, "a number in [-2, 2]")?;
+        check_f("presence_penalty", self.presence_penalty, pm2, "a number in [-2, 2]")?;
+        let ge0 = |x: i64| x >= 0;
+        check_i("repeat_last_n", self.repeat_last_n, ge0, "an integer >= 0 (0 disables)")?;
+        check_i("no_repeat_ngram_size", self.no_repeat_ngram_size, ge0, "an integer >= 0 (0 = off)")?;
+        check_f("dry_multiplier", self.dry_multiplier, finite_ge0, "a finite number >= 0 (0 = off)")?;
+        check_f("dry_base", self.dry_base, |x| x.is_finite() && x >= 1.0, "a finite number >= 1")?;
+        check_i("dry_allowed_length", self.dry_allowed_length, ge0, "an integer >= 0")?;
+        check_i("dry_penalty_last_n", self.dry_penalty_last_n, ge0, "an integer >= 0 (0 disables)")?;
+        if let Some(seqs) = &self.dry_sequence_breakers
+            && let Some(i) = seqs.iter().position(Vec::is_empty)
+        {
+            return Err(range_err(
+                &format!("dry_sequence_breakers[{i}]"),
+                "[]".into(),
+                "a list of non-empty token-id lists",
+            ));
+        }
+        check_i("mirostat", self.mirostat, |m| (0..=2).contains(&m), "0 (off), 1 or 2")?;
+        check_f("mirostat_tau", self.mirostat_tau, finite_ge0, "a finite number >= 0")?;
+        check_f("mirostat_eta", self.mirostat_eta, finite_ge0, "a finite number >= 0")?;
+        check_i("min_keep", self.min_keep, ge0, "an integer >= 0")?;
+        if let Some(bias) = &self.logit_bias {
+            for (t, b) in bias {
+                if !(b.is_finite() || *b == f32::NEG_INFINITY) {
+                    return Err(range_err(
+                        &format!("logit_bias.{t}"),
+                        fmt_f(*b),
+                        "a finite number, or -inf to ban the token",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// This request over `file` (e.g. a model's `generation_config.json`):
+    /// every field the request sets wins, every other field comes from the
+    /// file, and what neither sets keeps the default.
+    ///
+    /// One rule beyond field-by-field: a `do_sample = false` from the file
+    /// does not turn a request that asks for sampling into greedy. If the
+    /// request sets none of `do_sample` but some of `temperature`, `top_k`,
+    /// `top_p`, `min_p`, `typical_p`, the file's `do_sample = false` is
+    /// dropped and a [`Diagnostic::DoSampleOverridden`] says so.
+    pub fn over(&self, file: &SamplingParams) -> (SamplingParams, Vec<Diagnostic>) {
+        macro_rules! pick {
+            ($($f:ident),*) => {
+                SamplingParams { $($f: self.$f.clone().or_else(|| file.$f.clone())),* }
+            };
+        }
+        let mut merged = pick!(
+            temperature, top_k, top_p, min_p, typical_p, top_n_sigma, xtc_probability,
+            xtc_threshold, dynatemp_range, dynatemp_exponent, repetition_penalty,
+            frequency_penalty, presence_penalty, repeat_last_n, no_repeat_ngram_size,
+            dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
+            dry_sequence_breakers, mirostat, mirostat_tau, mirostat_eta, min_keep, logit_bias,
+            seed, do_sample
+        );
+        let mut notes = Vec::new();
+        if self.do_sample.is_none() && file.do_sample == Some(false) {
+            let by: Vec<String> = [
+                ("temperature", self.temperature.is_some()),
+                ("top_k", self.top_k.is_some()),
+                ("top_p", self.top_p.is_some()),
+                ("min_p", self.min_p.is_some()),
+                ("typical_p", self.typical_p.is_some()),
+            ]
+            .into_iter()
+            .filter(|(_, set)| *set)
+            .map(|(n, _)| n.to_string())
+            .collect();
+            if !by.is_empty() {
+                merged.do_sample = None;
+                notes.push(Diagnostic::DoSampleOverridden { by });
+            }
+        }
+        (merged, notes)
+    }
+
+    /// Build the canonical chain (see the type's documentation for the
+    /// order, the greedy rules and the history scopes). The result always
+    /// selects a token; the device is the default one.
+    ///
+    /// # Errors
+    /// [`ConfigError::OutOfRange`] from [`SamplingParams::check`].
+    pub fn to_chain(&self) -> Result<ChainConfig, ConfigError> {
+        self.check()?;
+        let mut diagnostics = Vec::new();
+        let min_keep = count(self.min_keep, 0);
+        let window = count(self.repeat_last_n, WHOLE_HISTORY);
+
+        // Stages that act whatever the sampling mode.
+        let mut head = Vec::new();
+        if let Some(bias) = &self.logit_bias {
+            head.push(StageSpec::LogitBias {
+                bias: bias.iter().map(|(t, b)| (*t, *b)).collect(),
+            });
+        }
+        head.push(StageSpec::Penalties {
+            last_n: window,
+            repeat: self.repetition_penalty.unwrap_or(1.0),
+            frequency: 0.0,
+            presence: 0.0,
+            scope: HistoryScope::PromptAndOutput,
+        });
+        head.push(StageSpec::Penalties {
+            last_n: window,
+            repeat: 1.0,
+            frequency: self.frequency_penalty.unwrap_or(0.0),
+            presence: self.presence_penalty.unwrap_or(0.0),
+            scope: HistoryScope::Output,
+        });
+        head.push(StageSpec::NoRepeatNgram {
+            n: count(self.no_repeat_ngram_size, 0),
+            scope: HistoryScope::PromptAndOutput,
+        });
+        head.push(StageSpec::Dry {
+            multiplier: self.dry_multiplier.unwrap_or(0.0),
+            base: self.dry_base.unwrap_or(1.75),
+            allowed_length: count(self.dry_allowed_length, 2),
+            last_n: count(self.dry_penalty_last_n, 64),
+            seq_breakers: self.dry_sequence_breakers.clone().unwrap_or_default(),
+            scope: HistoryScope::PromptAndOutput,
+        });
+
+        // Greedy rules.
+        let t = self.temperature.unwrap_or(1.0);
+        let mut rules = Vec::new();
+        if t < GREEDY_TEMPERATURE {
+            rules.push(format!("temperature = {}", fmt_f(t)));
+        }
+        if self.top_k == Some(1) {
+            rules.push("top_k = 1".to_string());
+        }
+        if self.top_p == Some(0.0) {
+            rules.push("top_p = 0".to_string());
+        }
+        if self.min_p == Some(1.0) {
+            rules.push("min_p = 1".to_string());
+        }
+        if self.do_sample == Some(false) {
+            rules.push("do_sample = false".to_string());
+        }
+
+        // Parameters of the sampling stages that are set to a non-neutral
+        // value, for "ignored" diagnostics.
+        let mut shaping: Vec<(&str, String)> = Vec::new();
+        let mut note_f = |name: &'static str, v: Option<f32>, neutral: f32| {
+            if let Some(x) = v
+                && x != neutral
+            {
+                shaping.push((name, format!("{name} = {}", fmt_f(x))));
+            }
+        };
+        note_f("temperature", self.temperature, 1.0);
+        note_f("top_p", self.top_p, 1.0);
+        note_f("min_p", self.min_p, 0.0);
+        note_f("typical_p", self.typical_p, 1.0);
+        note_f("top_n_sigma", self.top_n_sigma.filter(|n| *n > 0.0), -1.0);
+        note_f("xtc_probability", self.xtc_probability, 0.0);
+        note_f("dynatemp_range", self.dynatemp_range, 0.0);
+        if let Some(k) = self.top_k
+            && k > 0
+        {
+            shaping.push(("top_k", format!("top_k = {k}")));
+        }
+        if let Some(m) = self.mirostat
+            && m != 0
+        {
+            shaping.push(("mirostat", format!("mirostat = {m}")));
+        }
+
+        let mut stages = head;
+        if !rules.is_empty() {
+            let triggers = ["temperature", "top_k", "top_p", "min_p"];
+            let ignored: Vec<String> = shaping
+                .iter()
+                .filter(|(name, _)| {
+                    !(triggers.contains(name) && rules.iter().any(|r| r.starts_with(*name)))
+                })
+                .map(|(_, text)| text.clone())
+                .collect();
+            if !ignored.is_empty() {
+                diagnostics.push(Diagnostic::IgnoredByGreedy { rules, ignored });
+            }
+            stages.push(StageSpec::Greedy);
+        } else if let Some(mode) = self.mirostat.filter(|m| *m != 0) {
+            let ignored: Vec<String> = shaping
+                .iter()
+                .filter(|(name, _)| !matches!(*name, "temperature" | "mirostat"))
+                .map(|(_, text)| text.clone())
+                .collect();
+            if !ignored.is_empty() {
+                diagnostics.push(Diagnostic::IgnoredByMirostat {
+                    mode: if mode == 1 { 1 } else { 2 },
+                    ignored,
+                });
+            }
+            stages.push(StageSpec::Temperature {
+                t,
+                dynatemp_range: 0.0,
+                dynatemp_exponent: 1.0,
+            });
+            let tau = self.mirostat_tau.unwrap_or(5.0);
+            let eta = self.mirostat_eta.unwrap_or(0.1);
+            stages.push(if mode == 1 {
+                StageSpec::Mirostat { tau, eta, m: 100 }
+            } else {
+                StageSpec::MirostatV2 { tau, eta }
+            });
+        } else {
+            stages.push(StageSpec::TopNSigma {
+                n: self.top_n_sigma.unwrap_or(-1.0),
+            });
+            stages.push(StageSpec::TopK {
+                k: self.top_k.unwrap_or(0),
+            });
+            stages.push(StageSpec::Typical {
+                p: self.typical_p.unwrap_or(1.0),
+                min_keep,
+            });
+            stages.push(StageSpec::TopP {
+                p: self.top_p.unwrap_or(1.0),
+                min_keep,
+            });
+            stages.push(StageSpec::MinP {
+                p: self.min_p.unwrap_or(0.0),
+                min_keep,
+            });
+            stages.push(StageSpec::Xtc {
+                probability: self.xtc_probability.unwrap_or(0.0),
+                threshold: self.xtc_threshold.unwrap_or(0.1),
+                min_keep,
+            });
+            stages.push(StageSpec::Temperature {
+                t,
+                dynatemp_range: self.dynatemp_range.unwrap_or(0.0),
+                dynatemp_exponent: self.dynatemp_exponent.unwrap_or(1.0),
+            });
+            stages.push(StageSpec::Dist);
+        }
+        stages.retain(|s| !s.is_noop());
+        ChainConfig::finish(
+            "stage",
+            ChainSpec::new(stages, self.seed),
+            DeviceConfig::default(),
+            diagnostics,
+            &LoadOptions::default(),
+            None,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_list_matches_serde() {
+        let full = SamplingParams {
+            temperature: Some(1.0),
+            top_k: Some(1),
+            top_p: Some(1.0),
+            min_p: Some(0.0),
+            typical_p: Some(1.0),
+            top_n_sigma: Some(1.0),
+            xtc_probability: Some(0.0),
+            xtc_threshold: Some(0.1),
+            dynatemp_range: Some(0.0),
+            dynatemp_exponent: Some(1.0),
+            repetition_penalty: Some(1.0),
+            frequency_penalty: Some(0.0),
+            presence_penalty: Some(0.0),
+            repeat_last_n: Some(1),
+            no_repeat_ngram_size: Some(0),
+            dry_multiplier: Some(0.0),
+            dry_base: Some(1.75),
+            dry_allowed_length: Some(2),
+            dry_penalty_last_n: Some(64),
+            dry_sequence_breakers: Some(vec![]),
+            mirostat: Some(0),
+            mirostat_tau: Some(5.0),
+            mirostat_eta: Some(0.1),
+            min_keep: Some(0),
+            logit_bias: Some(BTreeMap::new()),
+            seed: Some(1),
+            do_sample: Some(true),
+        };
+        let v = serde_json::to_value(&full).unwrap_or_default();
+        let keys: Vec<&str> = v
+            .as_object()
+            .map(|m| m.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        assert_eq!(keys.len(), FIELDS.len() - 1);
+        for k in keys {
+            assert!(FIELDS.contains(&k), "{k}");
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! [`ChainConfig`] -> TOML text that loads back to the same chain.
+//!
+//! Written by hand rather than through serde so that floats are written as
+//! the shortest text that reads back to the same `f32` (the loader parses
+//! floats straight to `f32`), and so that the layout is the reviewable one
+//! of `docs/config.md`: top-level keys, `[device]`, then one table per stage.
+
+use std::fmt::Write as _;
+
+use sampler_core::{OffloadPolicy, StageSpec};
+
+use crate::ChainConfig;
+use crate::params::{PValue, params_of, scope_word};
+
+/// A TOML basic string.
+pub(crate) fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04X}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// An `f32` as TOML: shortest round-trip text; `inf`, `-inf`, `nan`.
+pub(crate) fn float(x: f32) -> String {
+    if x.is_nan() {
+        "nan".into()
+    } else if x.is_infinite() {
+        if x > 0.0 { "inf".into() } else { "-inf".into() }
+    } else {
+        format!("{x:?}")
+    }
+}
+
+/// One parameter value as TOML.
+pub(crate) fn render_value(v: &PValue) -> String {
+    match v {
+        PValue::Int(i) => i.to_string(),
+        PValue::Float(x) => float(*x),
+        PValue::Scope(s) => quote(scope_word(*s)),
+        PValue::Seqs(seqs) => {
+            let inner: Vec<String> = seqs
+                .iter()
+                .map(|s| {
+                    let ids: Vec<String> = s.iter().map(u32::to_string).collect();
+                    format!("[{}]", ids.join(", "))
+                })
+                .collect();
+            format!("[{}]", inner.join(", "))
+        }
+        PValue::Biases(b) => {
+            let mut ids: Vec<u32> = b.iter().map(|(t, _)| *t).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            if b.is_empty() {
+                "{}".into()
+            } else if ids.len() == b.len() {
+                let entries: Vec<String> = b
+                    .iter()
+                    .map(|(t, x)| format!("\"{t}\" = {}", float(*x)))
+                    .collect();
+                format!("{{ {} }}", entries.join(", "))
+            } else {
+                // A token listed twice cannot be a table key twice: pairs.
+                let entries: Vec<String> = b
+                    .iter()
+                    .map(|(t, x)| format!("[{t}, {}]", float(*x)))
+                    .collect();
+                format!("[{}]", entries.join(", "))
+            }
+        }
+    }
+}
+
+fn write_params(out: &mut String, spec: &StageSpec) {
+    for (name, value) in params_of(spec) {
+        let _ = writeln!(out, "{name} = {}", render_value(&value));
+    }
+}
+
+/// Serialise. Uses `samplers` + one table per stage when every repeated
+/// stage has the same parameters; otherwise the `[[stage]]` form.
+pub(crate) fn to_toml(cfg: &ChainConfig) -> String {
+    let chain = &cfg.chain;
+    let mut out = String::new();
+    if let Some(seed) = chain.seed {
+        if i64::try_from(seed).is_ok() {
+            let _ = writeln!(out, "seed = {seed}");
+        } else {
+            let _ = writeln!(out, "seed = \"{seed}\"");
+        }
+    }
+    let repeats_differ = chain.stages.iter().enumerate().any(|(i, a)| {
+        chain.stages[..i]
+            .iter()
+            .any(|b| b.kind() == a.kind() && b != a)
+    });
+    if !repeats_differ {
+        let _ = writeln!(out, "samplers = {}", quote(&chain.chain_string()));
+    }
+    out.push_str("\n[device]\n");
+    let _ = writeln!(out, "kind = {}", quote(&cfg.device.device));
+    match cfg.device.offload {
+        OffloadPolicy::Auto => out.push_str("offload = \"auto\"\n"),
+        OffloadPolicy::Off => out.push_str("offload = \"off\"\n"),
+        OffloadPolicy::Stages(n) => {
+            let _ = writeln!(out, "offload = {n}");
+        }
+    }
+    if repeats_differ {
+        for spec in &chain.stages {
+            out.push_str("\n[[stage]]\n");
+            let _ = writeln!(out, "type = {}", quote(spec.name()));
+            write_params(&mut out, spec);
+        }
+    } else {
+        let mut done = Vec::new();
+        for spec in &chain.stages {
+            if done.contains(&spec.kind()) || params_of(spec).is_empty() {
+                continue;
+            }
+            done.push(spec.kind());
+            let _ = writeln!(out, "\n[{}]", spec.name());
+            write_params(&mut out, spec);
+        }
+    }
+    out
+}

@@ -1,0 +1,70 @@
+//! `docs/config.md` lists every stage, alias and parameter with the default
+//! and range of sampler-core's metadata: the reference cannot drift.
+
+use chain_config::StageKind;
+use sampler_core::ParamKind;
+
+fn kind_word(k: ParamKind) -> &'static str {
+    match k {
+        ParamKind::Int => "integer",
+        ParamKind::Float => "float",
+        ParamKind::Enum(_) => "string",
+        ParamKind::TokenSequences => "array of token-id arrays",
+        ParamKind::TokenBiases => "table token id -> float",
+    }
+}
+
+/// The reference section of docs/config.md, generated from the metadata.
+fn stage_reference() -> String {
+    let mut out = String::new();
+    for kind in StageKind::ALL {
+        let m = kind.meta();
+        out.push_str(&format!("### `{}`\n\n", m.name));
+        if !m.aliases.is_empty() {
+            let a: Vec<String> = m.aliases.iter().map(|a| format!("`{a}`")).collect();
+            out.push_str(&format!("Aliases: {}. ", a.join(", ")));
+        }
+        out.push_str(&format!("No-op when: {}. Semantics: {}.\n\n", m.noop_rule, m.source));
+        if m.params.is_empty() {
+            out.push_str("No parameters.\n\n");
+            continue;
+        }
+        out.push_str("| key | type | default | valid range | meaning |\n|---|---|---|---|---|\n");
+        for p in m.params {
+            let name = if p.aliases.is_empty() {
+                format!("`{}`", p.name)
+            } else {
+                let a: Vec<String> = p.aliases.iter().map(|a| format!("`{a}`")).collect();
+                format!("`{}` (alias {})", p.name, a.join(", "))
+            };
+            out.push_str(&format!(
+                "| {name} | {} | `{}` | {} | {} |\n",
+                kind_word(p.kind),
+                p.default,
+                p.range.replace('|', "\\|"),
+                p.doc.replace('|', "\\|")
+            ));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[test]
+fn docs_config_lists_every_stage_and_parameter() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md");
+    let doc = std::fs::read_to_string(&path).unwrap_or_default();
+    let reference = stage_reference();
+    assert!(
+        doc.contains(&reference),
+        "docs/config.md is out of date with the stage metadata; its stage reference must read:\n\n{reference}"
+    );
+}
+
+/// `cargo test -p chain-config --test docs -- --ignored --nocapture` prints
+/// the generated section.
+#[test]
+#[ignore]
+fn print_stage_reference() {
+    println!("{}", stage_reference());
+}

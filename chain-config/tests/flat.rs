@@ -1,0 +1,311 @@
+//! OpenAI / vLLM flat parameters and Hugging Face generation_config.json:
+//! the canonical chain, the greedy rules with their diagnostics, the
+//! history scopes, and the precedence request > file > default.
+
+use std::collections::BTreeMap;
+
+use chain_config::{
+    ChainConfig, Diagnostic, GenerationConfig, HistoryScope, SamplingParams, StageSpec,
+    WHOLE_HISTORY,
+};
+
+fn chain(p: &SamplingParams) -> ChainConfig {
+    p.to_chain().unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn defaults_are_plain_sampling() {
+    let c = chain(&SamplingParams::default());
+    assert_eq!(c.chain.stages, vec![StageSpec::Dist]);
+    assert!(c.diagnostics.is_empty());
+}
+
+#[test]
+fn canonical_llama_cpp_order() {
+    let p = SamplingParams {
+        temperature: Some(0.7),
+        top_k: Some(40),
+        top_p: Some(0.9),
+        min_p: Some(0.05),
+        typical_p: Some(0.95),
+        top_n_sigma: Some(1.5),
+        xtc_probability: Some(0.5),
+        repetition_penalty: Some(1.1),
+        frequency_penalty: Some(0.2),
+        presence_penalty: Some(0.1),
+        no_repeat_ngram_size: Some(3),
+        dry_multiplier: Some(0.8),
+        logit_bias: Some(BTreeMap::from([(15043, -5.0), (2, 1.0)])),
+        seed: Some(7),
+        ..SamplingParams::default()
+    };
+    let c = chain(&p);
+    assert_eq!(
+        c.chain.chain_string(),
+        "logit_bias;penalties;penalties;no_repeat_ngram;dry;top_n_sigma;top_k;typical;top_p;min_p;xtc;temperature;dist"
+    );
+    assert_eq!(c.chain.seed, Some(7));
+    assert_eq!(c.chain.stages[0], StageSpec::LogitBias { bias: vec![(2, 1.0), (15043, -5.0)] });
+    assert!(c.diagnostics.is_empty());
+}
+
+/// vLLM: repetition over prompt + output, frequency / presence over output
+/// only; one stage per scope, whole history unless a window is given.
+#[test]
+fn penalty_scopes() {
+    let p = SamplingParams {
+        repetition_penalty: Some(1.2),
+        frequency_penalty: Some(0.5),
+        presence_penalty: Some(0.25),
+        ..SamplingParams::default()
+    };
+    assert_eq!(
+        chain(&p).chain.stages,
+        vec![
+            StageSpec::Penalties {
+                last_n: WHOLE_HISTORY,
+                repeat: 1.2,
+                frequency: 0.0,
+                presence: 0.0,
+                scope: HistoryScope::PromptAndOutput
+            },
+            StageSpec::Penalties {
+                last_n: WHOLE_HISTORY,
+                repeat: 1.0,
+                frequency: 0.5,
+                presence: 0.25,
+                scope: HistoryScope::Output
+            },
+            StageSpec::Dist,
+        ]
+    );
+    let windowed = SamplingParams { repeat_last_n: Some(32), ..p.clone() };
+    let c = chain(&windowed);
+    assert!(matches!(c.chain.stages[0], StageSpec::Penalties { last_n: 32, .. }));
+    // A window of 0 disables the penalties (llama.cpp).
+    let off = SamplingParams { repeat_last_n: Some(0), ..p };
+    assert_eq!(chain(&off).chain.stages, vec![StageSpec::Dist]);
+}
+
+#[test]
+fn top_k_off_values() {
+    for k in [-1, 0] {
+        let p = SamplingParams { top_k: Some(k), ..SamplingParams::default() };
+        assert_eq!(chain(&p).chain.stages, vec![StageSpec::Dist], "top_k = {k}");
+    }
+}
+
+#[test]
+fn greedy_rules() {
+    let greedy = vec![StageSpec::Greedy];
+    for p in [
+        SamplingParams { temperature: Some(0.0), ..Default::default() },
+        SamplingParams { temperature: Some(1e-6), ..Default::default() },
+        SamplingParams { top_k: Some(1), ..Default::default() },
+        SamplingParams { top_p: Some(0.0), ..Default::default() },
+        SamplingParams { min_p: Some(1.0), ..Default::default() },
+        SamplingParams { do_sample: Some(false), ..Default::default() },
+    ] {
+        let c = chain(&p);
+        assert_eq!(c.chain.stages, greedy, "{p:?}");
+        assert!(c.diagnostics.is_empty(), "{p:?}: {:?}", c.diagnostics);
+    }
+    // Bias and penalties still apply before the argmax.
+    let p = SamplingParams {
+        temperature: Some(0.0),
+        repetition_penalty: Some(1.3),
+        logit_bias: Some(BTreeMap::from([(5, f32::NEG_INFINITY)])),
+        ..Default::default()
+    };
+    assert_eq!(chain(&p).chain.chain_string(), "logit_bias;penalties;greedy");
+}
+
+#[test]
+fn greedy_diagnostic_lists_ignored_parameters() {
+    let p = SamplingParams {
+        temperature: Some(0.0),
+        top_p: Some(0.9),
+        top_k: Some(50),
+        min_p: Some(0.1),
+        ..Default::default()
+    };
+    let c = chain(&p);
+    assert_eq!(c.chain.stages, vec![StageSpec::Greedy]);
+    assert_eq!(
+        c.diagnostics,
+        vec![Diagnostic::IgnoredByGreedy {
+            rules: vec!["temperature = 0".into()],
+            ignored: vec!["top_p = 0.9".into(), "min_p = 0.1".into(), "top_k = 50".into()],
+        }]
+    );
+    assert_eq!(
+        c.diagnostics[0].to_string(),
+        "temperature = 0 makes sampling greedy, so top_p = 0.9, min_p = 0.1, top_k = 50 are ignored"
+    );
+    // Two rules at once; the rules themselves are not "ignored".
+    let p = SamplingParams { top_k: Some(1), temperature: Some(0.7), ..Default::default() };
+    assert_eq!(
+        chain(&p).diagnostics[0].to_string(),
+        "top_k = 1 makes sampling greedy, so temperature = 0.7 is ignored"
+    );
+    let p = SamplingParams { top_k: Some(1), temperature: Some(0.0), ..Default::default() };
+    assert!(chain(&p).diagnostics.is_empty());
+}
+
+#[test]
+fn mirostat_replaces_truncation() {
+    let p = SamplingParams {
+        mirostat: Some(2),
+        temperature: Some(0.5),
+        top_k: Some(5),
+        ..Default::default()
+    };
+    let c = chain(&p);
+    assert_eq!(
+        c.chain.stages,
+        vec![
+            StageSpec::Temperature { t: 0.5, dynatemp_range: 0.0, dynatemp_exponent: 1.0 },
+            StageSpec::MirostatV2 { tau: 5.0, eta: 0.1 },
+        ]
+    );
+    assert_eq!(
+        c.diagnostics[0].to_string(),
+        "mirostat = 2 replaces the truncation stages, so top_k = 5 is ignored"
+    );
+    let v1 = SamplingParams { mirostat: Some(1), ..Default::default() };
+    assert_eq!(chain(&v1).chain.chain_string(), "mirostat");
+}
+
+#[test]
+fn json_request_body() {
+    let p = SamplingParams::from_json_str(
+        r#"{"temperature": 0.7, "top_p": 0.9, "repetition_penalty": 1.1,
+            "presence_penalty": 0.5, "logit_bias": {"15043": -5}, "seed": 3,
+            "penalty_last_n": 128}"#,
+    )
+    .unwrap();
+    assert_eq!(p.repeat_last_n, Some(128));
+    assert_eq!(p.logit_bias, Some(BTreeMap::from([(15043, -5.0)])));
+    assert_eq!(
+        chain(&p).chain.chain_string(),
+        "logit_bias;penalties;penalties;top_p;temperature;dist"
+    );
+}
+
+const LLAMA3_GENERATION_CONFIG: &str = r#"{
+  "bos_token_id": 128000,
+  "do_sample": true,
+  "eos_token_id": [128001, 128008, 128009],
+  "temperature": 0.6,
+  "top_p": 0.9,
+  "transformers_version": "4.45.0.dev0"
+}"#;
+
+#[test]
+fn generation_config_import() {
+    let file = GenerationConfig::from_json_str(LLAMA3_GENERATION_CONFIG).unwrap();
+    assert_eq!(file.temperature, Some(0.6));
+    assert_eq!(file.top_p, Some(0.9));
+    assert_eq!(file.top_k, None, "transformers' default top_k = 50 is not applied");
+    assert!(file.diagnostics.is_empty());
+    let c = ChainConfig::from_request(&SamplingParams::default(), Some(&file)).unwrap();
+    assert_eq!(
+        c.chain.stages,
+        vec![
+            StageSpec::TopP { p: 0.9, min_keep: 0 },
+            StageSpec::Temperature { t: 0.6, dynatemp_range: 0.0, dynatemp_exponent: 1.0 },
+            StageSpec::Dist,
+        ]
+    );
+}
+
+/// A value in the request beats a value in the file, which beats the default.
+#[test]
+fn precedence_request_file_default() {
+    let file = GenerationConfig::from_json_str(
+        r#"{"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05,
+            "no_repeat_ngram_size": 3}"#,
+    )
+    .unwrap();
+    let request = SamplingParams { temperature: Some(1.2), top_k: Some(0), ..Default::default() };
+    let c = ChainConfig::from_request(&request, Some(&file)).unwrap();
+    assert_eq!(
+        c.chain.stages,
+        vec![
+            StageSpec::Penalties {
+                last_n: WHOLE_HISTORY,
+                repeat: 1.05,
+                frequency: 0.0,
+                presence: 0.0,
+                scope: HistoryScope::PromptAndOutput
+            },
+            StageSpec::NoRepeatNgram { n: 3, scope: HistoryScope::PromptAndOutput },
+            // top_k: the request's 0 (off) beats the file's 20.
+            StageSpec::TopP { p: 0.9, min_keep: 0 },
+            StageSpec::Temperature { t: 1.2, dynatemp_range: 0.0, dynatemp_exponent: 1.0 },
+            StageSpec::Dist,
+        ]
+    );
+    // Neither sets min_p: the default (off) holds.
+    assert!(!c.chain.chain_string().contains("min_p"));
+}
+
+#[test]
+fn do_sample_false_in_the_file() {
+    let file = GenerationConfig::from_json_str(r#"{"do_sample": false, "temperature": 0.6}"#).unwrap();
+    // Alone: greedy, and the file's temperature is reported as ignored.
+    let c = ChainConfig::from_request(&SamplingParams::default(), Some(&file)).unwrap();
+    assert_eq!(c.chain.stages, vec![StageSpec::Greedy]);
+    assert_eq!(
+        c.diagnostics[0].to_string(),
+        "do_sample = false makes sampling greedy, so temperature = 0.6 is ignored"
+    );
+    // A request that asks for sampling wins, with a note.
+    let request = SamplingParams { top_p: Some(0.8), ..Default::default() };
+    let c = ChainConfig::from_request(&request, Some(&file)).unwrap();
+    assert_eq!(c.chain.chain_string(), "top_p;temperature;dist");
+    assert_eq!(c.diagnostics, vec![Diagnostic::DoSampleOverridden { by: vec!["top_p".into()] }]);
+    assert_eq!(
+        c.diagnostics[0].to_string(),
+        "generation_config.json says do_sample = false, but the request sets top_p: sampling as requested"
+    );
+}
+
+#[test]
+fn generation_config_unsupported_keys() {
+    let file = GenerationConfig::from_json_str(
+        r#"{"num_beams": 4, "penalty_alpha": null, "epsilon_cutoff": 0.0, "suppress_tokens": [1, 2]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        file.diagnostics,
+        vec![
+            Diagnostic::Unsupported { key: "num_beams".into(), value: "4".into() },
+            Diagnostic::Unsupported { key: "suppress_tokens".into(), value: "[1,2]".into() },
+        ]
+    );
+    assert_eq!(
+        file.diagnostics[0].to_string(),
+        "`num_beams` = 4 is not supported and has no effect"
+    );
+    let c = ChainConfig::from_request(&SamplingParams::default(), Some(&file)).unwrap();
+    assert_eq!(c.diagnostics.len(), 2);
+}
+
+#[test]
+fn after_selection_diagnostic() {
+    let c = ChainConfig::from_chain_string("top_k;dist;temp").unwrap();
+    assert_eq!(
+        c.diagnostics[0].to_string(),
+        "stages after the last selecting stage (temperature) run after the token is chosen; move them before `dist`/`greedy`"
+    );
+}
+
+#[test]
+fn chain_string_aliases_and_letters() {
+    let c = ChainConfig::from_chain_string("Top-K; temp ;typical;nucleus;minp;dist").unwrap();
+    assert_eq!(c.chain.chain_string(), "top_k;temperature;typical;top_p;min_p;dist");
+    assert_eq!(c.chain.stages[0], StageSpec::TopK { k: 40 });
+    let s = ChainConfig::from_sampling_seq("kpt").unwrap();
+    assert_eq!(s.chain.chain_string(), "top_k;top_p;temperature;dist");
+}

@@ -1,0 +1,509 @@
+//! `generate`: text generation with a llama2.c checkpoint on burn, sampled on
+//! the same device by a sampler-chain executor.
+//!
+//! ```text
+//! cargo run --release -p sampler-examples --bin generate -- \
+//!     --model ../shared/models/stories260K --prompt "Once upon a time" -n 200 \
+//!     --samplers "top_k;temperature;top_p;dist" --top-k 40 --temp 0.8 --seed 42 --stats
+//! ```
+//!
+//! See `docs/generate.md`.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use chain_config::{ChainConfig, ConfigError, DeviceConfig, LoadOptions};
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use sampler_backend::{BackendError, Executor, parse_device};
+use sampler_core::{ChainSpec, OffloadPolicy, Plan, StageSpec};
+use sampler_examples::llama2::generate::{GenerateError, Generation, encode_prompt, generate};
+use sampler_examples::llama2::{Llama2, Llama2Error, ModelFiles};
+use serde_json::json;
+
+/// The chain used when neither `--config` nor `--samplers` is given
+/// (llama.cpp's default truncation stages, each with its default parameters:
+/// top_k 40, top_p 0.95, min_p 0.05, temperature 0.8).
+const DEFAULT_SAMPLERS: &str = "top_k;top_p;min_p;temperature;dist";
+
+/// Where `--model` points when it is not given (tried in order).
+const DEFAULT_MODEL_DIRS: [&str; 2] = [
+    "../shared/models/stories260K",
+    concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/models/stories260K"
+    ),
+];
+
+/// Generate text with a llama2.c checkpoint on burn; the sampler chain runs on
+/// the same device as the model and only its result is read back.
+#[derive(Debug, Parser)]
+#[command(name = "generate", version, about, long_about = None)]
+struct Args {
+    /// Model: a directory with a llama2.c checkpoint (*.bin) and its tokenizer
+    /// (tokenizer.bin or tok*.bin), or the checkpoint file itself.
+    /// Default: ../shared/models/stories260K when it exists.
+    #[arg(long, value_name = "DIR|FILE")]
+    model: Option<PathBuf>,
+    /// Tokenizer file (llama2.c .bin format); default: found beside the checkpoint.
+    #[arg(long, value_name = "FILE")]
+    tokenizer: Option<PathBuf>,
+    /// Prompt text (BOS and llama2.c's leading space are added).
+    #[arg(long, short = 'p', default_value = "")]
+    prompt: String,
+    /// Tokens to generate (at least 1; generation also stops when the model
+    /// emits BOS/EOS or the context is full).
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 256,
+        value_name = "N"
+    )]
+    n: usize,
+    /// Chain declaration in TOML (chain-config; docs/config.md): stages,
+    /// parameters, seed, [device].
+    #[arg(long, value_name = "chain.toml", conflicts_with = "samplers")]
+    config: Option<PathBuf>,
+    /// Chain as a llama.cpp sampler string, each stage with its default
+    /// parameters (default: "top_k;top_p;min_p;temperature;dist").
+    #[arg(long, value_name = "STAGES")]
+    samplers: Option<String>,
+    /// top_k: candidates kept (<= 0 disables).
+    #[arg(long, value_name = "K", allow_negative_numbers = true)]
+    top_k: Option<i64>,
+    /// top_p: nucleus mass kept, in [0, 1] (1 disables).
+    #[arg(long, value_name = "P")]
+    top_p: Option<f32>,
+    /// min_p: fraction of the top probability, >= 0 (0 disables).
+    #[arg(long, value_name = "P")]
+    min_p: Option<f32>,
+    /// typical: locally typical mass, in [0, 1] (1 disables).
+    #[arg(long, value_name = "P")]
+    typical: Option<f32>,
+    /// temperature, >= 0 (0 = greedy, 1 disables).
+    #[arg(long, alias = "temperature", value_name = "T")]
+    temp: Option<f32>,
+    /// penalties: repetition penalty, > 0 (1 disables).
+    #[arg(long, value_name = "R")]
+    repeat_penalty: Option<f32>,
+    /// penalties: history window in tokens (0 disables).
+    #[arg(long, value_name = "N")]
+    repeat_last_n: Option<usize>,
+    /// penalties: frequency penalty (per occurrence).
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    frequency_penalty: Option<f32>,
+    /// penalties: presence penalty (once).
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    presence_penalty: Option<f32>,
+    /// Seed of the chain's counter-based randomness (same seed, same tokens on
+    /// every device and split). Default: the config's seed, else random.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Device for the model and the chain: flex (burn's CPU backend), ndarray,
+    /// wgpu, vulkan, cuda or cuda:N; only compiled-in backends are accepted.
+    /// Default: the config's [device] kind, else flex.
+    #[arg(long, value_name = "DEVICE")]
+    device: Option<String>,
+    /// How much of the chain runs on the device: auto (longest capable
+    /// prefix), off (host only) or N (at most N active stages).
+    #[arg(long, value_name = "auto|off|N")]
+    offload: Option<String>,
+    /// After generating, print the plan (device stages, host stages, readback
+    /// format), bytes read back per step and tokens per second (to stderr).
+    #[arg(long)]
+    stats: bool,
+    /// Print one JSON object (tokens, text, plan, stats) instead of streamed text.
+    #[arg(long)]
+    json: bool,
+    /// Never show the progress bar (shown on stderr when stdout is not a terminal).
+    #[arg(long)]
+    no_progress: bool,
+}
+
+/// Everything `generate` can fail with; each names what the user can fix.
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("chain config: {0}")]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Model(#[from] Llama2Error),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Generate(#[from] GenerateError),
+    #[error("cannot write output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+fn parse_offload(s: &str) -> Result<OffloadPolicy, AppError> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "auto" => Ok(OffloadPolicy::Auto),
+        "off" | "none" => Ok(OffloadPolicy::Off),
+        n => n.parse().map(OffloadPolicy::Stages).map_err(|_| {
+            AppError::Usage(format!(
+                "--offload {s:?}: expected auto, off or a number of stages (0, 1, 2, ...)"
+            ))
+        }),
+    }
+}
+
+/// Apply the per-stage flags to every stage of the matching kind; returns
+/// warnings for flags whose stage is not in the chain.
+fn apply_overrides(chain: &mut ChainSpec, a: &Args) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let mut set = |flag: &str, stage: &str, f: &dyn Fn(&mut StageSpec) -> bool| {
+        let mut hit = false;
+        for s in chain.stages.iter_mut() {
+            hit |= f(s);
+        }
+        if !hit {
+            warnings.push(format!(
+                "{flag} has no effect: the chain has no {stage} stage"
+            ));
+        }
+    };
+    if let Some(v) = a.top_k {
+        set("--top-k", "top_k", &|s| match s {
+            StageSpec::TopK { k } => {
+                *k = v;
+                true
+            }
+            _ => false,
+        });
+    }
+    if let Some(v) = a.top_p {
+        set("--top-p", "top_p", &|s| match s {
+            StageSpec::TopP { p, .. } => {
+                *p = v;
+                true
+            }
+            _ => false,
+        });
+    }
+    if let Some(v) = a.min_p {
+        set("--min-p", "min_p", &|s| match s {
+            StageSpec::MinP { p, .. } => {
+                *p = v;
+                true
+            }
+            _ => false,
+        });
+    }
+    if let Some(v) = a.typical {
+        set("--typical", "typical", &|s| match s {
+            StageSpec::Typical { p, .. } => {
+                *p = v;
+                true
+            }
+            _ => false,
+        });
+    }
+    if let Some(v) = a.temp {
+        set("--temp", "temperature", &|s| match s {
+            StageSpec::Temperature { t, .. } => {
+                *t = v;
+                true
+            }
+            _ => false,
+        });
+    }
+    if let Some(v) = a.repeat_penalty {
+        set("--repeat-penalty", "penalties", &|s| match s {
+            StageSpec::Penalties { repeat, .. } => {
+                *repeat = v;
+                true
+            }
+            _ => false,
+        });
+    }
+    if let Some(v) = a.repeat_last_n {
+        set("--repeat-last-n", "penalties", &|s| match s {
+            StageSpec::Penalties { last_n, .. } => {
+                *last_n = v;
+                true
+            }
+            _ => false,
+        });
+    }
+    if let Some(v) = a.frequency_penalty {
+        set("--frequency-penalty", "penalties", &|s| match s {
+            StageSpec::Penalties { frequency, .. } => {
+                *frequency = v;
+                true
+            }
+            _ => false,
+        });
+    }
+    if let Some(v) = a.presence_penalty {
+        set("--presence-penalty", "penalties", &|s| match s {
+            StageSpec::Penalties { presence, .. } => {
+                *presence = v;
+                true
+            }
+            _ => false,
+        });
+    }
+    warnings
+}
+
+/// The chain: `--config` or `--samplers` (or the default), then the flags.
+fn build_chain(a: &Args) -> Result<(ChainConfig, Vec<String>), AppError> {
+    let base = match (&a.config, &a.samplers) {
+        (Some(path), _) => ChainConfig::from_toml_file(path)?,
+        (None, Some(s)) => ChainConfig::from_chain_string(s)?,
+        (None, None) => ChainConfig::from_chain_string(DEFAULT_SAMPLERS)?,
+    };
+    let mut chain = base.chain;
+    let warnings = apply_overrides(&mut chain, a);
+    if a.seed.is_some() {
+        chain.seed = a.seed;
+    }
+    let mut device = base.device;
+    if let Some(d) = &a.device {
+        device.device = d.clone();
+    }
+    if let Some(o) = &a.offload {
+        device.offload = parse_offload(o)?;
+    }
+    // Re-validate after the flags (ranges, a selecting stage).
+    let mut cfg = ChainConfig::validated(chain, device, &LoadOptions::default())?;
+    cfg.diagnostics.extend(base.diagnostics);
+    Ok((cfg, warnings))
+}
+
+/// `--model`, or the first default directory that exists.
+fn model_path(a: &Args) -> Result<PathBuf, AppError> {
+    if let Some(m) = &a.model {
+        return Ok(m.clone());
+    }
+    DEFAULT_MODEL_DIRS
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_dir())
+        .ok_or_else(|| {
+            AppError::Usage(format!(
+                "no --model given and the default model directory {} was not found; pass \
+                 --model DIR (a llama2.c checkpoint and its tokenizer, e.g. stories260K from \
+                 huggingface.co/karpathy/tinyllamas)",
+                DEFAULT_MODEL_DIRS[0]
+            ))
+        })
+}
+
+/// The burn device and offload policy: `cpu` means flex with nothing offloaded.
+fn device_of(cfg: &DeviceConfig) -> Result<(burn_tensor::Device, OffloadPolicy), AppError> {
+    let name = cfg.device.trim().to_ascii_lowercase();
+    if name == "cpu" {
+        return Ok((parse_device("flex")?, OffloadPolicy::Off));
+    }
+    Ok((parse_device(&name)?, cfg.offload))
+}
+
+fn plan_json(plan: &Plan) -> serde_json::Value {
+    let names =
+        |ix: &[usize]| -> Vec<&str> { ix.iter().map(|&i| plan.names[i].as_str()).collect() };
+    json!({
+        "device_stages": names(&plan.device),
+        "host_stages": names(&plan.host),
+        "skipped_stages": names(&plan.skipped),
+        "readback": plan.readback.to_string(),
+        "bytes_per_row": plan.bytes_per_row(),
+        "fully_offloaded": plan.fully_offloaded(),
+    })
+}
+
+fn run(a: Args) -> Result<(), AppError> {
+    if a.n == 0 {
+        return Err(AppError::Usage(
+            "-n 0: the number of tokens to generate must be at least 1".into(),
+        ));
+    }
+    let (cfg, warnings) = build_chain(&a)?;
+    for w in &warnings {
+        eprintln!("warning: {w}");
+    }
+    for d in &cfg.diagnostics {
+        eprintln!("note: {d}");
+    }
+    let (device, policy) = device_of(&cfg.device)?;
+
+    let model_dir = model_path(&a)?;
+    let files = ModelFiles::locate(&model_dir, a.tokenizer.as_deref())?;
+    let (ckpt, tokenizer) = files.load()?;
+    let model = Llama2::new(&ckpt, &device);
+    let c = *model.config();
+    let prompt_tokens = encode_prompt(&model, &tokenizer, &a.prompt)?;
+    let room = c.seq_len + 1 - prompt_tokens.len();
+    let n = if a.n > room {
+        eprintln!(
+            "note: -n {} does not fit the context ({} tokens, {} used by the prompt); \
+             generating at most {room}",
+            a.n,
+            c.seq_len,
+            prompt_tokens.len()
+        );
+        room
+    } else {
+        a.n
+    };
+
+    let mut executor = Executor::new(vec![cfg.chain.clone()], c.vocab_size, &device, policy)?;
+
+    let stdout = std::io::stdout();
+    let to_terminal = stdout.is_terminal();
+    let progress = if !to_terminal && !a.no_progress {
+        let pb = ProgressBar::new(n as u64);
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{spinner} {pos}/{len} tokens [{elapsed_precise}] {per_sec}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        Some(pb)
+    } else {
+        None
+    };
+
+    let mut out = stdout.lock();
+    let mut write_err: Option<std::io::Error> = None;
+    if !a.json {
+        // The prompt as typed (decoded from its tokens, so what the model saw).
+        out.write_all(&tokenizer.decode_bytes(&prompt_tokens))?;
+        out.flush()?;
+    }
+    let stream = !a.json;
+    let generation: Generation = generate(
+        &model,
+        &tokenizer,
+        &mut executor,
+        &prompt_tokens,
+        n,
+        |_, bytes| {
+            if let Some(pb) = &progress {
+                pb.inc(1);
+            }
+            if stream
+                && write_err.is_none()
+                && let Err(e) = out.write_all(bytes).and_then(|()| out.flush())
+            {
+                write_err = Some(e);
+            }
+        },
+    )?;
+    if let Some(pb) = &progress {
+        pb.finish_and_clear();
+    }
+    if let Some(e) = write_err {
+        return Err(e.into());
+    }
+
+    let plan = executor.plan();
+    let mut all = generation.prompt_tokens.clone();
+    all.extend(&generation.tokens);
+    let text = tokenizer.decode(&all);
+    let generated_text = {
+        let p = tokenizer.decode_bytes(&generation.prompt_tokens).len();
+        String::from_utf8_lossy(&tokenizer.decode_bytes(&all)[p..]).into_owned()
+    };
+    let device_name = cfg.device.device.clone();
+
+    if a.json {
+        let v = json!({
+            "model": files.checkpoint.display().to_string(),
+            "tokenizer": files.tokenizer.display().to_string(),
+            "device": device_name,
+            "chain": cfg.chain.chain_string(),
+            "seed": cfg.chain.seed,
+            "prompt": a.prompt,
+            "prompt_tokens": generation.prompt_tokens,
+            "tokens": generation.tokens,
+            "text": text,
+            "generated_text": generated_text,
+            "stop_reason": generation.stop.as_str(),
+            "plan": plan_json(plan),
+            "stats": {
+                "steps": generation.steps,
+                "bytes_read": generation.bytes_read,
+                "bytes_read_per_step": generation.bytes_per_step(),
+                "bytes_read_per_row_per_step": generation.bytes_per_step(),
+                "prompt_seconds": generation.prompt_time.as_secs_f64(),
+                "generate_seconds": generation.gen_time.as_secs_f64(),
+                "tokens_per_second": generation.tokens_per_second(),
+            },
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        writeln!(out)?;
+    }
+    out.flush()?;
+
+    if a.stats {
+        print_stats(&files.checkpoint, &c, &device_name, plan, &generation);
+    }
+    Ok(())
+}
+
+fn print_stats(
+    ckpt: &Path,
+    c: &sampler_examples::llama2::Config,
+    device: &str,
+    plan: &Plan,
+    g: &Generation,
+) {
+    eprintln!("--- stats ---");
+    eprintln!(
+        "model:     {} (dim {}, {} layers, {} heads / {} kv heads, vocab {}, context {}) on {device}",
+        ckpt.display(),
+        c.dim,
+        c.n_layers,
+        c.n_heads,
+        c.n_kv_heads,
+        c.vocab_size,
+        c.seq_len
+    );
+    for line in plan.to_string().lines() {
+        eprintln!("plan:      {line}");
+    }
+    eprintln!(
+        "prompt:    {} tokens in {:.1} ms",
+        g.prompt_tokens.len(),
+        g.prompt_time.as_secs_f64() * 1e3
+    );
+    eprintln!(
+        "generated: {} tokens in {:.1} ms = {:.1} tokens/s (stop: {})",
+        g.steps,
+        g.gen_time.as_secs_f64() * 1e3,
+        g.tokens_per_second(),
+        g.stop.as_str()
+    );
+    eprintln!(
+        "read back: {} bytes in {} steps = {:.0} bytes/row/step",
+        g.bytes_read,
+        g.steps,
+        g.bytes_per_step()
+    );
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = std::io::stdout().flush();
+            let top = e.to_string();
+            eprintln!("error: {top}");
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                let msg = s.to_string();
+                if !top.contains(&msg) {
+                    eprintln!("  caused by: {msg}");
+                }
+                src = s.source();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! The generation loop: the model's `[1, vocab]` logits go straight from the
+//! forward pass to the sampler executor on the same device; only what the
+//! executor's plan reads back (token ids when the whole chain is offloaded)
+//! crosses to the host.
+
+use std::time::{Duration, Instant};
+
+use sampler_backend::{BackendError, Executor};
+use sampler_core::{SampleError, TokenId};
+
+use super::tokenizer::{BOS, EOS, Tokenizer};
+use super::{Llama2, Llama2Error};
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// `max_new_tokens` were generated.
+    Length,
+    /// The model emitted BOS (llama2.c's models end a story with it) or EOS.
+    EndOfText,
+    /// The context window is full.
+    Context,
+}
+
+impl StopReason {
+    /// A short lowercase name (`length`, `end_of_text`, `context`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            StopReason::Length => "length",
+            StopReason::EndOfText => "end_of_text",
+            StopReason::Context => "context",
+        }
+    }
+}
+
+/// The result of [`generate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    /// The prompt's tokens, BOS first.
+    pub prompt_tokens: Vec<TokenId>,
+    /// Generated tokens, in order; a final BOS/EOS is included.
+    pub tokens: Vec<TokenId>,
+    /// Why it stopped.
+    pub stop: StopReason,
+    /// Sampling steps run (= `tokens.len()`).
+    pub steps: usize,
+    /// Bytes the executor read back from the device over all steps.
+    pub bytes_read: usize,
+    /// Time to run the prompt through the model (excluding its last token).
+    pub prompt_time: Duration,
+    /// Time of the generation steps (forward + sampling + readback).
+    pub gen_time: Duration,
+}
+
+impl Generation {
+    /// Generated tokens per second (`steps / gen_time`).
+    pub fn tokens_per_second(&self) -> f64 {
+        let s = self.gen_time.as_secs_f64();
+        if s > 0.0 { self.steps as f64 / s } else { 0.0 }
+    }
+
+    /// Average bytes read back per step.
+    pub fn bytes_per_step(&self) -> f64 {
+        if self.steps == 0 {
+            0.0
+        } else {
+            self.bytes_read as f64 / self.steps as f64
+        }
+    }
+}
+
+/// What can stop [`generate`].
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// `max_new_tokens` was 0.
+    #[error("the number of tokens to generate must be at least 1 (got -n 0)")]
+    ZeroTokens,
+    /// The model failed (prompt too long, bad token id).
+    #[error(transparent)]
+    Model(#[from] Llama2Error),
+    /// The executor failed for the whole step.
+    #[error("sampler executor: {0}")]
+    Backend(#[from] BackendError),
+    /// The row could not be sampled (e.g. NaN logits).
+    #[error("step {step}: sampling failed: {source}")]
+    Sample {
+        /// Generation step (0-based).
+        step: usize,
+        /// The row's error.
+        source: SampleError,
+    },
+    /// The executor answered with no row.
+    #[error("step {step}: the executor returned no token")]
+    NoToken {
+        /// Generation step.
+        step: usize,
+    },
+}
+
+/// Encode `prompt` (BOS + dummy space + merges) and check it fits the context.
+///
+/// # Errors
+/// [`Llama2Error::PromptTooLong`] when the prompt, BOS included, is longer
+/// than the model's context (`seq_len`).
+pub fn encode_prompt(
+    model: &Llama2,
+    tokenizer: &Tokenizer,
+    prompt: &str,
+) -> Result<Vec<TokenId>, Llama2Error> {
+    let tokens = tokenizer.encode(prompt, true, false);
+    let seq_len = model.config().seq_len;
+    if tokens.len() > seq_len {
+        return Err(Llama2Error::PromptTooLong {
+            tokens: tokens.len(),
+            seq_len,
+        });
+    }
+    Ok(tokens)
+}
+
+/// Generate up to `max_new_tokens` tokens after `prompt_tokens` (BOS first,
+/// from [`encode_prompt`]) with row 0 of `executor`.
+///
+/// Each prompt token runs through the model (its logits stay on the device);
+/// then every step hands the `[1, vocab]` logits tensor to
+/// [`Executor::step`], which samples on the device and reads back only the
+/// plan's readback format. `on_token(token, bytes)` is called for each
+/// generated token with its decoded bytes (empty for BOS/EOS), for streaming.
+/// Stops early when the model emits BOS or EOS, or the context is full.
+///
+/// # Errors
+/// [`GenerateError::ZeroTokens`] for `max_new_tokens == 0`; model, executor
+/// and per-row sampling errors.
+pub fn generate(
+    model: &Llama2,
+    tokenizer: &Tokenizer,
+    executor: &mut Executor,
+    prompt_tokens: &[TokenId],
+    max_new_tokens: usize,
+    mut on_token: impl FnMut(TokenId, &[u8]),
+) -> Result<Generation, GenerateError> {
+    if max_new_tokens == 0 {
+        return Err(GenerateError::ZeroTokens);
+    }
+    let seq_len = model.config().seq_len;
+    if prompt_tokens.is_empty() || prompt_tokens.len() > seq_len {
+        return Err(Llama2Error::PromptTooLong {
+            tokens: prompt_tokens.len(),
+            seq_len,
+        }
+        .into());
+    }
+    // Penalty-style stages see the prompt as history (BOS excluded).
+    let history: Vec<TokenId> = prompt_tokens
+        .iter()
+        .copied()
+        .filter(|&t| t != BOS)
+        .collect();
+    executor.accept_prompt(0, &history);
+
+    let mut cache = model.new_cache();
+    let t0 = Instant::now();
+    let last = prompt_tokens.len() - 1;
+    for (pos, &t) in prompt_tokens[..last].iter().enumerate() {
+        // Logits of inner prompt positions are not needed; they are dropped on the device.
+        drop(model.forward(t, pos, &mut cache)?);
+    }
+    let prompt_time = t0.elapsed();
+
+    let t1 = Instant::now();
+    let mut tokens = Vec::with_capacity(max_new_tokens);
+    let mut bytes_read = 0usize;
+    let mut token = prompt_tokens[last];
+    let mut pos = last;
+    let mut prev = token;
+    let stop = loop {
+        let logits = model.forward(token, pos, &mut cache)?; // [1, vocab], on the device
+        let out = executor.step(logits)?;
+        bytes_read += out.bytes_read;
+        let step = tokens.len();
+        let next = match out.tokens.into_iter().next() {
+            Some(Ok(t)) => t,
+            Some(Err(source)) => return Err(GenerateError::Sample { step, source }),
+            None => return Err(GenerateError::NoToken { step }),
+        };
+        tokens.push(next);
+        if next == BOS || next == EOS {
+            on_token(next, &[]);
+            break StopReason::EndOfText;
+        }
+        on_token(next, tokenizer.decode_piece(Some(prev), next));
+        prev = next;
+        if tokens.len() >= max_new_tokens {
+            break StopReason::Length;
+        }
+        pos += 1;
+        if pos >= seq_len {
+            break StopReason::Context;
+        }
+        token = next;
+    };
+    let gen_time = t1.elapsed();
+    Ok(Generation {
+        prompt_tokens: prompt_tokens.to_vec(),
+        steps: tokens.len(),
+        tokens,
+        stop,
+        bytes_read,
+        prompt_time,
+        gen_time,
+    })
+}

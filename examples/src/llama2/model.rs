@@ -1,0 +1,265 @@
+//! The Llama-2 forward pass on burn tensors, on any run-time [`Device`].
+//!
+//! One token per call (llama2.c's decoding loop): RMSNorm, rotary position
+//! embeddings, grouped-query attention over a device-resident KV cache, and
+//! a SwiGLU feed-forward block; the result is a `[1, vocab]` logits tensor
+//! that stays on the device.
+//!
+//! Every tensor keeps the same shape at every position: the cache is written
+//! through a one-hot position mask and attention covers the whole context with
+//! future positions masked out. On the cubecl backends (wgpu, vulkan, cuda)
+//! that means each kernel compiles once rather than once per position.
+
+use burn_tensor::activation::{silu, softmax};
+use burn_tensor::{Device, Int, Tensor, TensorData};
+use sampler_core::TokenId;
+
+use super::Llama2Error;
+use super::checkpoint::{Checkpoint, Config};
+
+/// RMSNorm epsilon (llama2.c and the reference implementation use 1e-5).
+pub const RMS_EPS: f64 = 1e-5;
+/// RoPE base frequency.
+pub const ROPE_THETA: f64 = 10_000.0;
+
+/// One transformer block's weights on the device, matrices stored `[in, out]`
+/// so that `y = x.matmul(w)` for a row vector `x`.
+#[derive(Debug, Clone)]
+struct Block {
+    rms_att: Tensor<2>, // [1, dim]
+    wq: Tensor<2>,      // [dim, dim]
+    wk: Tensor<2>,      // [dim, kv_dim]
+    wv: Tensor<2>,      // [dim, kv_dim]
+    wo: Tensor<2>,      // [dim, dim]
+    rms_ffn: Tensor<2>, // [1, dim]
+    w1: Tensor<2>,      // [dim, hidden]
+    w2: Tensor<2>,      // [hidden, dim]
+    w3: Tensor<2>,      // [dim, hidden]
+}
+
+/// A Llama-2 model resident on one device.
+#[derive(Debug, Clone)]
+pub struct Llama2 {
+    config: Config,
+    device: Device,
+    embedding: Tensor<2>, // [vocab, dim]
+    blocks: Vec<Block>,
+    rms_final: Tensor<2>,      // [1, dim]
+    classifier: Tensor<2>,     // [dim, vocab]
+    rope_cos: Tensor<2>,       // [seq_len, head_size / 2]
+    rope_sin: Tensor<2>,       // [seq_len, head_size / 2]
+    positions: Tensor<1, Int>, // [seq_len]: 0, 1, ..
+}
+
+/// Keys and values of every past position, one pair of tensors per layer,
+/// each `[n_kv_heads, seq_len, head_size]` on the model's device.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    k: Vec<Tensor<3>>,
+    v: Vec<Tensor<3>>,
+}
+
+/// Upload a row-major `(rows, cols)` matrix as a `[cols, rows]` tensor
+/// (transposed on the host so the device copy is contiguous).
+fn upload_t(w: &[f32], rows: usize, cols: usize, device: &Device) -> Tensor<2> {
+    let mut t = vec![0f32; w.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = w[r * cols + c];
+        }
+    }
+    Tensor::from_data(TensorData::new(t, [cols, rows]), device)
+}
+
+fn upload_row(w: &[f32], device: &Device) -> Tensor<2> {
+    Tensor::from_data(TensorData::new(w.to_vec(), [1, w.len()]), device)
+}
+
+/// `w ⊙ x / sqrt(mean(x²) + eps)` over the last dimension of `x: [1, dim]`.
+fn rmsnorm(x: Tensor<2>, w: &Tensor<2>) -> Tensor<2> {
+    let ms = x.clone().powi_scalar(2).mean_dim(1); // [1, 1]
+    x.div(ms.add_scalar(RMS_EPS).sqrt()).mul(w.clone())
+}
+
+impl Llama2 {
+    /// Upload a checkpoint's weights to `device` and precompute the RoPE tables.
+    pub fn new(ckpt: &Checkpoint, device: &Device) -> Self {
+        let c = ckpt.config;
+        let (d, h, kv) = (c.dim, c.hidden_dim, c.kv_dim());
+        let blocks = ckpt
+            .layers
+            .iter()
+            .map(|l| Block {
+                rms_att: upload_row(&l.rms_att, device),
+                wq: upload_t(&l.wq, d, d, device),
+                wk: upload_t(&l.wk, kv, d, device),
+                wv: upload_t(&l.wv, kv, d, device),
+                wo: upload_t(&l.wo, d, d, device),
+                rms_ffn: upload_row(&l.rms_ffn, device),
+                w1: upload_t(&l.w1, h, d, device),
+                w2: upload_t(&l.w2, d, h, device),
+                w3: upload_t(&l.w3, h, d, device),
+            })
+            .collect();
+        let embedding = Tensor::from_data(
+            TensorData::new(ckpt.token_embedding.clone(), [c.vocab_size, d]),
+            device,
+        );
+        let classifier = upload_t(
+            ckpt.wcls.as_deref().unwrap_or(&ckpt.token_embedding),
+            c.vocab_size,
+            d,
+            device,
+        );
+        // Angle of pair j at position p: p * theta^(-2j / head_size), in f64, stored as f32.
+        let half = c.head_size() / 2;
+        let mut cos = Vec::with_capacity(c.seq_len * half);
+        let mut sin = Vec::with_capacity(c.seq_len * half);
+        for p in 0..c.seq_len {
+            for j in 0..half {
+                let freq = ROPE_THETA.powf(-2.0 * j as f64 / c.head_size() as f64);
+                let angle = p as f64 * freq;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        Llama2 {
+            config: c,
+            device: device.clone(),
+            embedding,
+            blocks,
+            rms_final: upload_row(&ckpt.rms_final, device),
+            classifier,
+            rope_cos: Tensor::from_data(TensorData::new(cos, [c.seq_len, half]), device),
+            rope_sin: Tensor::from_data(TensorData::new(sin, [c.seq_len, half]), device),
+            positions: Tensor::arange(0..c.seq_len as i64, device),
+        }
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// An empty KV cache for one sequence on the model's device.
+    pub fn new_cache(&self) -> KvCache {
+        let c = &self.config;
+        let shape = [c.n_kv_heads, c.seq_len, c.head_size()];
+        KvCache {
+            k: (0..c.n_layers)
+                .map(|_| Tensor::zeros(shape, &self.device))
+                .collect(),
+            v: (0..c.n_layers)
+                .map(|_| Tensor::zeros(shape, &self.device))
+                .collect(),
+        }
+    }
+
+    /// Rotate each adjacent pair `(2j, 2j+1)` of every head of `t: [1, heads * head_size]`.
+    /// `cos`, `sin`: `[1, head_size / 2, 1]` for the current position.
+    fn rope(&self, t: Tensor<2>, heads: usize, cos: &Tensor<3>, sin: &Tensor<3>) -> Tensor<2> {
+        let hs = self.config.head_size();
+        let half = hs / 2;
+        let t = t.reshape([heads, half, 2]);
+        let a = t.clone().slice([0..heads, 0..half, 0..1]);
+        let b = t.slice([0..heads, 0..half, 1..2]);
+        let ra = a.clone().mul(cos.clone()).sub(b.clone().mul(sin.clone()));
+        let rb = a.mul(sin.clone()).add(b.mul(cos.clone()));
+        Tensor::cat(vec![ra, rb], 2).reshape([1, heads * hs])
+    }
+
+    /// Run one token at position `pos` (0-based), append its keys and values
+    /// to `cache`, and return the next-token logits, `[1, vocab]`, on the
+    /// model's device (nothing is read back).
+    ///
+    /// Positions must be fed in order `0, 1, ..` into the same cache.
+    ///
+    /// # Errors
+    /// [`Llama2Error::TokenOutOfRange`] when `token >= vocab`;
+    /// [`Llama2Error::ContextFull`] when `pos >= seq_len`.
+    pub fn forward(
+        &self,
+        token: TokenId,
+        pos: usize,
+        cache: &mut KvCache,
+    ) -> Result<Tensor<2>, Llama2Error> {
+        let c = &self.config;
+        if token as usize >= c.vocab_size {
+            return Err(Llama2Error::TokenOutOfRange {
+                token,
+                vocab: c.vocab_size,
+            });
+        }
+        if pos >= c.seq_len {
+            return Err(Llama2Error::ContextFull {
+                pos,
+                seq_len: c.seq_len,
+            });
+        }
+        let (hs, n_kv, seq) = (c.head_size(), c.n_kv_heads, c.seq_len);
+        let group = c.n_heads / c.n_kv_heads;
+        let dev = &self.device;
+
+        let token_ix = Tensor::<1, Int>::from_data(TensorData::new(vec![token as i64], [1]), dev);
+        let pos_ix = Tensor::<1, Int>::from_data(TensorData::new(vec![pos as i64], [1]), dev);
+        let mut x = self.embedding.clone().select(0, token_ix); // [1, dim]
+        let cos: Tensor<3> =
+            self.rope_cos
+                .clone()
+                .select(0, pos_ix.clone())
+                .reshape([1, hs / 2, 1]);
+        let sin: Tensor<3> = self
+            .rope_sin
+            .clone()
+            .select(0, pos_ix)
+            .reshape([1, hs / 2, 1]);
+        // Where this position's k/v go, and which cached positions are in the future.
+        let write = self
+            .positions
+            .clone()
+            .equal_elem(pos as i64)
+            .reshape([1, seq, 1])
+            .expand([n_kv, seq, hs]);
+        let future = self
+            .positions
+            .clone()
+            .greater_elem(pos as i64)
+            .reshape([1, 1, seq])
+            .expand([n_kv, group, seq]);
+        let scale = 1.0 / (hs as f64).sqrt();
+
+        for (l, b) in self.blocks.iter().enumerate() {
+            // Attention.
+            let h = rmsnorm(x.clone(), &b.rms_att);
+            let q = self.rope(h.clone().matmul(b.wq.clone()), c.n_heads, &cos, &sin);
+            let k = self.rope(h.clone().matmul(b.wk.clone()), n_kv, &cos, &sin);
+            let v = h.matmul(b.wv.clone());
+            let k = k.reshape([n_kv, 1, hs]).expand([n_kv, seq, hs]);
+            let v = v.reshape([n_kv, 1, hs]).expand([n_kv, seq, hs]);
+            cache.k[l] = cache.k[l].clone().mask_where(write.clone(), k);
+            cache.v[l] = cache.v[l].clone().mask_where(write.clone(), v);
+            // Query head h = kv * group + g reads kv head h / group.
+            let q = q.reshape([n_kv, group, hs]);
+            let scores = q
+                .matmul(cache.k[l].clone().swap_dims(1, 2))
+                .mul_scalar(scale)
+                .mask_fill(future.clone(), f32::NEG_INFINITY); // [n_kv, group, seq]
+            let att = softmax(scores, 2);
+            let out = att.matmul(cache.v[l].clone()).reshape([1, c.dim]);
+            x = x.add(out.matmul(b.wo.clone()));
+
+            // SwiGLU feed-forward.
+            let h = rmsnorm(x.clone(), &b.rms_ffn);
+            let gate = silu(h.clone().matmul(b.w1.clone()));
+            let up = h.matmul(b.w3.clone());
+            x = x.add(gate.mul(up).matmul(b.w2.clone()));
+        }
+        let x = rmsnorm(x, &self.rms_final);
+        Ok(x.matmul(self.classifier.clone()))
+    }
+}

@@ -1,0 +1,240 @@
+//! The `generate` command end to end on stories260K: greedy reproduction,
+//! seeded sampling identical across runs, devices and offload splits, and the
+//! readback that `--stats` reports.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+const MODEL_DIR: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../shared/models/stories260K"
+);
+
+/// The devices to test: every backend compiled in (`compiled_devices`), or
+/// the comma-separated list in `SAMPLER_TEST_DEVICES` (e.g. to skip `vulkan`
+/// on a software Vulkan driver).
+fn devices() -> Vec<String> {
+    match std::env::var("SAMPLER_TEST_DEVICES") {
+        Ok(list) => list.split(',').map(|s| s.trim().to_string()).collect(),
+        Err(_) => sampler_backend::compiled_devices()
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    }
+}
+
+/// Run `generate --json` with `args`; returns the parsed object and stderr.
+fn run_json(args: &[&str]) -> (Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_generate"))
+        .args(["--model", MODEL_DIR, "--json", "--no-progress"])
+        .args(args)
+        .output()
+        .expect("generate runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "generate {args:?} failed:\n{stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
+    (v, stderr)
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+fn greedy40() -> (Vec<u64>, String) {
+    let text = std::fs::read_to_string(format!("{MODEL_DIR}/greedy40.json")).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let ids = v["greedy_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    (ids, v["greedy_text"].as_str().unwrap().to_string())
+}
+
+#[test]
+fn greedy40_from_bos_on_every_device_and_split() {
+    let (want_ids, want_text) = greedy40();
+    for device in devices() {
+        for offload in ["auto", "off"] {
+            let (v, _) = run_json(&[
+                "--samplers",
+                "greedy",
+                "-n",
+                "40",
+                "--device",
+                &device,
+                "--offload",
+                offload,
+            ]);
+            assert_eq!(ids(&v), want_ids, "{device} offload {offload}");
+            assert_eq!(v["text"], want_text.as_str(), "{device} offload {offload}");
+            assert_eq!(v["stop_reason"], "length");
+        }
+    }
+    // temperature 0 is greedy too.
+    let (v, _) = run_json(&[
+        "--samplers",
+        "top_k;temperature;dist",
+        "--temp",
+        "0",
+        "-n",
+        "40",
+    ]);
+    assert_eq!(ids(&v), want_ids);
+}
+
+#[test]
+fn seeded_sampling_is_identical_across_runs_devices_and_splits() {
+    let chains: [&[&str]; 2] = [
+        &["--samplers", "top_k;top_p;min_p;temperature;dist"],
+        &[
+            "--samplers",
+            "penalties;top_k;temperature;top_p;dist",
+            "--repeat-penalty",
+            "1.2",
+            "--top-k",
+            "50",
+            "--temp",
+            "1.1",
+            "--top-p",
+            "0.9",
+        ],
+    ];
+    for chain in chains {
+        let mut reference: Option<Vec<u64>> = None;
+        for device in devices() {
+            for offload in ["auto", "off", "1", "2", "3", "4", "auto"] {
+                let mut args = chain.to_vec();
+                args.extend([
+                    "--seed",
+                    "1234",
+                    "-n",
+                    "64",
+                    "--prompt",
+                    "Lily and Tom",
+                    "--device",
+                    &device,
+                    "--offload",
+                    offload,
+                ]);
+                let (v, _) = run_json(&args);
+                let got = ids(&v);
+                assert!(!got.is_empty());
+                match &reference {
+                    None => reference = Some(got),
+                    Some(r) => assert_eq!(&got, r, "{chain:?} on {device}, offload {offload}"),
+                }
+            }
+        }
+    }
+    // A different seed gives a different text (the model is not collapsed to greedy).
+    let (a, _) = run_json(&["--seed", "1", "-n", "64", "--temp", "1.0"]);
+    let (b, _) = run_json(&["--seed", "2", "-n", "64", "--temp", "1.0"]);
+    assert_ne!(ids(&a), ids(&b));
+}
+
+#[test]
+fn stats_show_token_ids_only_when_fully_offloaded() {
+    for device in devices() {
+        let out = Command::new(env!("CARGO_BIN_EXE_generate"))
+            .args([
+                "--model",
+                MODEL_DIR,
+                "--no-progress",
+                "--stats",
+                "--seed",
+                "7",
+            ])
+            .args(["-n", "16", "--device", &device, "--offload", "auto"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(stderr.contains("host stages:   (none)"), "{stderr}");
+        assert!(stderr.contains("readback:      token ids"), "{stderr}");
+        assert!(stderr.contains("= 4 bytes/row/step"), "{stderr}");
+        assert!(stderr.contains("tokens/s"), "{stderr}");
+
+        let (v, _) = run_json(&["--seed", "7", "-n", "16", "--device", &device]);
+        assert_eq!(v["plan"]["fully_offloaded"], true);
+        assert_eq!(v["plan"]["bytes_per_row"], 4);
+        let steps = v["stats"]["steps"].as_u64().unwrap();
+        assert_eq!(v["stats"]["bytes_read"].as_u64().unwrap(), 4 * steps);
+        assert_eq!(v["stats"]["bytes_read_per_step"].as_f64().unwrap(), 4.0);
+
+        // Host only: the full row of logits crosses every step.
+        let (v, _) = run_json(&[
+            "--seed",
+            "7",
+            "-n",
+            "16",
+            "--device",
+            &device,
+            "--offload",
+            "off",
+        ]);
+        assert_eq!(v["plan"]["fully_offloaded"], false);
+        assert_eq!(v["stats"]["bytes_read_per_step"].as_f64().unwrap(), 2048.0);
+    }
+}
+
+#[test]
+fn text_output_streams_prompt_and_continuation() {
+    let out = Command::new(env!("CARGO_BIN_EXE_generate"))
+        .args(["--model", MODEL_DIR, "--samplers", "greedy", "-n", "40"])
+        .args(["--prompt", "Once upon a time"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("Once upon a time, there was"), "{text}");
+    assert!(text.ends_with('\n'));
+}
+
+#[test]
+fn config_file_and_flags() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("generate_cli_config");
+    std::fs::create_dir_all(&dir).unwrap();
+    let toml = dir.join("chain.toml");
+    std::fs::write(
+        &toml,
+        "samplers = \"top_k;temperature;dist\"\nseed = 99\n\n[top_k]\nk = 20\n\n[temperature]\nt = 0.9\n",
+    )
+    .unwrap();
+    let t = toml.to_str().unwrap();
+    let (a, _) = run_json(&["--config", t, "-n", "32"]);
+    assert_eq!(a["chain"], "top_k;temperature;dist");
+    assert_eq!(a["seed"], 99);
+    // The same chain given on the command line samples the same tokens.
+    let (b, _) = run_json(&[
+        "--samplers",
+        "top_k;temperature;dist",
+        "--top-k",
+        "20",
+        "--temp",
+        "0.9",
+        "--seed",
+        "99",
+        "-n",
+        "32",
+    ]);
+    assert_eq!(ids(&a), ids(&b));
+    // A flag for a stage the chain lacks is a warning, not an error.
+    let (_, stderr) = run_json(&["--config", t, "-n", "4", "--min-p", "0.1"]);
+    assert!(stderr.contains("--min-p has no effect"), "{stderr}");
+}
+
+#[test]
+fn n_is_clamped_to_the_context() {
+    let (v, stderr) = run_json(&["--samplers", "greedy", "-n", "5000", "--prompt", "Lily"]);
+    assert!(stderr.contains("does not fit the context"), "{stderr}");
+    let total = v["prompt_tokens"].as_array().unwrap().len() + ids(&v).len();
+    assert!(total <= 513, "{total}");
+}

@@ -1,0 +1,112 @@
+//! Per-step time and bytes read back of the hybrid executor.
+//!
+//! Chain: `top_k(40); temperature(0.8); top_p(0.9); dist` (llama.cpp's
+//! common order), on Zipf-like logits, for every compiled-in device:
+//! * `offloaded`: the whole chain on the device (4 B/row read back);
+//! * `topk_prefix`: only `top_k` on the device (8·40 B/row), the rest on sampler-cpu;
+//! * `cpu_only`: offloading off (full rows read back, 4·V B/row).
+//!
+//! Sizes: `BENCH_BATCH` (default `1,32,256`) x `BENCH_VOCAB` (default
+//! `32000,151936`); `BENCH_DEVICES` (default: every compiled-in device).
+//! Bytes per step are printed once per configuration. Results: docs/benchmarks.md.
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use sampler_backend::{Executor, Tensor, TensorData, compiled_devices, parse_device};
+use sampler_core::{ChainSpec, OffloadPolicy, StageSpec};
+
+fn list(var: &str, default: &str) -> Vec<String> {
+    std::env::var(var)
+        .unwrap_or_else(|_| default.to_string())
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// Heavy-tailed logits: `ln(1 / rank^1.1)` with ranks shuffled per row.
+fn zipf_logits(b: usize, v: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(b * v);
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..b {
+        for i in 0..v {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let rank = ((i as u64 * 2_654_435_761 + (s & 0xff)) % v as u64) as f32 + 1.0;
+            out.push(-1.1 * rank.ln() + 8.0);
+        }
+    }
+    out
+}
+
+fn chain(seed: u64) -> ChainSpec {
+    ChainSpec::new(
+        vec![
+            StageSpec::TopK { k: 40 },
+            StageSpec::Temperature {
+                t: 0.8,
+                dynatemp_range: 0.0,
+                dynatemp_exponent: 1.0,
+            },
+            StageSpec::TopP {
+                p: 0.9,
+                min_keep: 0,
+            },
+            StageSpec::Dist,
+        ],
+        Some(seed),
+    )
+}
+
+fn bench(c: &mut Criterion) {
+    let default_devices = compiled_devices().join(",");
+    for dev_name in list("BENCH_DEVICES", &default_devices) {
+        let Ok(device) = parse_device(&dev_name) else {
+            eprintln!("skip {dev_name}: not compiled in");
+            continue;
+        };
+        let mut group = c.benchmark_group(format!("step/{dev_name}"));
+        group.sample_size(10);
+        group.measurement_time(std::time::Duration::from_secs(3));
+        group.warm_up_time(std::time::Duration::from_millis(500));
+        for v in list("BENCH_VOCAB", "32000,151936") {
+            let Ok(v) = v.parse::<usize>() else { continue };
+            for b in list("BENCH_BATCH", "1,32,256") {
+                let Ok(b) = b.parse::<usize>() else { continue };
+                let logits = zipf_logits(b, v);
+                for (mode, policy) in [
+                    ("offloaded", OffloadPolicy::Auto),
+                    ("topk_prefix", OffloadPolicy::Stages(1)),
+                    ("cpu_only", OffloadPolicy::Off),
+                ] {
+                    let rows: Vec<ChainSpec> = (0..b).map(|r| chain(r as u64)).collect();
+                    let Ok(mut ex) = Executor::new(rows, v, &device, policy) else {
+                        continue;
+                    };
+                    let upload = || {
+                        Tensor::<2>::from_data(TensorData::new(logits.clone(), [b, v]), &device)
+                    };
+                    // Warm-up (kernel compilation on cubecl devices) and bytes.
+                    let Ok(out) = ex.step(upload()) else { continue };
+                    eprintln!(
+                        "{dev_name} {mode} B={b} V={v}: {} bytes read back per step ({} per row)",
+                        out.bytes_read,
+                        out.bytes_read / b
+                    );
+                    let id = BenchmarkId::new(format!("{mode}/V{v}"), b);
+                    group.bench_function(id, |bench| {
+                        bench.iter_batched(
+                            upload,
+                            |t| ex.step(t).map(|o| o.bytes_read).unwrap_or(0),
+                            criterion::BatchSize::PerIteration,
+                        )
+                    });
+                }
+            }
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,125 @@
+//! Run-time device selection from a string (`flex`, `ndarray`, `wgpu`,
+//! `vulkan`, `cuda`, `cuda:N`, `wgpu:N`, `vulkan:N`).
+
+use burn_tensor::Device;
+
+use crate::BackendError;
+
+/// Device names this build accepts, in the order of their cargo features.
+///
+/// `cuda`, `wgpu` and `vulkan` also accept an index suffix (`cuda:1`); for
+/// wgpu/vulkan an index selects that discrete GPU, no index the default adapter.
+pub fn compiled_devices() -> &'static [&'static str] {
+    &[
+        #[cfg(feature = "flex")]
+        "flex",
+        #[cfg(feature = "ndarray")]
+        "ndarray",
+        #[cfg(feature = "wgpu")]
+        "wgpu",
+        #[cfg(feature = "vulkan")]
+        "vulkan",
+        #[cfg(feature = "cuda")]
+        "cuda",
+    ]
+}
+
+fn unknown(given: &str, reason: impl Into<String>) -> BackendError {
+    BackendError::UnknownDevice {
+        given: given.to_string(),
+        reason: reason.into(),
+        available: compiled_devices().to_vec(),
+    }
+}
+
+/// Parse a device string into a burn [`Device`].
+///
+/// Accepted (case-insensitive, surrounding spaces ignored): `flex`, `ndarray`,
+/// `wgpu`, `wgpu:N`, `vulkan`, `vulkan:N`, `cuda`, `cuda:N`. Also `cpu` as an
+/// alias of `flex`.
+///
+/// # Errors
+/// [`BackendError::UnknownDevice`] for an unknown name, a bad index, or a
+/// backend whose cargo feature was not compiled in; the error lists
+/// [`compiled_devices`].
+pub fn parse_device(s: &str) -> Result<Device, BackendError> {
+    let lower = s.trim().to_ascii_lowercase();
+    let (name, index) = match lower.split_once(':') {
+        Some((n, i)) => {
+            let idx: usize = i
+                .trim()
+                .parse()
+                .map_err(|_| unknown(s, format!("`{i}` is not a device index")))?;
+            (n.trim().to_string(), Some(idx))
+        }
+        None => (lower.clone(), None),
+    };
+    let name = if name == "cpu" { "flex".to_string() } else { name };
+    let known = ["flex", "ndarray", "wgpu", "vulkan", "cuda"];
+    if !known.contains(&name.as_str()) {
+        return Err(unknown(s, "not a device name"));
+    }
+    if !compiled_devices().contains(&name.as_str()) {
+        return Err(unknown(
+            s,
+            format!("the `{name}` cargo feature of sampler-backend was not compiled in"),
+        ));
+    }
+    if index.is_some() && (name == "flex" || name == "ndarray") {
+        return Err(unknown(s, format!("`{name}` takes no device index")));
+    }
+    make(&name, index).ok_or_else(|| unknown(s, "not available in this build"))
+}
+
+#[allow(unused_variables)]
+fn make(name: &str, index: Option<usize>) -> Option<Device> {
+    match name {
+        #[cfg(feature = "flex")]
+        "flex" => Some(Device::flex()),
+        #[cfg(feature = "ndarray")]
+        #[allow(deprecated)]
+        "ndarray" => Some(Device::ndarray()),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => Some(Device::wgpu(match index {
+            Some(i) => burn_tensor::DeviceKind::DiscreteGpu(i),
+            None => burn_tensor::DeviceKind::DefaultDevice,
+        })),
+        #[cfg(feature = "vulkan")]
+        "vulkan" => Some(Device::vulkan(match index {
+            Some(i) => burn_tensor::DeviceKind::DiscreteGpu(i),
+            None => burn_tensor::DeviceKind::DefaultDevice,
+        })),
+        #[cfg(feature = "cuda")]
+        "cuda" => Some(Device::cuda(index.unwrap_or(0))),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_name_lists_choices() {
+        let e = parse_device("tpu").unwrap_err();
+        let msg = e.to_string();
+        for d in compiled_devices() {
+            assert!(msg.contains(d), "{msg}");
+        }
+        assert!(parse_device("cuda:x").is_err());
+    }
+
+    #[cfg(feature = "flex")]
+    #[test]
+    fn flex_parses() {
+        assert!(parse_device(" Flex ").is_ok());
+        assert!(parse_device("flex:1").is_err());
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn missing_feature_is_named() {
+        let e = parse_device("cuda:1").unwrap_err().to_string();
+        assert!(e.contains("cargo feature"), "{e}");
+    }
+}

@@ -1,0 +1,89 @@
+//! [`BackendError`]: what can go wrong for the whole batch (per-row problems
+//! are [`sampler_core::SampleError`]s in [`crate::StepOutput::tokens`]).
+
+use thiserror::Error;
+
+/// An error that concerns the whole executor or the whole step.
+///
+/// Per-row problems (a NaN row, an all-`-inf` row) never use this type: they
+/// are reported per row in [`crate::StepOutput::tokens`] and the other rows
+/// are sampled normally.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum BackendError {
+    /// The device string is not known, or names a backend whose cargo
+    /// feature was not compiled in.
+    #[error("unknown or unavailable device `{given}`: {reason}; compiled-in choices: {}", available.join(", "))]
+    UnknownDevice {
+        /// The string given.
+        given: String,
+        /// Why it was refused.
+        reason: String,
+        /// The device names this build accepts ([`crate::compiled_devices`]).
+        available: Vec<&'static str>,
+    },
+    /// `Executor::new` was given no rows.
+    #[error("the executor needs at least one row (chain spec)")]
+    EmptyBatch,
+    /// The vocabulary size is 0.
+    #[error("the vocabulary is empty: nothing can be sampled")]
+    EmptyVocab,
+    /// The per-row chains differ in their stage kinds or order.
+    #[error(
+        "row {row} has stages [{found}] but row 0 has [{expected}]: every row needs the same stage kinds in the same order"
+    )]
+    ChainMismatch {
+        /// The offending row.
+        row: usize,
+        /// Row 0's chain string.
+        expected: String,
+        /// This row's chain string.
+        found: String,
+    },
+    /// A stage parameter is invalid (from `ChainSpec::validate`).
+    #[error("row {row}, stage {stage}: {source}")]
+    Param {
+        /// Row.
+        row: usize,
+        /// Stage index in the chain.
+        stage: usize,
+        /// The parameter error.
+        source: sampler_core::ParamError,
+    },
+    /// The CPU chain of a row could not be built.
+    #[error("row {row}: the CPU chain could not be built: {message}")]
+    Build {
+        /// Row.
+        row: usize,
+        /// The CPU builder's message.
+        message: String,
+    },
+    /// The logits tensor does not have the `[batch, vocab]` shape the executor was built for.
+    #[error("logits have shape {found:?}, expected [batch = {batch}, vocab = {vocab}]")]
+    Shape {
+        /// Shape of the tensor given.
+        found: Vec<usize>,
+        /// Rows the executor was built for.
+        batch: usize,
+        /// Vocabulary the executor was built for.
+        vocab: usize,
+    },
+    /// The logits live on another device than the executor's.
+    #[error("logits are on {found}, but the executor was built for {expected}")]
+    WrongDevice {
+        /// Device of the tensor.
+        found: String,
+        /// Device of the executor.
+        expected: String,
+    },
+    /// A row index out of range (e.g. in `accept_prompt`).
+    #[error("row {row} is out of range for a batch of {batch}")]
+    RowOutOfRange {
+        /// The index given.
+        row: usize,
+        /// Rows in the batch.
+        batch: usize,
+    },
+    /// Reading the step's results back from the device failed.
+    #[error("device readback failed: {0}")]
+    Readback(String),
+}

@@ -1,0 +1,116 @@
+//! The device hook trait (DESIGN.md contract 4) and the data a step passes
+//! from stage to stage.
+
+use burn_tensor::{Bool, Device, Int, Tensor};
+use sampler_core::{StageSpec, TokenId};
+
+/// What a stage's `init` learns about the step it will join.
+#[derive(Debug, Clone)]
+pub struct InitContext {
+    /// Rows per step (`B`).
+    pub batch: usize,
+    /// Vocabulary size (`V`).
+    pub vocab: usize,
+    /// Width `N` of the logits entering this stage: `V`, or the batch's
+    /// largest `k` after a device `top_k`.
+    pub width: usize,
+    /// Whether an `ids [B, N]` tensor maps positions to token ids here
+    /// (true after a device `top_k`).
+    pub has_ids: bool,
+    /// The device.
+    pub device: Device,
+}
+
+/// Host data of one row for one step, handed to [`DeviceStage::set_input`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowState {
+    /// The row's seed (its CPU chain's seed).
+    pub seed: u64,
+    /// Tokens the row has sampled since its chain was reset.
+    pub step: u64,
+}
+
+/// The tensors of one step, passed through the device stages in order.
+///
+/// Masked candidates are `-inf` logits; filters never change the width
+/// except `top_k`, which narrows it to the batch's largest `k` and sets `ids`.
+#[derive(Debug, Clone)]
+pub struct StepData {
+    /// Logits `[B, N]` (f32, natural-log units).
+    pub logits: Tensor<2>,
+    /// Probabilities `[B, N]`, when a stage computed them (unused by the built-in stages).
+    pub probs: Option<Tensor<2>>,
+    /// Position -> token id `[B, N]`; `None` means position == token id.
+    pub ids: Option<Tensor<2, Int>>,
+    /// The selected token id per row `[B]`, set by a selecting stage.
+    pub sampled: Option<Tensor<1, Int>>,
+    /// Per-row invalid mask `[B, 1]` (NaN / `+inf` in the input row). Stages
+    /// see sanitised logits (zeros) on invalid rows and need not look at it.
+    pub invalid: Tensor<2, Bool>,
+    /// Rows `B`.
+    pub batch: usize,
+    /// Vocabulary `V`.
+    pub vocab: usize,
+    /// Current width `N`.
+    pub width: usize,
+    /// The device.
+    pub device: Device,
+}
+
+impl StepData {
+    /// Token ids `[B, N]` of the current positions (`ids`, or `0..N`).
+    pub fn token_ids(&self) -> Tensor<2, Int> {
+        match &self.ids {
+            Some(ids) => ids.clone(),
+            None => crate::ops::positions(self.batch, self.width, &self.device),
+        }
+    }
+}
+
+/// Device hooks of one stage, for the whole batch (DESIGN.md contract 4;
+/// llama.cpp's `backend_init / backend_set_input / backend_apply`).
+///
+/// A stage is built from the per-row specs of its chain position (same kind,
+/// parameters may differ per row) and keeps per-row parameters as `[B, 1]`
+/// tensors, so a step is one batched pass whatever the parameters.
+pub trait DeviceStage: Send {
+    /// Canonical stage name.
+    fn name(&self) -> &'static str;
+    /// Allocate state and upload per-row parameters; `false` if the device
+    /// recipe cannot honour these parameters here (the planner then keeps this
+    /// stage and everything after it on the host).
+    fn init(&mut self, ctx: &InitContext) -> bool;
+    /// Upload per-step host data (uniforms, history deltas) before `apply`.
+    fn set_input(&mut self, _rows: &[RowState]) {}
+    /// Append this stage's tensor ops to the step.
+    fn apply(&self, data: &mut StepData);
+    /// Width after this stage given the width before (only `top_k` narrows).
+    fn out_width(&self, width: usize) -> usize {
+        width
+    }
+    /// Record the tokens selected this step (`None` for rows that failed).
+    fn accept(&mut self, _tokens: &[Option<TokenId>]) {}
+    /// Record prompt tokens of one row.
+    fn accept_prompt(&mut self, _row: usize, _tokens: &[TokenId]) {}
+    /// Forget history.
+    fn reset(&mut self) {}
+}
+
+/// Build the device stage for chain position `stage_index` from the per-row
+/// specs (`specs[row]`, all of the same kind). `None` when the kind has no
+/// device recipe (typical, xtc, mirostat, dry, ...).
+pub fn build_device_stage(stage_index: usize, specs: &[StageSpec]) -> Option<Box<dyn DeviceStage>> {
+    use crate::stages::*;
+    let first = specs.first()?;
+    Some(match first {
+        StageSpec::Greedy => Box::new(greedy::Greedy::new()),
+        StageSpec::Dist => Box::new(dist::Dist::new(stage_index)),
+        StageSpec::TopK { .. } => Box::new(top_k::TopK::new(specs)),
+        StageSpec::TopP { .. } => Box::new(top_p::TopP::new(specs)),
+        StageSpec::MinP { .. } => Box::new(min_p::MinP::new(specs)),
+        StageSpec::Temperature { .. } => Box::new(temperature::Temperature::new(specs)),
+        StageSpec::Penalties { .. } => Box::new(penalties::Penalties::new(specs)),
+        StageSpec::LogitBias { .. } => Box::new(logit_bias::LogitBias::new(specs)),
+        _ => return None,
+    })
+}

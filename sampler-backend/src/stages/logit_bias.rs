@@ -1,0 +1,76 @@
+//! `logit_bias` on the device: per-row `(token, bias)` pairs (bias may be
+//! `-inf` to ban), applied **by token id**: after a device `top_k` the bias
+//! is looked up through `ids` (llama.cpp biased raw positions or aborted:
+//! bug_cases §12). Duplicate entries for one token add up; a sum of `+inf`
+//! saturates to `f32::MAX` like the CPU. Ids outside the vocabulary make
+//! `init` refuse, so the host reports the row's error.
+//!
+//! The per-row biases are expanded once, in `init`, into a dense `[B, V]`
+//! tensor (one upload; `4 B V` bytes of device memory).
+
+use burn_tensor::{Tensor, TensorData};
+use sampler_core::{StageSpec, TokenId};
+
+use crate::stage::{DeviceStage, InitContext, StepData};
+
+/// Device logit bias with per-row entries.
+#[derive(Debug)]
+pub struct LogitBias {
+    rows: Vec<Vec<(TokenId, f32)>>,
+    dense: Option<Tensor<2>>,
+}
+
+impl LogitBias {
+    /// From the per-row specs (`StageSpec::LogitBias`).
+    pub fn new(specs: &[StageSpec]) -> Self {
+        let rows = specs
+            .iter()
+            .map(|s| match s {
+                StageSpec::LogitBias { bias } => bias.clone(),
+                _ => Vec::new(),
+            })
+            .collect();
+        Self { rows, dense: None }
+    }
+}
+
+impl DeviceStage for LogitBias {
+    fn name(&self) -> &'static str {
+        "logit_bias"
+    }
+    fn init(&mut self, ctx: &InitContext) -> bool {
+        let (b, v) = (ctx.batch, ctx.vocab);
+        // Dense bias up to 2^26 entries (256 MiB); larger batches keep the
+        // stage on the host.
+        let Some(len) = b.checked_mul(v).filter(|&n| n <= 1 << 26) else {
+            return false;
+        };
+        // Out-of-vocabulary tokens are a per-row error on the CPU: leave
+        // this stage (and what follows) to the host so the row reports it.
+        if self.rows.iter().flatten().any(|&(t, _)| t as usize >= v) {
+            return false;
+        }
+        let mut dense = vec![0f32; len];
+        for (r, row) in self.rows.iter().enumerate().take(b) {
+            for &(t, x) in row {
+                if (t as usize) < v {
+                    dense[r * v + t as usize] += x;
+                }
+            }
+        }
+        self.dense = Some(Tensor::<2>::from_data(
+            TensorData::new(dense, [b, v]),
+            &ctx.device,
+        ));
+        true
+    }
+    fn apply(&self, data: &mut StepData) {
+        let Some(dense) = &self.dense else { return };
+        let bias = match &data.ids {
+            Some(ids) => dense.clone().gather(1, ids.clone()),
+            None => dense.clone(),
+        };
+        data.logits = data.logits.clone().add(bias).clamp_max(f32::MAX);
+        data.probs = None;
+    }
+}

@@ -1,0 +1,74 @@
+//! `top_k` on the device: a native `topk` at the batch's largest `k`, the
+//! boundary ties resolved to the lowest token ids (CPU rule) by a second
+//! `topk` over a tie key, and a per-row mask for rows with a smaller `k`.
+//! `k` is clamped to the width (bug_cases §12: `top_k(10)` over 4 logits);
+//! `k <= 0` rows keep everything (no-op).
+//!
+//! After this stage `ids [B, K]` maps positions to token ids and the width
+//! is `K`; later stages look tokens up through it.
+
+use burn_tensor::{Int, Tensor};
+use sampler_core::StageSpec;
+
+use crate::ops;
+use crate::stage::{DeviceStage, InitContext, StepData};
+
+/// Device top-k with per-row `k`.
+#[derive(Debug)]
+pub struct TopK {
+    ks: Vec<i64>,
+    k_max: usize,
+    k_row: Option<Tensor<2, Int>>,
+}
+
+impl TopK {
+    /// From the per-row specs (`StageSpec::TopK`).
+    pub fn new(specs: &[StageSpec]) -> Self {
+        let ks = specs
+            .iter()
+            .map(|s| match s {
+                StageSpec::TopK { k } => *k,
+                _ => 0,
+            })
+            .collect();
+        Self {
+            ks,
+            k_max: 0,
+            k_row: None,
+        }
+    }
+
+    /// The effective `k` of each row at width `n` (`k <= 0` keeps all).
+    pub fn effective_k(&self, n: usize) -> Vec<usize> {
+        self.ks
+            .iter()
+            .map(|&k| if k <= 0 { n } else { (k as u64).min(n as u64) as usize })
+            .collect()
+    }
+}
+
+impl DeviceStage for TopK {
+    fn name(&self) -> &'static str {
+        "top_k"
+    }
+    fn init(&mut self, ctx: &InitContext) -> bool {
+        let eff = self.effective_k(ctx.width);
+        self.k_max = eff.iter().copied().max().unwrap_or(0).max(1);
+        let v: Vec<i64> = eff.iter().map(|&k| k as i64).collect();
+        self.k_row = Some(ops::col_int(&v, &ctx.device));
+        ctx.width > 0
+    }
+    fn out_width(&self, width: usize) -> usize {
+        self.k_max.min(width).max(1)
+    }
+    fn apply(&self, data: &mut StepData) {
+        let Some(k_row) = &self.k_row else { return };
+        let k = self.out_width(data.width);
+        let ids = data.token_ids();
+        let (vals, ids) = ops::canonical_topk(&data.logits, &ids, k_row, k);
+        data.logits = vals;
+        data.ids = Some(ids);
+        data.probs = None;
+        data.width = k;
+    }
+}

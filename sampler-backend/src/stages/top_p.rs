@@ -1,0 +1,188 @@
+//! `top_p` (nucleus) on the device, CPU semantics: in canonical order
+//! (logit descending, ties by ascending id) keep every candidate whose
+//! probability mass *before* it is `< p` (so the crossing token is kept),
+//! and at least `max(1, min_keep)` candidates (bug_cases §12). `p >= 1` rows
+//! are no-ops. Width unchanged; dropped candidates become `-inf`.
+//!
+//! * width `<= PAIRWISE_MAX` (after a `top_k`): exact ranks and masses
+//!   before each candidate from pairwise `[B, N, N]` comparisons;
+//! * full rows: no sort and no cumsum. The crossing logit `v*` (the largest
+//!   logit whose mass `sum(e where l >= v*) >= p * S`) is found by a
+//!   bisection that snaps every midpoint to an actual logit (two reductions
+//!   per iteration, `BISECT_ITERS` iterations); candidates equal to `v*` are
+//!   then kept in ascending id order while the mass before them is `< p * S`,
+//!   with the id cut found by an integer bisection over counts.
+
+use burn_tensor::{Bool, Int, Tensor};
+use sampler_core::StageSpec;
+
+use crate::ops::{self, PAIRWISE_MAX, wide};
+use crate::stage::{DeviceStage, InitContext, StepData};
+
+/// Iterations of the value bisection on full rows. Each halves the range of
+/// logits still in question; 64 resolves any two distinct f32 logits of
+/// practical magnitude.
+pub const BISECT_ITERS: usize = 64;
+
+/// Device top-p with per-row `p` and `min_keep`.
+#[derive(Debug)]
+pub struct TopP {
+    ps: Vec<f32>,
+    keeps: Vec<usize>,
+    p: Option<Tensor<2>>,
+    noop: Option<Tensor<2, Bool>>,
+    keep_row: Option<Tensor<2, Int>>,
+    keep_max: usize,
+}
+
+impl TopP {
+    /// From the per-row specs (`StageSpec::TopP`).
+    pub fn new(specs: &[StageSpec]) -> Self {
+        let mut ps = Vec::new();
+        let mut keeps = Vec::new();
+        for s in specs {
+            let (p, k) = match s {
+                StageSpec::TopP { p, min_keep } => (*p, *min_keep),
+                _ => (1.0, 0),
+            };
+            ps.push(p);
+            keeps.push(k);
+        }
+        Self {
+            ps,
+            keeps,
+            p: None,
+            noop: None,
+            keep_row: None,
+            keep_max: 1,
+        }
+    }
+}
+
+impl DeviceStage for TopP {
+    fn name(&self) -> &'static str {
+        "top_p"
+    }
+    fn init(&mut self, ctx: &InitContext) -> bool {
+        let n = ctx.width.max(1);
+        let p: Vec<f32> = self.ps.iter().map(|&p| p.clamp(0.0, 1.0)).collect();
+        let noop: Vec<bool> = self.ps.iter().map(|&p| p >= 1.0).collect();
+        let keep: Vec<i64> = self
+            .keeps
+            .iter()
+            .map(|&k| k.clamp(1, n) as i64)
+            .collect();
+        self.keep_max = keep.iter().copied().max().unwrap_or(1) as usize;
+        self.p = Some(ops::col_f32(&p, &ctx.device));
+        self.noop = Some(ops::col_bool(&noop, &ctx.device));
+        self.keep_row = Some(ops::col_int(&keep, &ctx.device));
+        true
+    }
+    fn apply(&self, data: &mut StepData) {
+        let (Some(p), Some(noop), Some(keep_row)) = (&self.p, &self.noop, &self.keep_row) else {
+            return;
+        };
+        let n = data.width;
+        let ids = data.token_ids();
+        let (e, _) = ops::exps(&data.logits);
+        let s = e.clone().sum_dim(1);
+        let target = p.clone().mul(s);
+        let keep = if n <= PAIRWISE_MAX {
+            let (rank, before) = ops::rank_and_mass_before(&data.logits, &ids, &e);
+            before
+                .lower(wide(target, n))
+                .bool_or(rank.lower(wide(keep_row.clone(), n)))
+        } else {
+            let nucleus = full_row_nucleus(&data.logits, &ids, &e, &target, data.vocab);
+            let top = if self.keep_max > 1 {
+                ops::canonical_top_mask(&data.logits, &ids, keep_row, self.keep_max)
+            } else {
+                let best = ops::argmax_lowest_id(&data.logits, &ids);
+                ids.clone().equal(wide(best, n))
+            };
+            nucleus.bool_or(top)
+        };
+        let keep = keep.bool_or(wide(noop.clone(), n));
+        data.logits = ops::mask_logits(data.logits.clone(), keep);
+        data.probs = None;
+    }
+}
+
+/// The nucleus mask `[B, N]` of full rows by reductions only.
+fn full_row_nucleus(
+    logits: &Tensor<2>,
+    ids: &Tensor<2, Int>,
+    e: &Tensor<2>,
+    target: &Tensor<2>,
+    vocab: usize,
+) -> Tensor<2, Bool> {
+    let [_, n] = logits.dims();
+    let finite = logits.clone().is_finite();
+    let m = logits.clone().max_dim(1);
+    // If the maxima alone reach the target, v* = max. Otherwise bisect with
+    // lo: a logit with mass(l >= lo) >= target (the smallest finite one) and
+    // hi: a logit with mass(l >= hi) < target (the max); midpoints are
+    // `lo/2 + hi/2` so that extreme logits never overflow.
+    let mass_at_max = e
+        .clone()
+        .mask_fill(logits.clone().lower(wide(m.clone(), n)), 0.0)
+        .sum_dim(1);
+    let top_ok = mass_at_max
+        .greater_equal(target.clone())
+        .bool_or(target.clone().lower_equal_elem(0.0));
+    let mut lo = logits
+        .clone()
+        .mask_fill(finite.bool_not(), f32::INFINITY)
+        .min_dim(1);
+    let mut hi = m.clone();
+    for _ in 0..BISECT_ITERS {
+        let mid = lo.clone().mul_scalar(0.5).add(hi.clone().mul_scalar(0.5));
+        let snap = logits
+            .clone()
+            .mask_fill(logits.clone().lower(wide(mid.clone(), n)), f32::INFINITY)
+            .min_dim(1);
+        let inside = snap.clone().lower(hi.clone());
+        let mass = e
+            .clone()
+            .mask_fill(logits.clone().lower(wide(snap.clone(), n)), 0.0)
+            .sum_dim(1);
+        let ok = inside.clone().bool_and(mass.greater_equal(target.clone()));
+        let shrink = inside.clone().bool_and(ok.clone().bool_not());
+        lo = lo.mask_where(ok, snap.clone());
+        hi = hi.mask_where(shrink, snap).mask_where(inside.bool_not(), mid);
+    }
+    let vstar = lo.mask_where(top_ok, m);
+    let gt = logits.clone().greater(wide(vstar.clone(), n));
+    let eq = logits.clone().equal(wide(vstar, n));
+    let mass_gt = e.clone().mask_fill(gt.clone().bool_not(), 0.0).sum_dim(1);
+    let e_v = e
+        .clone()
+        .mask_fill(eq.clone().bool_not(), 0.0)
+        .max_dim(1);
+    let count_eq = eq.clone().int().sum_dim(1);
+    // Equal candidates kept in id order while the mass before them is < target.
+    let need = target
+        .clone()
+        .sub(mass_gt)
+        .div(e_v.clone().clamp_min(f32::MIN_POSITIVE))
+        .ceil()
+        .clamp(1.0, vocab as f32)
+        .int();
+    let need = need.min_pair(count_eq.clone()).clamp_min(1);
+    // Smallest id cut with count(eq & id <= cut) >= need.
+    let mut lo_id = need.zeros_like().sub_scalar(1);
+    let mut hi_id = need.zeros_like().add_scalar(vocab as i64);
+    let steps = usize::BITS - vocab.leading_zeros() + 1;
+    for _ in 0..steps {
+        let mid = lo_id.clone().add(hi_id.clone()).div_scalar(2);
+        let cnt = eq
+            .clone()
+            .bool_and(ids.clone().lower_equal(wide(mid.clone(), n)))
+            .int()
+            .sum_dim(1);
+        let enough = cnt.greater_equal(need.clone());
+        hi_id = hi_id.mask_where(enough.clone(), mid.clone());
+        lo_id = lo_id.mask_where(enough.bool_not(), mid);
+    }
+    gt.bool_or(eq.bool_and(ids.clone().lower_equal(wide(hi_id, n))))
+}

@@ -1,0 +1,303 @@
+//! CPU sampler-chain benchmarks against the floor (one read of the row).
+//!
+//! Rows ([`zipf_pool`]) are realistic and fixed: heavy-tailed, Zipf-like
+//! logits with a fixed seed. Per row, a tail exponent `s` in [1.1, 1.5] and a
+//! target top-1 probability in [0.1, 0.6] (spread evenly over the pool); the
+//! token of rank `r >= 2` gets `-s·ln r + noise` (noise uniform in
+//! ±0.25 nats), the top token the logit that gives it the target probability
+//! (kept at least 0.05 above the second); ranks are scattered over token ids
+//! by a fresh random permutation per row. The generator checks every row's
+//! top-1 probability lies in [0.1, 0.6] and prints, once per vocabulary, the
+//! top-1 range and the sizes of the `top_p(0.9)` nucleus and of the
+//! `min_p(0.05)` set.
+//!
+//! Rows rotate through a pool of at least 64 MiB (twice the 32 MiB L3 of the
+//! reference machine; at batch 32 at least 4 batches), so every iteration reads
+//! its row from memory, as a sampler does right after a forward pass. The
+//! floor is measured in the same run on the same pool: one pass over the row
+//! (a max reduction in 16 independent lanes, so it is bound by memory).
+//!
+//! Groups: `batch1/V=...` (floor, the six chains through
+//! `sampler_cpu::fast::sample_row`, and the reference path
+//! `Candidates::from_logits` + `Chain::sample` for comparison) and
+//! `batch32/V=...` (`sampler_cpu::sample_batch`, 32 rows, one chain per row;
+//! throughput is per token).
+//!
+//! Run: `cargo bench -p sampler-cpu --bench cpu_chains` (add a filter such as
+//! `-- batch1/V=32000`). Results and the machine: docs/benchmarks.md.
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use rand::{Rng, SeedableRng, seq::SliceRandom};
+use rand_chacha::ChaCha8Rng;
+use sampler_core::{Candidates, Chain, ChainSpec, HistoryScope, StageSpec};
+
+const MIN_POOL_BYTES: usize = 64 << 20;
+const VOCABS: [usize; 3] = [32_000, 128_256, 151_936];
+const BATCH: usize = 32;
+
+/// A pool of `rows` Zipf-like rows `[rows, vocab]` (row-major), at least
+/// `min_bytes` in all; see the module docs.
+fn zipf_pool(vocab: usize, min_bytes: usize, seed: u64) -> (Vec<f32>, usize) {
+    let rows = min_bytes.div_ceil(4 * vocab).max(8);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut out = Vec::with_capacity(rows * vocab);
+    let mut perm: Vec<usize> = (0..vocab).collect();
+    let mut row = vec![0f32; vocab];
+    for r in 0..rows {
+        let s: f32 = rng.random_range(1.1..1.5);
+        let target_p1: f64 = 0.1 + 0.5 * (r as f64 + 0.5) / rows as f64;
+        perm.shuffle(&mut rng);
+        let mut second = f32::NEG_INFINITY;
+        let mut rest = 0.0f64;
+        for (rank, &id) in perm.iter().enumerate().skip(1) {
+            let noise: f32 = rng.random_range(-0.25..0.25);
+            let l = -s * ((rank + 1) as f32).ln() + noise;
+            row[id] = l;
+            second = second.max(l);
+            rest += f64::from(l).exp();
+        }
+        // e^L / (e^L + rest) = target  =>  L = ln(target / (1 - target) * rest).
+        let top = (target_p1 / (1.0 - target_p1) * rest).ln() as f32;
+        row[perm[0]] = top.max(second + 0.05);
+        out.extend_from_slice(&row);
+    }
+    (out, rows)
+}
+
+/// Top-1 probability, `top_p(0.9)` nucleus size and `min_p(0.05)` set size of a row.
+fn row_stats(row: &[f32]) -> (f64, usize, usize) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut e: Vec<f64> = row.iter().map(|&l| f64::from(l - max).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.sort_by(|a, b| b.total_cmp(a));
+    let mut cum = 0.0;
+    let nucleus = e
+        .iter()
+        .position(|&x| {
+            cum += x / sum;
+            cum >= 0.9
+        })
+        .map_or(e.len(), |i| i + 1);
+    let min_p = row.iter().filter(|&&l| l >= max + 0.05f32.ln()).count();
+    (e[0] / sum, nucleus, min_p)
+}
+
+fn check_and_describe(pool: &[f32], vocab: usize) {
+    let mut p1 = Vec::new();
+    let mut nucleus = Vec::new();
+    let mut min_p = Vec::new();
+    for row in pool.chunks_exact(vocab) {
+        let (p, n, m) = row_stats(row);
+        assert!(
+            (0.1..=0.6).contains(&p),
+            "generator: top-1 probability {p} outside [0.1, 0.6]"
+        );
+        p1.push(p);
+        nucleus.push(n);
+        min_p.push(m);
+    }
+    nucleus.sort_unstable();
+    min_p.sort_unstable();
+    let q = |v: &[usize], f: f64| v[((v.len() - 1) as f64 * f) as usize];
+    eprintln!(
+        "V={vocab}: {} rows; top-1 p in [{:.3}, {:.3}]; top_p(0.9) nucleus min/median/max {}/{}/{}; \
+         min_p(0.05) set min/median/max {}/{}/{}",
+        p1.len(),
+        p1.iter().copied().fold(1.0, f64::min),
+        p1.iter().copied().fold(0.0, f64::max),
+        q(&nucleus, 0.0),
+        q(&nucleus, 0.5),
+        q(&nucleus, 1.0),
+        q(&min_p, 0.0),
+        q(&min_p, 0.5),
+        q(&min_p, 1.0),
+    );
+}
+
+/// The floor: one pass over the row's `vocab` f32 values (a max reduction
+/// in 16 independent lanes, so it is bound by memory, not by latency).
+fn floor_read(row: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 16];
+    let chunks = row.chunks_exact(16);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for i in 0..16 {
+            acc[i] = if c[i] > acc[i] { c[i] } else { acc[i] };
+        }
+    }
+    let mut m = acc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for &x in rem {
+        m = m.max(x);
+    }
+    m
+}
+
+fn temp(t: f32) -> StageSpec {
+    StageSpec::Temperature {
+        t,
+        dynatemp_range: 0.0,
+        dynatemp_exponent: 1.0,
+    }
+}
+
+fn chains() -> Vec<(&'static str, Vec<StageSpec>)> {
+    vec![
+        ("greedy", vec![StageSpec::Greedy]),
+        (
+            "top_k40_temp_dist",
+            vec![StageSpec::TopK { k: 40 }, temp(0.8), StageSpec::Dist],
+        ),
+        (
+            "top_k40_top_p_min_p_temp_dist",
+            vec![
+                StageSpec::TopK { k: 40 },
+                StageSpec::TopP {
+                    p: 0.95,
+                    min_keep: 1,
+                },
+                StageSpec::MinP {
+                    p: 0.05,
+                    min_keep: 1,
+                },
+                temp(0.8),
+                StageSpec::Dist,
+            ],
+        ),
+        (
+            "top_p0.9_temp_dist",
+            vec![
+                StageSpec::TopP {
+                    p: 0.9,
+                    min_keep: 1,
+                },
+                temp(0.7),
+                StageSpec::Dist,
+            ],
+        ),
+        (
+            "min_p0.05_temp_dist",
+            vec![
+                StageSpec::MinP {
+                    p: 0.05,
+                    min_keep: 1,
+                },
+                temp(1.0),
+                StageSpec::Dist,
+            ],
+        ),
+        (
+            "penalties_top_k40_temp_dist",
+            vec![
+                StageSpec::Penalties {
+                    last_n: 64,
+                    repeat: 1.1,
+                    frequency: 0.0,
+                    presence: 0.0,
+                    scope: HistoryScope::PromptAndOutput,
+                },
+                StageSpec::TopK { k: 40 },
+                temp(0.8),
+                StageSpec::Dist,
+            ],
+        ),
+    ]
+}
+
+/// A chain with a 64-token history spread over the vocabulary (for the
+/// penalties chain; the others ignore it). Sampling keeps it at 64 tokens.
+fn chain_with_history(stages: &[StageSpec], vocab: usize, seed: u64) -> Chain {
+    let spec = ChainSpec::new(stages.to_vec(), Some(seed));
+    let mut chain = sampler_cpu::build_chain(&spec).expect("valid bench chain");
+    let history: Vec<u32> = (0..64u64)
+        .map(|i| ((i * 2_654_435_761 + seed) % vocab as u64) as u32)
+        .collect();
+    chain.accept_prompt(&history);
+    chain
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(30)
+        .warm_up_time(std::time::Duration::from_millis(500))
+        .measurement_time(std::time::Duration::from_secs(2))
+}
+
+fn bench_batch1(c: &mut Criterion) {
+    for vocab in VOCABS {
+        let (pool, rows) = zipf_pool(vocab, MIN_POOL_BYTES, 0x5eed);
+        check_and_describe(&pool, vocab);
+        let mut group = c.benchmark_group(format!("batch1/V={vocab}"));
+        group.throughput(Throughput::Elements(1));
+        let mut r = 0usize;
+        group.bench_function("floor_read", |b| {
+            b.iter(|| {
+                r = (r + 1) % rows;
+                black_box(floor_read(&pool[r * vocab..(r + 1) * vocab]))
+            })
+        });
+        for (name, stages) in chains() {
+            let mut chain = chain_with_history(&stages, vocab, 42);
+            let mut r = 0usize;
+            group.bench_function(BenchmarkId::new("fast", name), |b| {
+                b.iter(|| {
+                    r = (r + 1) % rows;
+                    let row = &pool[r * vocab..(r + 1) * vocab];
+                    black_box(sampler_cpu::fast::sample_row(row, &mut chain).expect("sampled"))
+                })
+            });
+        }
+        // The reference path, for comparison (largest vocabulary only).
+        if vocab == 151_936 {
+            for (name, stages) in chains() {
+                let mut chain = chain_with_history(&stages, vocab, 42);
+                let mut cand = Candidates::new();
+                let mut r = 0usize;
+                group.bench_function(BenchmarkId::new("reference", name), |b| {
+                    b.iter(|| {
+                        r = (r + 1) % rows;
+                        cand.fill_from_logits(&pool[r * vocab..(r + 1) * vocab]);
+                        black_box(chain.sample(&mut cand).expect("sampled"))
+                    })
+                });
+            }
+        }
+        group.finish();
+    }
+}
+
+fn bench_batch32(c: &mut Criterion) {
+    for vocab in VOCABS {
+        let (pool, rows) = zipf_pool(vocab, MIN_POOL_BYTES.max(4 * BATCH * 4 * vocab), 0xba7c);
+        let mut group = c.benchmark_group(format!("batch32/V={vocab}"));
+        group.throughput(Throughput::Elements(BATCH as u64));
+        for (name, stages) in chains() {
+            let mut chains: Vec<Chain> = (0..BATCH as u64)
+                .map(|i| chain_with_history(&stages, vocab, 42 + i))
+                .collect();
+            let mut r = 0usize;
+            group.bench_function(BenchmarkId::new("fast", name), |b| {
+                b.iter(|| {
+                    r = (r + BATCH) % (rows - BATCH);
+                    let out = sampler_cpu::sample_batch(
+                        &pool[r * vocab..(r + BATCH) * vocab],
+                        BATCH,
+                        vocab,
+                        &mut chains,
+                    )
+                    .expect("shape ok");
+                    black_box(out)
+                })
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = bench_batch1, bench_batch32
+}
+criterion_main!(benches);

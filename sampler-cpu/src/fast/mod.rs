@@ -1,0 +1,377 @@
+//! Fast paths: sampling a raw row without building the full-vocabulary
+//! [`Candidates`] when the chain's first active stage allows it.
+//!
+//! [`sample_row`] gives exactly the token (and the same chain state
+//! afterwards) that [`Chain::sample`] gives on `Candidates::from_logits(row)`.
+//! It looks at the chain's first active (non-no-op) stage and, when it is one
+//! of the shapes below, runs a one-pass kernel over the raw logits that
+//! builds the candidate set ONLY for what survives that stage, then hands the
+//! survivors to the chain's own stages for the rest
+//! ([`Chain::sample_from`]). The survivors are the reference stage's output
+//! bit for bit (same ids, logits, order, probabilities and flags), so every
+//! later stage computes what it computes in the reference.
+//!
+//! | first active stage | kernel | survivors |
+//! |---|---|---|
+//! | `greedy` (the only active stage) | one pass, blockwise max | the token |
+//! | `top_k(k)` | selection with a running k-th-best threshold | `k`, sorted |
+//! | `penalties` (never raising a logit) then `top_k(k)` | selection of `k + last_n` | `k + last_n`, id order |
+//! | `min_p(p)`, `p <= 1` | running max, survivors buffered | tokens `>= max + ln p`, id order |
+//! | `top_p(p)` | max; exp + histogram; gather head; sort head only | nucleus, sorted |
+//!
+//! Each kernel validates the row on the way (NaN, `+inf`); a bad row, an
+//! all-`-inf` row, an empty row, a custom first stage, or any case the kernel
+//! cannot decide exactly (e.g. `min_p` keeping fewer than `min_keep`) runs the
+//! reference: `Candidates::from_logits` and [`Chain::sample`].
+//!
+//! Why `penalties; top_k(k)` may look at only `k + last_n` tokens: when
+//! `repeat >= 1`, `frequency >= 0` and `presence >= 0` a penalty never raises
+//! a logit, and at most `last_n` distinct tokens are penalised, so a token
+//! among the `k` best after the penalties is among the `k + last_n` best
+//! before them.
+//!
+//! Built-in stages are recognised by their [`Sampler::spec`]; a custom stage
+//! (no spec) is never replaced.
+
+// Negated float comparisons are deliberate here: `!(x < t)` is true for NaN,
+// which is how the kernels route NaN to their (erroring) slow path.
+#![allow(clippy::neg_cmp_op_on_partial_ord)]
+
+mod scan;
+mod tail;
+mod top_p;
+
+use std::cell::RefCell;
+
+use sampler_core::{Candidates, Chain, RowRng, SampleError, Sampler, StageSpec, TokenId};
+
+use self::scan::{argmax, key_id, min_p_ids, top_k_keys};
+use self::tail::{temp_dist_tail, temp_dist_token};
+use self::top_p::{TopPScratch, top_p_full};
+
+/// What the first active stage of a chain lets the fast path do.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Lead {
+    /// `greedy`, and no other active stage.
+    Greedy,
+    /// `top_k(k)` at stage `at`.
+    TopK { at: usize, k: usize },
+    /// `penalties` at stage `at` that never raise a logit, then `top_k`:
+    /// the `k` best after penalties are among the `keep` best before.
+    PenaltiesTopK { at: usize, keep: usize },
+    /// `min_p(p)` at stage `at`, `0 < p <= 1`.
+    MinP { at: usize, p: f32, min_keep: usize },
+    /// `top_p(p)` at stage `at`, `p < 1`.
+    TopP { at: usize, p: f32, min_keep: usize },
+}
+
+fn lead(stages: &[Box<dyn Sampler>]) -> Option<Lead> {
+    let mut active = stages.iter().enumerate().filter(|(_, s)| !s.is_noop());
+    let (at, first) = active.next()?;
+    match first.spec()? {
+        StageSpec::Greedy => active.next().is_none().then_some(Lead::Greedy),
+        StageSpec::TopK { k } if k > 0 => Some(Lead::TopK {
+            at,
+            k: usize::try_from(k).unwrap_or(usize::MAX),
+        }),
+        StageSpec::Penalties {
+            last_n,
+            repeat,
+            frequency,
+            presence,
+            ..
+        } if repeat >= 1.0 && frequency >= 0.0 && presence >= 0.0 => {
+            let (_, next) = active.next()?;
+            match next.spec()? {
+                StageSpec::TopK { k } if k > 0 => Some(Lead::PenaltiesTopK {
+                    at,
+                    keep: usize::try_from(k)
+                        .unwrap_or(usize::MAX)
+                        .saturating_add(last_n),
+                }),
+                _ => None,
+            }
+        }
+        StageSpec::MinP { p, min_keep } if p > 0.0 && p <= 1.0 => {
+            Some(Lead::MinP { at, p, min_keep })
+        }
+        StageSpec::TopP { p, min_keep } if p < 1.0 => Some(Lead::TopP { at, p, min_keep }),
+        _ => None,
+    }
+}
+
+/// Per-thread reusable buffers (rayon workers each get their own).
+#[derive(Debug, Default)]
+struct Scratch {
+    keys: Vec<u64>,
+    ids: Vec<TokenId>,
+    bmax: Vec<f32>,
+    sel: Vec<f32>,
+    top_p: TopPScratch,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut s) => f(&mut s),
+        // Re-entered (a custom stage sampling inside a stage): fresh buffers.
+        Err(_) => f(&mut Scratch::default()),
+    })
+}
+
+/// The reference: the full-vocabulary candidate set and every stage.
+fn reference(logits: &[f32], chain: &mut Chain) -> Result<TokenId, SampleError> {
+    let mut row = Candidates::from_logits(logits);
+    chain.sample(&mut row)
+}
+
+/// What the kernel of a [`Lead`] produced.
+enum Survivors {
+    /// The token (greedy).
+    Token(TokenId),
+    /// Every logit is `-inf` (greedy's error).
+    AllMasked,
+    /// The candidate set after the lead stage; resume the chain at `resume`.
+    /// `by_id`: the same set in ascending token id, when the kernel has it.
+    Set {
+        row: Candidates,
+        resume: usize,
+        by_id: Option<Vec<(TokenId, f32)>>,
+    },
+    /// Run the reference (bad row, or a case the kernel does not decide).
+    Reference,
+}
+
+fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
+    let vocab = logits.len();
+    let from_parts = |ids: Vec<TokenId>, l: Vec<f32>| Candidates::from_parts(ids, l, vocab).ok();
+    match lead {
+        Lead::Greedy => match argmax(logits) {
+            Ok(Some((_, l))) if l == f32::NEG_INFINITY => Survivors::AllMasked,
+            Ok(Some((pos, _))) => Survivors::Token(pos as TokenId),
+            _ => Survivors::Reference,
+        },
+        Lead::TopK { at, k } => {
+            if top_k_keys(logits, k, &mut s.bmax, &mut s.sel, &mut s.keys).is_err() {
+                return Survivors::Reference;
+            }
+            let ids: Vec<TokenId> = s.keys.iter().map(|&k| key_id(k)).collect();
+            let l: Vec<f32> = ids.iter().map(|&i| logits[i as usize]).collect();
+            match from_parts(ids, l) {
+                Some(mut row) => {
+                    row.set_sorted(true);
+                    Survivors::Set {
+                        row,
+                        resume: at + 1,
+                        by_id: None,
+                    }
+                }
+                None => Survivors::Reference,
+            }
+        }
+        Lead::PenaltiesTopK { at, keep } => {
+            // Not worth it when the superset is a large part of the row.
+            if keep >= vocab / 4
+                || top_k_keys(logits, keep, &mut s.bmax, &mut s.sel, &mut s.keys).is_err()
+            {
+                return Survivors::Reference;
+            }
+            // Vocabulary order, as the reference row the penalties see.
+            let mut ids: Vec<TokenId> = s.keys.iter().map(|&k| key_id(k)).collect();
+            ids.sort_unstable();
+            let l: Vec<f32> = ids.iter().map(|&i| logits[i as usize]).collect();
+            match from_parts(ids, l) {
+                Some(row) => Survivors::Set {
+                    row,
+                    resume: at,
+                    by_id: None,
+                },
+                None => Survivors::Reference,
+            }
+        }
+        Lead::MinP { at, p, min_keep } => {
+            let max = match min_p_ids(logits, p.ln(), &mut s.bmax, &mut s.ids) {
+                Ok(m) => m,
+                Err(_) => return Survivors::Reference,
+            };
+            if max == f32::NEG_INFINITY || s.ids.len() < min_keep.max(1) {
+                return Survivors::Reference;
+            }
+            let ids = s.ids.clone();
+            let l: Vec<f32> = ids.iter().map(|&i| logits[i as usize]).collect();
+            match from_parts(ids, l) {
+                Some(row) => Survivors::Set {
+                    row,
+                    resume: at + 1,
+                    by_id: None,
+                },
+                None => Survivors::Reference,
+            }
+        }
+        Lead::TopP { at, p, min_keep } => match top_p_full(logits, p, min_keep, &mut s.top_p) {
+            Ok(Some(nucleus)) => match from_parts(nucleus.ids, nucleus.logits) {
+                Some(mut row) => {
+                    row.raw_mut().probs.copy_from_slice(&nucleus.probs);
+                    row.set_probs_valid(false);
+                    row.set_sorted(true);
+                    Survivors::Set {
+                        row,
+                        resume: at + 1,
+                        by_id: Some(nucleus.by_id),
+                    }
+                }
+                None => Survivors::Reference,
+            },
+            _ => Survivors::Reference,
+        },
+    }
+}
+
+/// Sample one token from a raw logits row `[vocab]` (token id = position)
+/// with `chain`, which accepts the token and advances its step.
+///
+/// Exactly [`Chain::sample`] on `Candidates::from_logits(logits)` (same
+/// token, same errors, same chain state afterwards), but when the chain's
+/// first active stage is `greedy`, `top_k`, `penalties` + `top_k`, `min_p` or
+/// `top_p`, the full-vocabulary candidate set is never built: one pass over
+/// the row keeps only that stage's survivors (see the module docs).
+///
+/// # Errors
+/// As [`Chain::sample`]: [`SampleError::NoSelectingStage`],
+/// [`SampleError::EmptyRow`], [`SampleError::NanLogit`],
+/// [`SampleError::PosInfLogit`], [`SampleError::AllMasked`], or a stage's error.
+pub fn sample_row(logits: &[f32], chain: &mut Chain) -> Result<TokenId, SampleError> {
+    if logits.is_empty() || !chain.selects() {
+        return reference(logits, chain);
+    }
+    let Some(lead) = lead(chain.stages()) else {
+        return reference(logits, chain);
+    };
+    match with_scratch(|s| survivors(logits, lead, s)) {
+        Survivors::Token(t) => {
+            chain.commit(t);
+            Ok(t)
+        }
+        Survivors::AllMasked => Err(SampleError::AllMasked),
+        Survivors::Set {
+            mut row,
+            resume,
+            by_id,
+        } => match temp_dist_tail(chain.stages(), resume) {
+            // A `[temperature] -> dist` tail: fused, no id sort of the set.
+            Some(tail) => {
+                let u = RowRng {
+                    seed: chain.seed(),
+                    step: chain.step(),
+                    stage_index: tail.dist_at,
+                }
+                .uniform(0);
+                let current = row.logits().iter().copied();
+                let pairs = row.ids().iter().copied().zip(row.logits().iter().copied());
+                let token = match by_id {
+                    Some(by_id) => temp_dist_token(current, by_id.into_iter(), tail.t, u),
+                    None if row.ids().is_sorted() => temp_dist_token(current, pairs, tail.t, u),
+                    None => {
+                        let mut by_id: Vec<(TokenId, f32)> = pairs.collect();
+                        by_id.sort_unstable_by_key(|&(id, _)| id);
+                        temp_dist_token(current, by_id.into_iter(), tail.t, u)
+                    }
+                }?;
+                chain.commit(token);
+                Ok(token)
+            }
+            None => chain.sample_from(resume, &mut row),
+        },
+        Survivors::Reference => reference(logits, chain),
+    }
+}
+
+/// Apply every stage of `chain` to a raw logits row `[vocab]` and return the
+/// final candidate set, without accepting or advancing the step.
+///
+/// Exactly [`Chain::apply`] on `Candidates::from_logits(logits)` (same
+/// candidates, order, probabilities, flags and selection, same errors), with
+/// the fast paths of [`sample_row`] for the first active stage (except
+/// `greedy`, whose output is the full set).
+///
+/// # Errors
+/// As [`Chain::apply`].
+pub fn apply_row(logits: &[f32], chain: &mut Chain) -> Result<Candidates, SampleError> {
+    let lead = match lead(chain.stages()) {
+        Some(Lead::Greedy) | None => None,
+        other => other,
+    };
+    if let Some(lead) = lead.filter(|_| !logits.is_empty())
+        && let Survivors::Set {
+            mut row, resume, ..
+        } = with_scratch(|s| survivors(logits, lead, s))
+    {
+        chain.apply_from(resume, &mut row)?;
+        return Ok(row);
+    }
+    let mut row = Candidates::from_logits(logits);
+    chain.apply(&mut row)?;
+    Ok(row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sampler_core::ChainSpec;
+
+    fn zipf(vocab: usize) -> Vec<f32> {
+        // Ranks scattered over ids by a multiplicative permutation.
+        let mut r = vec![0.0f32; vocab];
+        for rank in 0..vocab {
+            r[(rank * 7919 + 13) % vocab] = -1.1 * ((rank + 1) as f32).ln();
+        }
+        r
+    }
+
+    /// Every fast path really runs (does not fall back) on a realistic row.
+    #[test]
+    fn fast_paths_take_their_kernel() {
+        let temp = StageSpec::Temperature {
+            t: 0.8,
+            dynatemp_range: 0.0,
+            dynatemp_exponent: 1.0,
+        };
+        let pen = StageSpec::Penalties {
+            last_n: 64,
+            repeat: 1.1,
+            frequency: 0.0,
+            presence: 0.0,
+            scope: sampler_core::HistoryScope::PromptAndOutput,
+        };
+        let cases = [
+            vec![StageSpec::Greedy],
+            vec![StageSpec::TopK { k: 40 }, temp.clone(), StageSpec::Dist],
+            vec![pen, StageSpec::TopK { k: 40 }, StageSpec::Dist],
+            vec![
+                StageSpec::MinP {
+                    p: 0.05,
+                    min_keep: 1,
+                },
+                StageSpec::Dist,
+            ],
+            vec![
+                StageSpec::TopP {
+                    p: 0.9,
+                    min_keep: 1,
+                },
+                temp,
+                StageSpec::Dist,
+            ],
+        ];
+        let logits = zipf(10_007);
+        for stages in cases {
+            let chain = crate::build_chain(&ChainSpec::new(stages, Some(1))).unwrap();
+            let lead = lead(chain.stages()).unwrap();
+            let out = with_scratch(|s| survivors(&logits, lead, s));
+            assert!(!matches!(out, Survivors::Reference), "{lead:?} fell back");
+        }
+    }
+}

@@ -1,0 +1,390 @@
+//! One-pass kernels over a raw logits row `[vocab]` (token id = position).
+//!
+//! Each kernel reads the row once, in ascending id order, in blocks of
+//! [`LANES`] floats whose cheap test (a compare against a running threshold,
+//! OR-reduced) vectorises; only the rare blocks that may hold a survivor take
+//! the scalar path. Every kernel also detects NaN and `+inf` on the way, so
+//! the row's validation costs no extra pass; on a bad row it returns
+//! [`Invalid`] and the caller reports [`sampler_core::validate_logits`]'s
+//! error (same error, same position as the reference).
+
+use sampler_core::TokenId;
+
+/// Floats per block of the vectorised prefilter.
+pub(crate) const LANES: usize = 16;
+
+/// The row holds a NaN or a `+inf` (re-run `validate_logits` for the error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Invalid;
+
+/// Bit `j` set when `cond(block[j])`; for the rare blocks that pass an
+/// `any_*` test (this form compiles to packed compares and a movemask).
+#[inline(always)]
+pub(crate) fn lane_mask(block: &[f32; LANES], cond: impl Fn(f32) -> bool) -> u32 {
+    let c: [bool; LANES] = std::array::from_fn(|j| cond(block[j]));
+    c.iter().rev().fold(0u32, |m, &x| (m << 1) | u32::from(x))
+}
+
+/// Positions of the set bits of `mask`, lowest first.
+#[inline(always)]
+pub(crate) fn set_bits(mut mask: u32) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        if mask == 0 {
+            return None;
+        }
+        let j = mask.trailing_zeros() as usize;
+        mask &= mask - 1;
+        Some(j)
+    })
+}
+
+#[inline(always)]
+fn is_bad(x: f32) -> bool {
+    // NaN and +inf fail `< inf`; -inf passes.
+    !(x < f32::INFINITY)
+}
+
+#[inline(always)]
+pub(crate) fn blocks(row: &[f32]) -> (std::slice::ChunksExact<'_, f32>, usize) {
+    let c = row.chunks_exact(LANES);
+    let tail_start = row.len() - c.remainder().len();
+    (c, tail_start)
+}
+
+#[inline(always)]
+pub(crate) fn as_block(c: &[f32]) -> &[f32; LANES] {
+    // `chunks_exact(LANES)` yields exactly LANES floats.
+    c.try_into().unwrap_or(&[f32::NEG_INFINITY; LANES])
+}
+
+/// The canonical candidate order as one integer: ascending `key` is
+/// descending logit, ties by ascending id (`sampler_core::desc_cmp`), for
+/// non-NaN logits. `-0.0` and `+0.0` compare equal, as in `desc_cmp`.
+#[inline(always)]
+pub(crate) fn desc_key(logit: f32, id: TokenId) -> u64 {
+    let b = (logit + 0.0).to_bits(); // -0.0 + 0.0 == +0.0
+    let ord = if b >> 31 == 1 { !b } else { b | 0x8000_0000 };
+    (u64::from(!ord) << 32) | u64::from(id)
+}
+
+/// Token id of a [`desc_key`].
+#[inline(always)]
+pub(crate) fn key_id(key: u64) -> TokenId {
+    key as u32
+}
+
+/// Maximum of the row (`-inf` for an all-`-inf` row); one vectorised pass.
+///
+/// # Errors
+/// [`Invalid`] if the row holds a NaN or `+inf`.
+pub(crate) fn max_checked(row: &[f32]) -> Result<f32, Invalid> {
+    let (chunks, tail) = blocks(row);
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let mut nan = [false; LANES];
+    for c in chunks {
+        let c = as_block(c);
+        for j in 0..LANES {
+            let x = c[j];
+            nan[j] |= x.is_nan();
+            acc[j] = if x > acc[j] { x } else { acc[j] };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    let mut bad = nan.iter().any(|&n| n);
+    for &x in acc.iter().chain(&row[tail..]) {
+        bad |= is_bad(x);
+        m = if x > m { x } else { m };
+    }
+    // A NaN never wins `x > acc`, so `acc` holds no NaN; a `+inf` wins and
+    // shows up as the maximum.
+    if bad || m == f32::INFINITY {
+        Err(Invalid)
+    } else {
+        Ok(m)
+    }
+}
+
+/// `greedy` on a raw row: the position of the maximum logit, the lowest id
+/// among equal maxima, and its logit. One pass: the running maximum of
+/// 64-float blocks; the winning block (the first that reached the maximum) is
+/// rescanned for the first position holding it.
+///
+/// # Errors
+/// [`Invalid`] if the row holds a NaN or `+inf`.
+pub(crate) fn argmax(row: &[f32]) -> Result<Option<(usize, f32)>, Invalid> {
+    const BLOCK: usize = 4 * LANES;
+    if row.is_empty() {
+        return Ok(None);
+    }
+    let mut best = f32::NEG_INFINITY;
+    let mut best_block = 0usize;
+    let mut nan = [false; LANES];
+    let full = row.len() / BLOCK;
+    for b in 0..full {
+        let blk = &row[b * BLOCK..(b + 1) * BLOCK];
+        let mut acc = [f32::NEG_INFINITY; LANES];
+        for c in blk.chunks_exact(LANES) {
+            let c = as_block(c);
+            for j in 0..LANES {
+                let x = c[j];
+                nan[j] |= x.is_nan();
+                acc[j] = if x > acc[j] { x } else { acc[j] };
+            }
+        }
+        let m = acc
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+        if m > best {
+            best = m;
+            best_block = b;
+        }
+    }
+    // NaN never wins `x > acc`; +inf wins and shows up as `best`.
+    if nan.iter().any(|&n| n) || best == f32::INFINITY {
+        return Err(Invalid);
+    }
+    // The tail (fewer than BLOCK floats), scalar.
+    let mut best_pos = None;
+    for (i, &x) in row.iter().enumerate().skip(full * BLOCK) {
+        if is_bad(x) {
+            return Err(Invalid);
+        }
+        if x > best {
+            best = x;
+            best_pos = Some(i);
+        }
+    }
+    if let Some(i) = best_pos {
+        return Ok(Some((i, best)));
+    }
+    if full == 0 || best == f32::NEG_INFINITY {
+        // Every logit is -inf: position 0, as the reference's argmax.
+        return Ok(Some((0, row[0])));
+    }
+    let start = best_block * BLOCK;
+    let pos = row[start..start + BLOCK]
+        .iter()
+        .position(|&x| x == best)
+        .map_or(start, |p| start + p);
+    Ok(Some((pos, row[pos])))
+}
+
+/// Floats per block of [`block_maxima`].
+pub(crate) const BLOCK: usize = 4 * LANES;
+
+/// Pass 1 shared by the filters: the maximum of every block of [`BLOCK`]
+/// floats (the last block may be shorter) into `out` (`ceil(len / BLOCK)`
+/// entries), and the row's maximum. One vectorised read of the row; also
+/// the row's validation.
+///
+/// # Errors
+/// [`Invalid`] if the row holds a NaN or `+inf`.
+pub(crate) fn block_maxima(row: &[f32], out: &mut Vec<f32>) -> Result<f32, Invalid> {
+    out.clear();
+    let mut nan = [false; LANES];
+    let full = row.chunks_exact(BLOCK);
+    let tail = full.remainder();
+    // `push` (not a zipped store) keeps the vectoriser on the inner loop
+    // instead of the loop over blocks (which would gather scalars).
+    for blk in full {
+        let mut acc = [f32::NEG_INFINITY; LANES];
+        for c in blk.chunks_exact(LANES) {
+            let c = as_block(c);
+            for j in 0..LANES {
+                let x = c[j];
+                nan[j] |= x.is_nan();
+                acc[j] = if x > acc[j] { x } else { acc[j] };
+            }
+        }
+        out.push(
+            acc.iter()
+                .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m }),
+        );
+    }
+    if !tail.is_empty() {
+        let mut m = f32::NEG_INFINITY;
+        for &x in tail {
+            if is_bad(x) {
+                return Err(Invalid);
+            }
+            m = if x > m { x } else { m };
+        }
+        out.push(m);
+    }
+    let max = out
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+    // NaN never wins `x > acc`; +inf wins and shows up as the maximum.
+    if nan.iter().any(|&n| n) || max == f32::INFINITY {
+        return Err(Invalid);
+    }
+    Ok(max)
+}
+
+/// The `k`-th largest of `values` (no NaN), or `-inf` when `k == 0` or
+/// `k > values.len()`. A running threshold: a buffer of up to `4k` is cut
+/// back to `k` by a selection whenever it fills, so most values cost one
+/// compare.
+pub(crate) fn kth_largest(values: &[f32], k: usize, buf: &mut Vec<f32>) -> f32 {
+    if k == 0 || k > values.len() {
+        return f32::NEG_INFINITY;
+    }
+    let cap = k.saturating_mul(4).max(64);
+    buf.clear();
+    let mut kth = f32::NEG_INFINITY;
+    let desc = |a: &f32, b: &f32| b.total_cmp(a);
+    for (i, &m) in values.iter().enumerate() {
+        // Before the first cut every value enters; after it, only those
+        // above the k-th largest so far can change the answer.
+        if i >= cap && !(m > kth) {
+            continue;
+        }
+        buf.push(m);
+        if buf.len() >= cap {
+            buf.select_nth_unstable_by(k - 1, desc);
+            buf.truncate(k);
+            kth = buf[k - 1];
+        }
+    }
+    *buf.select_nth_unstable_by(k - 1, desc).1
+}
+
+/// Call `f(position)` for every position `i` of the row, in ascending order,
+/// whose block maximum is `>= thr` and with `row[i] >= thr` (no NaN here:
+/// the row passed [`block_maxima`]).
+#[inline(always)]
+fn for_each_at_least(row: &[f32], bmax: &[f32], thr: f32, mut f: impl FnMut(usize)) {
+    for (b, _) in bmax.iter().enumerate().filter(|&(_, &m)| m >= thr) {
+        let start = b * BLOCK;
+        let blk = &row[start..row.len().min(start + BLOCK)];
+        let chunks = blk.chunks_exact(LANES);
+        let rest = blk.len() - chunks.remainder().len();
+        for (q, c) in chunks.enumerate() {
+            let c = as_block(c);
+            for j in set_bits(lane_mask(c, |x| x >= thr)) {
+                f(start + q * LANES + j);
+            }
+        }
+        for (j, &x) in blk.iter().enumerate().skip(rest) {
+            if x >= thr {
+                f(start + j);
+            }
+        }
+    }
+}
+
+/// Keys ([`desc_key`]) of the `k` best candidates of the row (descending
+/// logit, ties by lowest id), sorted, written to `out`.
+///
+/// Pass 1 takes the block maxima; the k-th largest block maximum `T` is a
+/// lower bound of the k-th largest logit (k blocks hold a logit `>= T`), so
+/// every one of the k best lies in a block whose maximum is `>= T`, and only
+/// those (about k) blocks are read again, from cache. Cost: one read of the
+/// row, a selection over `V / 64` block maxima and over a few hundred keys.
+///
+/// `k == 0` yields nothing; `k >= len` yields the whole row, sorted.
+///
+/// # Errors
+/// [`Invalid`] if the row holds a NaN or `+inf`.
+pub(crate) fn top_k_keys(
+    row: &[f32],
+    k: usize,
+    bmax: &mut Vec<f32>,
+    sel: &mut Vec<f32>,
+    out: &mut Vec<u64>,
+) -> Result<(), Invalid> {
+    out.clear();
+    block_maxima(row, bmax)?;
+    if k == 0 {
+        return Ok(());
+    }
+    let thr = kth_largest(bmax, k, sel);
+    for_each_at_least(row, bmax, thr, |i| {
+        out.push(desc_key(row[i], i as TokenId));
+    });
+    if out.len() > k {
+        out.select_nth_unstable(k - 1);
+        out.truncate(k);
+    }
+    out.sort_unstable();
+    Ok(())
+}
+
+/// `min_p` on a raw row, unsorted path: the ids (ascending) of every token
+/// with `logit >= max + ln_p`, where `max` is the row's maximum, written to
+/// `out`; returns `max`. The threshold is computed exactly as the reference
+/// does (`max + ln_p` in f32), so the kept set is identical. Pass 1 takes the
+/// block maxima; only blocks whose maximum reaches the threshold are read
+/// again.
+///
+/// # Errors
+/// [`Invalid`] if the row holds a NaN or `+inf`.
+pub(crate) fn min_p_ids(
+    row: &[f32],
+    ln_p: f32,
+    bmax: &mut Vec<f32>,
+    out: &mut Vec<TokenId>,
+) -> Result<f32, Invalid> {
+    out.clear();
+    let max = block_maxima(row, bmax)?;
+    let thr = max + ln_p;
+    for_each_at_least(row, bmax, thr, |i| out.push(i as TokenId));
+    Ok(max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sampler_core::desc_cmp;
+
+    #[test]
+    fn desc_key_matches_desc_cmp() {
+        let vals = [
+            f32::NEG_INFINITY,
+            -f32::MAX,
+            -1.0,
+            -0.0,
+            0.0,
+            1e-40,
+            1.0,
+            f32::MAX,
+        ];
+        for (i, &a) in vals.iter().enumerate() {
+            for (j, &b) in vals.iter().enumerate() {
+                for (ia, ib) in [(1u32, 2u32), (2, 1), (3, 3)] {
+                    let want = desc_cmp(a, ia, b, ib);
+                    let got = desc_key(a, ia).cmp(&desc_key(b, ib));
+                    assert_eq!(got, want, "{a} {ia} vs {b} {ib} ({i},{j})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn argmax_ties_lowest_id_and_bad_rows() {
+        let mut row = vec![0.0f32; 300];
+        row[70] = 5.0;
+        row[200] = 5.0;
+        assert_eq!(argmax(&row), Ok(Some((70, 5.0))));
+        row[299] = 6.0;
+        assert_eq!(argmax(&row), Ok(Some((299, 6.0))));
+        row[3] = f32::NAN;
+        assert_eq!(argmax(&row), Err(Invalid));
+        assert_eq!(
+            argmax(&[f32::NEG_INFINITY; 3]),
+            Ok(Some((0, f32::NEG_INFINITY)))
+        );
+        assert_eq!(argmax(&[]), Ok(None));
+    }
+
+    #[test]
+    fn top_k_keys_small_and_ties() {
+        let row: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32).collect();
+        let mut out = Vec::new();
+        top_k_keys(&row, 5, &mut Vec::new(), &mut Vec::new(), &mut out).unwrap();
+        let ids: Vec<u32> = out.iter().map(|&k| key_id(k)).collect();
+        let mut want: Vec<u32> = (0..1000).collect();
+        want.sort_by(|&a, &b| desc_cmp(row[a as usize], a, row[b as usize], b));
+        assert_eq!(ids, want[..5]);
+    }
+}

@@ -1,0 +1,34 @@
+//! One stage per file. Each type implements [`sampler_core::Sampler`] and
+//! reports its [`sampler_core::StageSpec`].
+
+pub mod dist;
+pub mod dry;
+pub mod greedy;
+pub mod logit_bias;
+pub mod min_p;
+pub mod mirostat;
+pub mod mirostat_v2;
+pub mod no_repeat_ngram;
+pub mod penalties;
+pub mod temperature;
+pub mod top_k;
+pub mod top_n_sigma;
+pub mod top_p;
+pub mod typical;
+pub mod xtc;
+
+pub use dist::{Dist, dist_select};
+pub use dry::Dry;
+pub use greedy::Greedy;
+pub use logit_bias::LogitBias;
+pub use min_p::MinP;
+pub use mirostat::Mirostat;
+pub use mirostat_v2::MirostatV2;
+pub use no_repeat_ngram::NoRepeatNgram;
+pub use penalties::Penalties;
+pub use temperature::Temperature;
+pub use top_k::TopK;
+pub use top_n_sigma::TopNSigma;
+pub use top_p::TopP;
+pub use typical::Typical;
+pub use xtc::Xtc;

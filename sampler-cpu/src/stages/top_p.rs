@@ -1,0 +1,96 @@
+//! `top_p` (nucleus): keep the smallest head whose probability mass reaches `p`.
+
+use sampler_core::{Candidates, SampleError, Sampler, StageContext, StageSpec, desc_cmp};
+
+/// Nucleus sampling (Holtzman et al. 2019) with llama.cpp top-p semantics:
+/// softmax over the CURRENT candidates (so it works on the renormalised
+/// distribution of whatever survived earlier stages), candidates in
+/// descending logit order (ties by ascending id), keep the shortest prefix
+/// whose f32 cumulative probability is `>= p` (the crossing token is kept)
+/// and that holds at least `min_keep` candidates. `p = 0` keeps exactly one
+/// (unless `min_keep > 1`); `p >= 1` is a no-op (no sort, no softmax).
+///
+/// Output: sorted, probabilities present but not renormalised after the cut.
+/// Cost: a selection of the top 256 first, widened only while the mass is
+/// not reached, so a peaked row never pays a full sort.
+///
+/// # Errors
+/// [`SampleError::AllMasked`] when every candidate is `-inf`.
+#[derive(Debug, Clone, Copy)]
+pub struct TopP {
+    p: f32,
+    min_keep: usize,
+}
+
+impl TopP {
+    /// A top-p stage; `p >= 1` disables it.
+    pub fn new(p: f32, min_keep: usize) -> Self {
+        Self { p, min_keep }
+    }
+}
+
+/// Length of the kept prefix of `probs` (already in descending order), or
+/// `None` when the mass `p` is not reached within it.
+fn cut(probs: impl Iterator<Item = f32>, p: f32, min_keep: usize) -> Option<usize> {
+    let mut cum = 0.0f32;
+    for (i, pi) in probs.enumerate() {
+        cum += pi;
+        if cum >= p && i + 1 >= min_keep {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+impl Sampler for TopP {
+    fn name(&self) -> &str {
+        "top_p"
+    }
+    fn spec(&self) -> Option<StageSpec> {
+        Some(StageSpec::TopP {
+            p: self.p,
+            min_keep: self.min_keep,
+        })
+    }
+    fn apply(&mut self, row: &mut Candidates, _ctx: &StageContext) -> Result<(), SampleError> {
+        if self.p >= 1.0 || row.is_empty() {
+            return Ok(());
+        }
+        row.softmax()?;
+        let n = row.len();
+        if row.is_sorted() {
+            let probs = row.probs().unwrap_or(&[]);
+            if let Some(keep) = cut(probs.iter().copied(), self.p, self.min_keep) {
+                row.truncate(keep);
+            }
+            return Ok(());
+        }
+        let (ids, logits) = (row.ids(), row.logits());
+        let probs = row.probs().unwrap_or(&[]);
+        let cmp = |&a: &usize, &b: &usize| desc_cmp(logits[a], ids[a], logits[b], ids[b]);
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut k = 256usize.max(self.min_keep);
+        let mut keep = None;
+        while k < n {
+            order.select_nth_unstable_by(k - 1, cmp);
+            order[..k].sort_unstable_by(cmp);
+            if let Some(c) = cut(order[..k].iter().map(|&i| probs[i]), self.p, self.min_keep) {
+                keep = Some(c);
+                break;
+            }
+            k = k.saturating_mul(4);
+        }
+        if keep.is_none() {
+            order.sort_unstable_by(cmp);
+            keep = Some(cut(order.iter().map(|&i| probs[i]), self.p, self.min_keep).unwrap_or(n));
+        }
+        let keep = keep.unwrap_or(n);
+        order.truncate(keep);
+        row.permute(&order);
+        row.set_sorted(true);
+        Ok(())
+    }
+    fn box_clone(&self) -> Box<dyn Sampler> {
+        Box::new(*self)
+    }
+}

@@ -1,0 +1,66 @@
+//! Small shared helpers for the stages.
+
+use std::collections::HashMap;
+
+use sampler_core::{Candidates, TokenId};
+
+/// Whether `logits`/`ids` are descending by logit with ties by ascending id.
+pub(crate) fn is_sorted_desc(logits: &[f32], ids: &[TokenId]) -> bool {
+    logits
+        .windows(2)
+        .zip(ids.windows(2))
+        .all(|(l, i)| l[0] > l[1] || (l[0] == l[1] && i[0] < i[1]))
+}
+
+/// Call `f(position, k)` for every token `tokens[k]` present in `row`, by
+/// token id (never by position). A row still in vocabulary order is handled
+/// in O(1) per token; otherwise one pass over the row resolves the rest.
+/// Tokens absent from the row are skipped; a token listed twice is visited twice.
+pub(crate) fn for_each_token_position(
+    row: &Candidates,
+    tokens: &[TokenId],
+    mut f: impl FnMut(usize, usize),
+) {
+    let ids = row.ids();
+    let mut slow: HashMap<TokenId, Vec<usize>> = HashMap::new();
+    for (k, &t) in tokens.iter().enumerate() {
+        let i = t as usize;
+        if ids.get(i) == Some(&t) {
+            f(i, k);
+        } else {
+            slow.entry(t).or_default().push(k);
+        }
+    }
+    if slow.is_empty() {
+        return;
+    }
+    for (pos, id) in ids.iter().enumerate() {
+        if let Some(ks) = slow.get(id) {
+            for &k in ks {
+                f(pos, k);
+            }
+        }
+    }
+}
+
+/// Divide `l` by a positive `t`, never turning a finite logit into `±inf`
+/// (saturate to `±f32::MAX`); `-inf` stays `-inf`.
+#[inline]
+pub(crate) fn div_saturating(l: f32, t: f32) -> f32 {
+    let v = l / t;
+    if v.is_infinite() && l.is_finite() {
+        if v > 0.0 { f32::MAX } else { -f32::MAX }
+    } else {
+        v
+    }
+}
+
+/// Replace a `±inf` produced from the finite logit `orig` by `±f32::MAX`.
+#[inline]
+pub(crate) fn saturate(v: f32, orig: f32) -> f32 {
+    if v.is_infinite() && orig.is_finite() {
+        if v > 0.0 { f32::MAX } else { -f32::MAX }
+    } else {
+        v
+    }
+}

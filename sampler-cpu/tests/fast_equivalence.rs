@@ -1,0 +1,282 @@
+//! The fast paths (`sampler_cpu::fast`) select exactly the same candidates
+//! and tokens as the straightforward reference (`Candidates::from_logits` +
+//! `Chain::sample` / `Chain::apply`), on random rows (ties, `±0`, `-inf`,
+//! huge magnitudes, NaN / `+inf`, tiny and large vocabularies), random chains
+//! and seeds, over several steps (so history and step counters stay in sync).
+
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng, seq::IndexedRandom, seq::SliceRandom};
+use rand_chacha::ChaCha8Rng;
+use sampler_core::{Candidates, ChainSpec, HistoryScope, StageSpec};
+use sampler_cpu::fast::{apply_row, sample_row};
+
+/// A row of `vocab` logits in one of several shapes, from `seed`.
+fn row(seed: u64, vocab: usize, shape: u8) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut perm: Vec<usize> = (0..vocab).collect();
+    perm.shuffle(&mut rng);
+    let mut r = vec![0.0f32; vocab];
+    for (rank, &id) in perm.iter().enumerate() {
+        r[id] = match shape {
+            // Zipf-like, scattered over ids.
+            0 => -1.2 * ((rank + 1) as f32).ln() + rng.random_range(-0.05..0.05),
+            // Heavy ties.
+            1 => f32::from(rng.random_range(0u8..4)),
+            // -inf sprinkled in.
+            2 => {
+                if rng.random_bool(0.4) {
+                    f32::NEG_INFINITY
+                } else {
+                    rng.random_range(-8.0..8.0)
+                }
+            }
+            // Signed zeros and small integers.
+            3 => *[-0.0f32, 0.0, 1.0, -1.0].choose(&mut rng).unwrap_or(&0.0),
+            // Huge magnitudes.
+            4 => *[f32::MAX, -f32::MAX, 1e30, -1e30, 0.0, f32::MIN_POSITIVE]
+                .choose(&mut rng)
+                .unwrap_or(&0.0),
+            // Almost everything masked.
+            5 => {
+                if rank < 2 {
+                    rng.random_range(-3.0..3.0)
+                } else {
+                    f32::NEG_INFINITY
+                }
+            }
+            // Everything masked.
+            6 => f32::NEG_INFINITY,
+            // Logits exactly at the min_p thresholds `0 + ln p` of the
+            // strategies' p values, and quarter steps (many exact ties).
+            _ => {
+                if rng.random_bool(0.5) {
+                    *[0.0f32, 0.05f32.ln(), 0.5f32.ln(), 0.25f32.ln(), 0.9f32.ln()]
+                        .choose(&mut rng)
+                        .unwrap_or(&0.0)
+                } else {
+                    rng.random_range(-20.0f32..0.0).round() / 4.0
+                }
+            }
+        };
+    }
+    // Shape 8+: an invalid row (NaN or +inf somewhere).
+    if shape >= 8 && vocab > 0 {
+        let at = rng.random_range(0..vocab);
+        r[at] = if shape % 2 == 0 {
+            f32::NAN
+        } else {
+            f32::INFINITY
+        };
+    }
+    r
+}
+
+fn temp(t: f32) -> StageSpec {
+    StageSpec::Temperature {
+        t,
+        dynatemp_range: 0.0,
+        dynatemp_exponent: 1.0,
+    }
+}
+
+fn penalties(last_n: usize, repeat: f32, frequency: f32, presence: f32) -> StageSpec {
+    StageSpec::Penalties {
+        last_n,
+        repeat,
+        frequency,
+        presence,
+        scope: HistoryScope::PromptAndOutput,
+    }
+}
+
+/// Chains whose first active stage has a fast path, and a few that do not.
+fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
+    let k = prop_oneof![
+        Just(1i64),
+        Just(2),
+        1i64..64,
+        Just(40),
+        Just(100_000),
+        Just(0)
+    ];
+    let p = prop_oneof![
+        Just(0.0f32),
+        Just(0.05),
+        Just(0.5),
+        Just(0.9),
+        Just(0.95),
+        0.0f32..1.0
+    ];
+    let min_p = prop_oneof![
+        Just(0.05f32),
+        Just(0.5),
+        Just(0.25),
+        Just(1.0),
+        Just(1.05),
+        0.001f32..1.0
+    ];
+    let t = prop_oneof![Just(0.8f32), Just(1.0), Just(0.0), Just(0.7), 0.1f32..2.0];
+    let min_keep = prop_oneof![Just(0usize), Just(1), 0usize..50];
+    let repeat = prop_oneof![Just(1.1f32), Just(1.0), Just(0.8), 0.5f32..2.0];
+    let fp = prop_oneof![Just(0.0f32), Just(0.5), -0.5f32..1.0];
+    let last_n = prop_oneof![Just(64usize), Just(0), 1usize..10];
+    (
+        k,
+        p,
+        min_p,
+        t,
+        min_keep,
+        repeat,
+        fp.clone(),
+        fp,
+        last_n,
+        0u8..10,
+    )
+        .prop_map(
+            |(k, p, mp, t, mk, rep, freq, pres, last_n, which)| match which {
+                0 => vec![StageSpec::Greedy],
+                1 => vec![StageSpec::TopK { k }, temp(t), StageSpec::Dist],
+                2 => vec![
+                    StageSpec::TopK { k },
+                    StageSpec::TopP { p, min_keep: mk },
+                    StageSpec::MinP {
+                        p: mp,
+                        min_keep: mk,
+                    },
+                    temp(t),
+                    StageSpec::Dist,
+                ],
+                3 => vec![
+                    StageSpec::TopP { p, min_keep: mk },
+                    temp(t),
+                    StageSpec::Dist,
+                ],
+                4 => vec![
+                    StageSpec::MinP {
+                        p: mp,
+                        min_keep: mk,
+                    },
+                    temp(t),
+                    StageSpec::Dist,
+                ],
+                5 => vec![
+                    penalties(last_n, rep, freq, pres),
+                    StageSpec::TopK { k },
+                    temp(t),
+                    StageSpec::Dist,
+                ],
+                6 => vec![StageSpec::TopK { k }, StageSpec::Greedy],
+                7 => vec![
+                    StageSpec::TopK { k: 0 },
+                    StageSpec::TopP { p, min_keep: mk },
+                    StageSpec::Greedy,
+                ],
+                8 => vec![
+                    StageSpec::MinP {
+                        p: mp,
+                        min_keep: mk,
+                    },
+                    StageSpec::TopK { k },
+                ],
+                _ => vec![temp(t), StageSpec::TopK { k }, StageSpec::Dist],
+            },
+        )
+}
+
+fn vocab_strategy() -> impl Strategy<Value = usize> {
+    prop_oneof![4 => 1usize..80, 3 => 80usize..3000, 1 => Just(20_000)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// Same tokens, errors and chain state over four steps; same candidates
+    /// from `apply_row` as from `Chain::apply`.
+    #[test]
+    fn fast_paths_match_reference(
+        stages in chain_strategy(),
+        vocab in vocab_strategy(),
+        row_seed in any::<u64>(),
+        shapes in proptest::collection::vec(0u8..10, 4),
+        seed in any::<u64>(),
+        history in proptest::collection::vec(0u32..100, 0..20),
+    ) {
+        let spec = ChainSpec::new(stages, Some(seed));
+        let mut fast = sampler_cpu::build_chain(&spec).unwrap();
+        fast.accept_prompt(&history.iter().map(|&t| t % vocab as u32).collect::<Vec<_>>());
+        let mut slow = fast.clone();
+        for (step, &shape) in shapes.iter().enumerate() {
+            let logits = row(row_seed.wrapping_add(step as u64), vocab, shape);
+            // Candidates (no accept, no step).
+            let mut reference = Candidates::from_logits(&logits);
+            let want = slow.apply(&mut reference).map(|()| reference);
+            let got = apply_row(&logits, &mut fast.clone());
+            prop_assert_eq!(&got, &want, "apply, step {}, shape {}", step, shape);
+            // Tokens (accept and step).
+            let want = slow.sample(&mut Candidates::from_logits(&logits));
+            let got = sample_row(&logits, &mut fast);
+            prop_assert_eq!(got, want, "sample, step {}, shape {}", step, shape);
+            prop_assert_eq!(fast.step(), slow.step());
+        }
+    }
+}
+
+/// The realistic large rows the benchmark uses, full-vocabulary top_p and
+/// min_p in particular, at a real vocabulary size.
+#[test]
+fn large_zipf_rows_match_reference() {
+    let chains: Vec<Vec<StageSpec>> = vec![
+        vec![StageSpec::Greedy],
+        vec![StageSpec::TopK { k: 40 }, temp(0.8), StageSpec::Dist],
+        vec![
+            StageSpec::TopP {
+                p: 0.9,
+                min_keep: 1,
+            },
+            temp(0.7),
+            StageSpec::Dist,
+        ],
+        vec![
+            StageSpec::TopP {
+                p: 0.99,
+                min_keep: 1,
+            },
+            StageSpec::Dist,
+        ],
+        vec![
+            StageSpec::MinP {
+                p: 0.05,
+                min_keep: 1,
+            },
+            temp(1.0),
+            StageSpec::Dist,
+        ],
+        vec![
+            penalties(64, 1.1, 0.0, 0.0),
+            StageSpec::TopK { k: 40 },
+            temp(0.8),
+            StageSpec::Dist,
+        ],
+    ];
+    for (c, stages) in chains.into_iter().enumerate() {
+        let spec = ChainSpec::new(stages, Some(7 + c as u64));
+        let mut fast = sampler_cpu::build_chain(&spec).unwrap();
+        let mut slow = fast.clone();
+        for step in 0..6u64 {
+            let logits = row(1000 * c as u64 + step, 32_000, 0);
+            let mut reference = Candidates::from_logits(&logits);
+            let want = slow.apply(&mut reference).map(|()| reference);
+            assert_eq!(
+                apply_row(&logits, &mut fast.clone()),
+                want,
+                "chain {c} step {step}"
+            );
+            let want = slow.sample(&mut Candidates::from_logits(&logits));
+            assert_eq!(
+                sample_row(&logits, &mut fast),
+                want,
+                "chain {c} step {step}"
+            );
+        }
+    }
+}

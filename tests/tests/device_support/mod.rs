@@ -1,0 +1,170 @@
+//! Shared helpers of the device conformance tests (`device_*.rs`): the
+//! compiled-in devices, the CPU reference, and the tie-boundary detector.
+#![allow(dead_code)]
+
+use sampler_backend::burn_tensor::{Device, Tensor, TensorData};
+use sampler_backend::{Executor, StepOutput};
+use sampler_core::{
+    Candidates, ChainSpec, OffloadPolicy, SampleError, StageSpec, TokenId, desc_cmp, rng,
+};
+
+/// Run one test body on every device compiled into this test binary.
+/// GPU devices that cannot start print why and skip.
+#[macro_export]
+macro_rules! device_tests {
+    ($($name:ident),* $(,)?) => {
+        #[cfg(feature = "flex")]
+        mod flex {
+            $( #[test] fn $name() { if let Some(d) = $crate::device_support::device("flex") { super::$name(&d, "flex"); } } )*
+        }
+        #[cfg(feature = "ndarray")]
+        mod ndarray {
+            $( #[test] fn $name() { if let Some(d) = $crate::device_support::device("ndarray") { super::$name(&d, "ndarray"); } } )*
+        }
+        #[cfg(feature = "wgpu")]
+        mod wgpu {
+            $( #[test] fn $name() { if let Some(d) = $crate::device_support::device("wgpu") { super::$name(&d, "wgpu"); } } )*
+        }
+        #[cfg(feature = "cuda")]
+        mod cuda {
+            $( #[test] fn $name() { if let Some(d) = $crate::device_support::device("cuda") { super::$name(&d, "cuda"); } } )*
+        }
+    };
+}
+
+/// The device named `name`, or `None` (with a printed reason) when it cannot
+/// start on this machine (no GPU adapter, no driver).
+pub fn device(name: &str) -> Option<Device> {
+    let d = match sampler_backend::parse_device(name) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("SKIP {name}: {e}");
+            return None;
+        }
+    };
+    let probe = d.clone();
+    let ok = std::panic::catch_unwind(move || {
+        let t = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 2.0], [1, 2]), &probe);
+        t.sum().into_data().iter::<f32>().next() == Some(3.0)
+    });
+    match ok {
+        Ok(true) => Some(d),
+        Ok(false) => {
+            println!("SKIP {name}: the device returned a wrong sum (broken driver?)");
+            None
+        }
+        Err(_) => {
+            println!("SKIP {name}: the device could not start (no adapter / driver on this machine)");
+            None
+        }
+    }
+}
+
+/// `ln(p)` per entry (llama.cpp's probability constructor).
+pub fn ln(probs: &[f32]) -> Vec<f32> {
+    probs.iter().map(|p| p.ln()).collect()
+}
+
+/// Upload `[b, v]` logits.
+pub fn upload(logits: &[f32], b: usize, v: usize, device: &Device) -> Tensor<2> {
+    Tensor::<2>::from_data(TensorData::new(logits.to_vec(), [b, v]), device)
+}
+
+/// One device step on a fresh executor.
+pub fn device_step(
+    rows: &[ChainSpec],
+    logits: &[f32],
+    v: usize,
+    device: &Device,
+    policy: OffloadPolicy,
+    prompts: &[Vec<TokenId>],
+) -> (StepOutput, Executor) {
+    let mut ex = Executor::new(rows.to_vec(), v, device, policy).expect("executor");
+    for (r, p) in prompts.iter().enumerate() {
+        ex.accept_prompt(r, p);
+    }
+    let out = ex
+        .step(upload(logits, rows.len(), v, device))
+        .expect("step");
+    (out, ex)
+}
+
+/// The CPU reference for one step.
+pub fn cpu_step(
+    rows: &[ChainSpec],
+    logits: &[f32],
+    v: usize,
+    prompts: &[Vec<TokenId>],
+) -> Vec<Result<TokenId, SampleError>> {
+    let mut chains: Vec<_> = rows
+        .iter()
+        .map(|s| sampler_cpu::build_chain(s).expect("cpu chain"))
+        .collect();
+    for (c, p) in chains.iter_mut().zip(prompts) {
+        c.accept_prompt(p);
+    }
+    sampler_cpu::sample_batch(logits, rows.len(), v, &mut chains).expect("cpu batch")
+}
+
+/// Why a row's token may legitimately differ between the CPU and a device:
+/// a float sum in another order can cross a boundary that lies within
+/// rounding. `None` when the row is not near any boundary.
+pub fn boundary_reason(spec: &ChainSpec, row: &[f32], prompt: &[TokenId]) -> Option<String> {
+    const TOL: f64 = 1e-4;
+    for (i, st) in spec.stages.iter().enumerate() {
+        if st.is_noop() {
+            continue;
+        }
+        let prefix = ChainSpec::new(spec.stages[..i].to_vec(), spec.seed);
+        let mut chain = sampler_cpu::build_chain(&prefix).ok()?;
+        chain.accept_prompt(prompt);
+        let mut c = Candidates::from_logits(row);
+        if chain.apply(&mut c).is_err() {
+            return None;
+        }
+        let (ids, logits) = (c.ids().to_vec(), c.logits().to_vec());
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if max == f32::NEG_INFINITY {
+            return None;
+        }
+        let e: Vec<f64> = logits.iter().map(|&l| f64::from((l - max).exp())).collect();
+        let s: f64 = e.iter().sum();
+        match st {
+            StageSpec::TopP { p, .. } => {
+                let mut order: Vec<usize> = (0..ids.len()).collect();
+                order.sort_by(|&a, &b| desc_cmp(logits[a], ids[a], logits[b], ids[b]));
+                let mut cum = 0.0;
+                for &j in &order {
+                    if (cum / s - f64::from(*p)).abs() < TOL {
+                        return Some(format!("top_p boundary: mass {} ~ p {p}", cum / s));
+                    }
+                    cum += e[j];
+                }
+            }
+            StageSpec::Dist => {
+                let u = rng::uniform(spec.seed?, 0, rng::lane(i, 0));
+                let target = u * s;
+                let mut order: Vec<usize> = (0..ids.len()).collect();
+                order.sort_by_key(|&j| ids[j]);
+                let mut cum = 0.0;
+                for &j in &order {
+                    cum += e[j];
+                    if e[j] > 0.0 && ((cum - target) / s).abs() < TOL {
+                        return Some(format!("dist boundary: u*S {target} ~ cum {cum}"));
+                    }
+                }
+            }
+            StageSpec::Temperature { dynatemp_range, .. }
+                if *dynatemp_range > 0.0 && logits.iter().any(|l| *l == f32::NEG_INFINITY) =>
+            {
+                return Some(
+                    "dynamic temperature over a set with -inf candidates: the CPU counts them in \
+                     H_max = ln(n), the device counts finite candidates only"
+                        .into(),
+                );
+            }
+            _ => {}
+        }
+    }
+    None
+}
