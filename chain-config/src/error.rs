@@ -217,7 +217,9 @@ pub enum ConfigError {
         location: Option<Location>,
     },
     /// A `--sampling-seq` letter that names no stage.
-    #[error("unknown --sampling-seq letter `{letter}` at position {position} (letters: e d s k y p m x t)")]
+    #[error(
+        "unknown --sampling-seq letter `{letter}` at position {position} (letters: e d s k y p m x t)"
+    )]
     UnknownSeqLetter {
         /// The letter.
         letter: char,

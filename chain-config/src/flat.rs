@@ -187,14 +187,24 @@ fn range_err(path: &str, value: String, expected: &str) -> ConfigError {
     }
 }
 
-fn check_f(path: &str, v: Option<f32>, ok: impl Fn(f32) -> bool, expected: &str) -> Result<(), ConfigError> {
+fn check_f(
+    path: &str,
+    v: Option<f32>,
+    ok: impl Fn(f32) -> bool,
+    expected: &str,
+) -> Result<(), ConfigError> {
     match v {
         Some(x) if !ok(x) => Err(range_err(path, fmt_f(x), expected)),
         _ => Ok(()),
     }
 }
 
-fn check_i(path: &str, v: Option<i64>, ok: impl Fn(i64) -> bool, expected: &str) -> Result<(), ConfigError> {
+fn check_i(
+    path: &str,
+    v: Option<i64>,
+    ok: impl Fn(i64) -> bool,
+    expected: &str,
+) -> Result<(), ConfigError> {
     match v {
         Some(x) if !ok(x) => Err(range_err(path, x.to_string(), expected)),
         _ => Ok(()),
@@ -262,16 +272,66 @@ impl SamplingParams {
     pub fn check(&self) -> Result<(), ConfigError> {
         let finite_ge0 = |x: f32| x.is_finite() && x >= 0.0;
         let unit = |x: f32| (0.0..=1.0).contains(&x);
-        check_f("temperature", self.temperature, finite_ge0, "a finite number >= 0 (0 = greedy)")?;
-        check_i("top_k", self.top_k, |k| k >= -1, "-1 or 0 (off), or an integer >= 1 (1 = greedy)")?;
-        check_f("top_p", self.top_p, unit, "a number in [0, 1] (0 = greedy, 1 = off)")?;
-        check_f("min_p", self.min_p, unit, "a number in [0, 1] (0 = off, 1 = greedy)")?;
-        check_f("typical_p", self.typical_p, unit, "a number in [0, 1] (1 = off)")?;
-        check_f("top_n_sigma", self.top_n_sigma, f32::is_finite, "a finite number (<= 0 = off)")?;
-        check_f("xtc_probability", self.xtc_probability, unit, "a number in [0, 1]")?;
-        check_f("xtc_threshold", self.xtc_threshold, unit, "a number in [0, 1] (above 0.5 disables)")?;
-        check_f("dynatemp_range", self.dynatemp_range, finite_ge0, "a finite number >= 0")?;
-        check_f("dynatemp_exponent", self.dynatemp_exponent, finite_ge0, "a finite number >= 0")?;
+        check_f(
+            "temperature",
+            self.temperature,
+            finite_ge0,
+            "a finite number >= 0 (0 = greedy)",
+        )?;
+        check_i(
+            "top_k",
+            self.top_k,
+            |k| k >= -1,
+            "-1 or 0 (off), or an integer >= 1 (1 = greedy)",
+        )?;
+        check_f(
+            "top_p",
+            self.top_p,
+            unit,
+            "a number in [0, 1] (0 = greedy, 1 = off)",
+        )?;
+        check_f(
+            "min_p",
+            self.min_p,
+            unit,
+            "a number in [0, 1] (0 = off, 1 = greedy)",
+        )?;
+        check_f(
+            "typical_p",
+            self.typical_p,
+            unit,
+            "a number in [0, 1] (1 = off)",
+        )?;
+        check_f(
+            "top_n_sigma",
+            self.top_n_sigma,
+            f32::is_finite,
+            "a finite number (<= 0 = off)",
+        )?;
+        check_f(
+            "xtc_probability",
+            self.xtc_probability,
+            unit,
+            "a number in [0, 1]",
+        )?;
+        check_f(
+            "xtc_threshold",
+            self.xtc_threshold,
+            unit,
+            "a number in [0, 1] (above 0.5 disables)",
+        )?;
+        check_f(
+            "dynatemp_range",
+            self.dynatemp_range,
+            finite_ge0,
+            "a finite number >= 0",
+        )?;
+        check_f(
+            "dynatemp_exponent",
+            self.dynatemp_exponent,
+            finite_ge0,
+            "a finite number >= 0",
+        )?;
         check_f(
             "repetition_penalty",
             self.repetition_penalty,
@@ -279,15 +339,55 @@ impl SamplingParams {
             "a finite number > 0 (1 = off)",
         )?;
         let pm2 = |x: f32| (-2.0..=2.0).contains(&x);
-        check_f("frequency_penalty", self.frequency_penalty, pm2, "a number in [-2, 2]")?;
-        check_f("presence_penalty", self.presence_penalty, pm2, "a number in [-2, 2]")?;
+        check_f(
+            "frequency_penalty",
+            self.frequency_penalty,
+            pm2,
+            "a number in [-2, 2]",
+        )?;
+        check_f(
+            "presence_penalty",
+            self.presence_penalty,
+            pm2,
+            "a number in [-2, 2]",
+        )?;
         let ge0 = |x: i64| x >= 0;
-        check_i("repeat_last_n", self.repeat_last_n, ge0, "an integer >= 0 (0 disables)")?;
-        check_i("no_repeat_ngram_size", self.no_repeat_ngram_size, ge0, "an integer >= 0 (0 = off)")?;
-        check_f("dry_multiplier", self.dry_multiplier, finite_ge0, "a finite number >= 0 (0 = off)")?;
-        check_f("dry_base", self.dry_base, |x| x.is_finite() && x >= 1.0, "a finite number >= 1")?;
-        check_i("dry_allowed_length", self.dry_allowed_length, ge0, "an integer >= 0")?;
-        check_i("dry_penalty_last_n", self.dry_penalty_last_n, ge0, "an integer >= 0 (0 disables)")?;
+        check_i(
+            "repeat_last_n",
+            self.repeat_last_n,
+            ge0,
+            "an integer >= 0 (0 disables)",
+        )?;
+        check_i(
+            "no_repeat_ngram_size",
+            self.no_repeat_ngram_size,
+            ge0,
+            "an integer >= 0 (0 = off)",
+        )?;
+        check_f(
+            "dry_multiplier",
+            self.dry_multiplier,
+            finite_ge0,
+            "a finite number >= 0 (0 = off)",
+        )?;
+        check_f(
+            "dry_base",
+            self.dry_base,
+            |x| x.is_finite() && x >= 1.0,
+            "a finite number >= 1",
+        )?;
+        check_i(
+            "dry_allowed_length",
+            self.dry_allowed_length,
+            ge0,
+            "an integer >= 0",
+        )?;
+        check_i(
+            "dry_penalty_last_n",
+            self.dry_penalty_last_n,
+            ge0,
+            "an integer >= 0 (0 disables)",
+        )?;
         if let Some(seqs) = &self.dry_sequence_breakers
             && let Some(i) = seqs.iter().position(Vec::is_empty)
         {
@@ -297,9 +397,24 @@ impl SamplingParams {
                 "a list of non-empty token-id lists",
             ));
         }
-        check_i("mirostat", self.mirostat, |m| (0..=2).contains(&m), "0 (off), 1 or 2")?;
-        check_f("mirostat_tau", self.mirostat_tau, finite_ge0, "a finite number >= 0")?;
-        check_f("mirostat_eta", self.mirostat_eta, finite_ge0, "a finite number >= 0")?;
+        check_i(
+            "mirostat",
+            self.mirostat,
+            |m| (0..=2).contains(&m),
+            "0 (off), 1 or 2",
+        )?;
+        check_f(
+            "mirostat_tau",
+            self.mirostat_tau,
+            finite_ge0,
+            "a finite number >= 0",
+        )?;
+        check_f(
+            "mirostat_eta",
+            self.mirostat_eta,
+            finite_ge0,
+            "a finite number >= 0",
+        )?;
         check_i("min_keep", self.min_keep, ge0, "an integer >= 0")?;
         if let Some(bias) = &self.logit_bias {
             for (t, b) in bias {
@@ -331,12 +446,33 @@ impl SamplingParams {
             };
         }
         let mut merged = pick!(
-            temperature, top_k, top_p, min_p, typical_p, top_n_sigma, xtc_probability,
-            xtc_threshold, dynatemp_range, dynatemp_exponent, repetition_penalty,
-            frequency_penalty, presence_penalty, repeat_last_n, no_repeat_ngram_size,
-            dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
-            dry_sequence_breakers, mirostat, mirostat_tau, mirostat_eta, min_keep, logit_bias,
-            seed, do_sample
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            typical_p,
+            top_n_sigma,
+            xtc_probability,
+            xtc_threshold,
+            dynatemp_range,
+            dynatemp_exponent,
+            repetition_penalty,
+            frequency_penalty,
+            presence_penalty,
+            repeat_last_n,
+            no_repeat_ngram_size,
+            dry_multiplier,
+            dry_base,
+            dry_allowed_length,
+            dry_penalty_last_n,
+            dry_sequence_breakers,
+            mirostat,
+            mirostat_tau,
+            mirostat_eta,
+            min_keep,
+            logit_bias,
+            seed,
+            do_sample
         );
         let mut notes = Vec::new();
         if self.do_sample.is_none() && file.do_sample == Some(false) {

@@ -59,18 +59,24 @@ const UNSUPPORTED: [(&str, Option<f64>); 12] = [
 ];
 
 fn number(text: &str, key: &str, v: &Value) -> Result<f32, ConfigError> {
-    v.as_f64().map(|x| x as f32).ok_or_else(|| ConfigError::WrongType {
-        path: key.to_string(),
-        found: json_type(v).into(),
-        expected: "a number".into(),
-        location: find_key(text, key),
-    })
+    v.as_f64()
+        .map(|x| x as f32)
+        .ok_or_else(|| ConfigError::WrongType {
+            path: key.to_string(),
+            found: json_type(v).into(),
+            expected: "a number".into(),
+            location: find_key(text, key),
+        })
 }
 
 fn integer(text: &str, key: &str, v: &Value) -> Result<i64, ConfigError> {
     v.as_i64().ok_or_else(|| ConfigError::WrongType {
         path: key.to_string(),
-        found: if v.is_number() { "a non-integer number".into() } else { json_type(v).into() },
+        found: if v.is_number() {
+            "a non-integer number".into()
+        } else {
+            json_type(v).into()
+        },
         expected: "an integer".into(),
         location: find_key(text, key),
     })

@@ -64,8 +64,7 @@ pub use sampler_core::{ChainSpec, HistoryScope, OffloadPolicy, StageKind, StageS
 /// when the chain is built, not here).
 pub const KNOWN_DEVICES: [&str; 6] = ["cpu", "flex", "ndarray", "wgpu", "vulkan", "cuda"];
 
-pub(crate) const OFFLOAD_RANGE: &str =
-    "\"auto\" (longest device-capable prefix), \"off\" (host only) or an integer N >= 0 (at most N active stages on the device)";
+pub(crate) const OFFLOAD_RANGE: &str = "\"auto\" (longest device-capable prefix), \"off\" (host only) or an integer N >= 0 (at most N active stages on the device)";
 
 /// Check a device name: a [`KNOWN_DEVICES`] entry, optionally `:index`.
 /// Returns the name, or the expected range in words.
@@ -217,7 +216,7 @@ impl ChainConfig {
     /// [`LoadOptions`] (a selecting stage is required).
     ///
     /// # Errors
-    /// Every [`ConfigError`] variant but `UnknownSeqLetter` and `Io`, with the
+    /// Every [`ConfigError`] variant but `Schema`, `UnknownSeqLetter` and `Io`, with the
     /// key path and `line:column`.
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
         Self::from_toml_str_with(text, &LoadOptions::default())
@@ -324,24 +323,31 @@ impl ChainConfig {
     /// As [`ChainConfig::from_json`].
     pub fn from_json_with(text: &str, opts: &LoadOptions) -> Result<Self, ConfigError> {
         let chain = json::load(text)?;
-        Self::finish("stages", chain, DeviceConfig::default(), Vec::new(), opts, None)
-            .map_err(|e| match e {
+        Self::finish(
+            "stages",
+            chain,
+            DeviceConfig::default(),
+            Vec::new(),
+            opts,
+            None,
+        )
+        .map_err(|e| match e {
+            ConfigError::OutOfRange {
+                path,
+                value,
+                expected,
+                location: None,
+            } => {
+                let key = path.rsplit('.').next().unwrap_or("").to_string();
                 ConfigError::OutOfRange {
+                    location: json::find_key(text, &key),
                     path,
                     value,
                     expected,
-                    location: None,
-                } => {
-                    let key = path.rsplit('.').next().unwrap_or("").to_string();
-                    ConfigError::OutOfRange {
-                        location: json::find_key(text, &key),
-                        path,
-                        value,
-                        expected,
-                    }
                 }
-                other => other,
-            })
+            }
+            other => other,
+        })
     }
 
     /// OpenAI / vLLM flat parameters: the same as [`SamplingParams::to_chain`].

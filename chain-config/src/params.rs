@@ -115,11 +115,7 @@ pub(crate) fn set_param(spec: &mut StageSpec, name: &str, v: PValue) -> Result<(
     use StageSpec as S;
     match (spec, name, v) {
         (S::TopK { k }, "k", V::Int(i)) => *k = i,
-        (
-            S::TopP { p, .. } | S::MinP { p, .. } | S::Typical { p, .. },
-            "p",
-            V::Float(x),
-        ) => *p = x,
+        (S::TopP { p, .. } | S::MinP { p, .. } | S::Typical { p, .. }, "p", V::Float(x)) => *p = x,
         (
             S::TopP { min_keep, .. }
             | S::MinP { min_keep, .. }

@@ -73,8 +73,13 @@ pub(crate) fn syntax_error(src: &str, e: &toml::de::Error) -> ConfigError {
     {
         let bare = key.trim_matches(|c| c == '"' || c == '\'');
         if let Some(kind) = StageKind::from_name(bare) {
-            let line_start = e.span().map_or(0, |s| src[..s.start.min(src.len())].rfind('\n').map_or(0, |i| i + 1));
-            let header = src.get(line_start..).unwrap_or("").trim_start().starts_with('[');
+            let before = e.span().and_then(|s| src.get(..s.start)).unwrap_or("");
+            let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+            let header = src
+                .get(line_start..)
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('[');
             if header {
                 return ConfigError::DuplicateStage {
                     stage: kind.name(),
@@ -235,7 +240,14 @@ pub(crate) fn load(text: &str, opts: &LoadOptions) -> Result<ChainConfig, Config
     };
 
     let chain = ChainSpec::new(stages, seed);
-    ChainConfig::finish("stage", chain, device, Vec::new(), opts, order_span.and_then(|s| src.loc(&s)))
+    ChainConfig::finish(
+        "stage",
+        chain,
+        device,
+        Vec::new(),
+        opts,
+        order_span.and_then(|s| src.loc(&s)),
+    )
 }
 
 fn parse_seed(src: Src<'_>, v: &SValue<'_>) -> Result<u64, ConfigError> {
@@ -247,7 +259,9 @@ fn parse_seed(src: Src<'_>, v: &SValue<'_>) -> Result<u64, ConfigError> {
         location: src.loc(&v.span()),
     };
     match v.get_ref() {
-        DeValue::Integer(i) => u64::from_str_radix(i.as_str(), i.radix()).map_err(|_| out_of_range()),
+        DeValue::Integer(i) => {
+            u64::from_str_radix(i.as_str(), i.radix()).map_err(|_| out_of_range())
+        }
         DeValue::String(s) => {
             if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(out_of_range());
@@ -346,12 +360,13 @@ fn parse_device(src: Src<'_>, v: &SValue<'_>) -> Result<DeviceConfig, ConfigErro
                         location: vloc,
                     });
                 };
-                cfg.device = crate::check_device(s).map_err(|expected| ConfigError::OutOfRange {
-                    path: "device.kind".into(),
-                    value: format!("\"{s}\""),
-                    expected,
-                    location: vloc,
-                })?;
+                cfg.device =
+                    crate::check_device(s).map_err(|expected| ConfigError::OutOfRange {
+                        path: "device.kind".into(),
+                        value: format!("\"{s}\""),
+                        expected,
+                        location: vloc,
+                    })?;
             }
             "offload" => {
                 cfg.offload = match value.get_ref() {
@@ -397,9 +412,8 @@ fn parse_device(src: Src<'_>, v: &SValue<'_>) -> Result<DeviceConfig, ConfigErro
                 return Err(ConfigError::UnknownKey {
                     path: format!("device.{name}"),
                     location: src.loc(&key.span()),
-                    suggestion: suggest(name, DEVICE_KEYS.into_iter().chain(["device"])).map(
-                        |s| if s == "device" { "kind".to_string() } else { s },
-                    ),
+                    suggestion: suggest(name, DEVICE_KEYS.into_iter().chain(["device"]))
+                        .map(|s| if s == "device" { "kind".to_string() } else { s }),
                 });
             }
         }
@@ -530,7 +544,12 @@ fn stage_from_table(
                 path: format!("{prefix}.{as_written}"),
                 value: {
                     let raw = src.raw(vspan).trim();
-                    if raw.is_empty() || matches!(meta.param(e.param).map(|p| p.kind), Some(ParamKind::TokenBiases | ParamKind::TokenSequences)) {
+                    if raw.is_empty()
+                        || matches!(
+                            meta.param(e.param).map(|p| p.kind),
+                            Some(ParamKind::TokenBiases | ParamKind::TokenSequences)
+                        )
+                    {
                         e.value.clone()
                     } else {
                         raw.to_string()
@@ -569,7 +588,12 @@ fn parse_int(src: Src<'_>, path: &str, expected: &str, v: &SValue<'_>) -> Result
     }
 }
 
-fn parse_float(src: Src<'_>, path: &str, expected: &str, v: &SValue<'_>) -> Result<f32, ConfigError> {
+fn parse_float(
+    src: Src<'_>,
+    path: &str,
+    expected: &str,
+    v: &SValue<'_>,
+) -> Result<f32, ConfigError> {
     let bad = || ConfigError::OutOfRange {
         path: path.to_string(),
         value: written(src, v),
@@ -604,7 +628,13 @@ fn parse_token(src: Src<'_>, path: &str, v: &SValue<'_>) -> Result<TokenId, Conf
 }
 
 /// A bias must be finite or `-inf` (a ban).
-fn check_bias(src: Src<'_>, path: &str, pm: &ParamMeta, v: &SValue<'_>, b: f32) -> Result<(), ConfigError> {
+fn check_bias(
+    src: Src<'_>,
+    path: &str,
+    pm: &ParamMeta,
+    v: &SValue<'_>,
+    b: f32,
+) -> Result<(), ConfigError> {
     if b.is_finite() || b == f32::NEG_INFINITY {
         Ok(())
     } else {
@@ -618,7 +648,12 @@ fn check_bias(src: Src<'_>, path: &str, pm: &ParamMeta, v: &SValue<'_>, b: f32) 
 }
 
 /// Type-check and convert one parameter value.
-fn convert(src: Src<'_>, pm: &ParamMeta, path: &str, v: &SValue<'_>) -> Result<PValue, ConfigError> {
+fn convert(
+    src: Src<'_>,
+    pm: &ParamMeta,
+    path: &str,
+    v: &SValue<'_>,
+) -> Result<PValue, ConfigError> {
     match pm.kind {
         ParamKind::Int => {
             let i = parse_int(src, path, pm.range, v)?;
@@ -697,8 +732,9 @@ fn convert(src: Src<'_>, pm: &ParamMeta, path: &str, v: &SValue<'_>) -> Result<P
                         return Err(ConfigError::OutOfRange {
                             path: kpath,
                             value: format!("\"{k}\""),
-                            expected: "a token id in [0, 4294967295] as the key, e.g. `\"15043\" = -1.5`"
-                                .into(),
+                            expected:
+                                "a token id in [0, 4294967295] as the key, e.g. `\"15043\" = -1.5`"
+                                    .into(),
                             location: src.loc(&key.span()),
                         });
                     };
@@ -735,8 +771,9 @@ fn convert(src: Src<'_>, pm: &ParamMeta, path: &str, v: &SValue<'_>) -> Result<P
             other => Err(ConfigError::WrongType {
                 path: path.to_string(),
                 found: type_name(other),
-                expected: "a table `{ \"token id\" = bias, ... }` or an array of `[token, bias]` pairs"
-                    .into(),
+                expected:
+                    "a table `{ \"token id\" = bias, ... }` or an array of `[token, bias]` pairs"
+                        .into(),
                 location: src.loc(&v.span()),
             }),
         },

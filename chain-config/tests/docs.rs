@@ -24,7 +24,10 @@ fn stage_reference() -> String {
             let a: Vec<String> = m.aliases.iter().map(|a| format!("`{a}`")).collect();
             out.push_str(&format!("Aliases: {}. ", a.join(", ")));
         }
-        out.push_str(&format!("No-op when: {}. Semantics: {}.\n\n", m.noop_rule, m.source));
+        out.push_str(&format!(
+            "No-op when: {}. Semantics: {}.\n\n",
+            m.noop_rule, m.source
+        ));
         if m.params.is_empty() {
             out.push_str("No parameters.\n\n");
             continue;

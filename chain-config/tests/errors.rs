@@ -1,7 +1,9 @@
 //! Bad input: every error is typed, names its key path, value, range and
 //! `line:column`, and its message is pinned here.
 
-use chain_config::{ChainConfig, ConfigError, GenerationConfig, LoadOptions, Location, SamplingParams};
+use chain_config::{
+    ChainConfig, ConfigError, GenerationConfig, LoadOptions, Location, SamplingParams,
+};
 
 fn toml_err(text: &str) -> ConfigError {
     match ChainConfig::from_toml_str(text) {
@@ -29,7 +31,10 @@ fn unknown_stage_in_samplers_suggests() {
             suggestion: Some("top_k".into()),
         }
     );
-    assert_eq!(e.to_string(), "1:19: unknown stage `top_kk` (did you mean `top_k`?)");
+    assert_eq!(
+        e.to_string(),
+        "1:19: unknown stage `top_kk` (did you mean `top_k`?)"
+    );
     assert_eq!(e.suggestion(), Some("top_k"));
 }
 
@@ -71,7 +76,10 @@ fn unknown_keys_suggest() {
         msg("samplers = \"dist\"\n[device]\nknd = \"cuda\"\n"),
         "3:1: unknown key `device.knd` (did you mean `kind`?)"
     );
-    assert_eq!(msg("samplers = \"dist\"\nfoo = 1"), "2:1: unknown key `foo`");
+    assert_eq!(
+        msg("samplers = \"dist\"\nfoo = 1"),
+        "2:1: unknown key `foo`"
+    );
 }
 
 #[test]
@@ -86,7 +94,10 @@ fn out_of_range_names_path_value_range_and_position() {
             location: at(3, 5),
         }
     );
-    assert_eq!(e.to_string(), "3:5: `top_p.p` = 1.50 is out of range: expected a number in [0, 1]");
+    assert_eq!(
+        e.to_string(),
+        "3:5: `top_p.p` = 1.50 is out of range: expected a number in [0, 1]"
+    );
     assert_eq!(
         msg("samplers = \"temp;dist\"\n[temp]\nt = -0.5\n"),
         "3:5: `temp.t` = -0.5 is out of range: expected a finite number >= 0 (t < 1e-5 means greedy)"
@@ -162,18 +173,23 @@ fn seeds() {
         msg("samplers = \"dist\"\nseed = -3\n"),
         "2:8: `seed` = -3 is out of range: expected an integer in [0, 2^64 - 1] (seeds above 2^63 - 1 as a decimal string)"
     );
-    let c = ChainConfig::from_toml_str("samplers = \"dist\"\nseed = \"18446744073709551615\"\n").unwrap();
+    let c = ChainConfig::from_toml_str("samplers = \"dist\"\nseed = \"18446744073709551615\"\n")
+        .unwrap();
     assert_eq!(c.chain.seed, Some(u64::MAX));
 }
 
 #[test]
 fn token_lists_and_biases() {
     assert_eq!(
-        msg("samplers = \"logit_bias;dist\"\n[logit_bias]\nbias = { \"15043\" = 5.0, \"abc\" = 1 }\n"),
+        msg(
+            "samplers = \"logit_bias;dist\"\n[logit_bias]\nbias = { \"15043\" = 5.0, \"abc\" = 1 }\n"
+        ),
         "3:25: `logit_bias.bias.\"abc\"` = \"abc\" is out of range: expected a token id in [0, 4294967295] as the key, e.g. `\"15043\" = -1.5`"
     );
     assert_eq!(
-        msg("samplers = \"logit_bias;dist\"\n[logit_bias]\nbias = { \"15043\" = 5.0, \"2\" = inf }\n"),
+        msg(
+            "samplers = \"logit_bias;dist\"\n[logit_bias]\nbias = { \"15043\" = 5.0, \"2\" = inf }\n"
+        ),
         "3:31: `logit_bias.bias.\"2\"` = inf is out of range: expected token id -> a finite number or -inf (ban)"
     );
     assert_eq!(
@@ -197,9 +213,14 @@ fn empty_chains() {
         "1:12: the chain is empty: list its stages, e.g. `samplers = \"top_k;top_p;temperature;dist\"`"
     );
     assert_eq!(toml_err(""), ConfigError::EmptyChain { location: None });
-    assert_eq!(toml_err("stage = []"), ConfigError::EmptyChain { location: at(1, 1) });
     assert_eq!(
-        ChainConfig::from_chain_string(" ; ").unwrap_err().to_string(),
+        toml_err("stage = []"),
+        ConfigError::EmptyChain { location: at(1, 1) }
+    );
+    assert_eq!(
+        ChainConfig::from_chain_string(" ; ")
+            .unwrap_err()
+            .to_string(),
         "1:1: the chain is empty: list its stages, e.g. `samplers = \"top_k;top_p;temperature;dist\"`"
     );
 }
@@ -213,11 +234,15 @@ fn no_selecting_stage() {
         "1:12: the chain `top_k;top_p` never selects a token: add `dist` (random) or `greedy` at the end"
     );
     assert_eq!(
-        ChainConfig::from_chain_string("top_k").unwrap_err().to_string(),
+        ChainConfig::from_chain_string("top_k")
+            .unwrap_err()
+            .to_string(),
         "1:1: the chain `top_k` never selects a token: add `dist` (random) or `greedy` at the end"
     );
     // Filtering only is fine when no token is asked for.
-    let opts = LoadOptions { require_selection: false };
+    let opts = LoadOptions {
+        require_selection: false,
+    };
     let c = ChainConfig::from_toml_str_with("samplers = \"top_k;top_p\"", &opts).unwrap();
     assert_eq!(c.chain.chain_string(), "top_k;top_p");
 }
@@ -293,22 +318,32 @@ fn device_section() {
 #[test]
 fn toml_syntax() {
     let e = toml_err("samplers = \"dist\"\n[device\n");
-    assert_eq!(e.to_string(), "2:8: TOML syntax error: unclosed table, expected `]`");
+    assert_eq!(
+        e.to_string(),
+        "2:8: TOML syntax error: unclosed table, expected `]`"
+    );
     assert_eq!(e.location(), at(2, 8));
 }
 
 #[test]
 fn chain_strings_and_letters() {
     assert_eq!(
-        ChainConfig::from_chain_string("top_k;  nucleuss").unwrap_err().to_string(),
+        ChainConfig::from_chain_string("top_k;  nucleuss")
+            .unwrap_err()
+            .to_string(),
         "1:9: unknown stage `nucleuss` (did you mean `nucleus`?)"
     );
     assert_eq!(
         ChainConfig::from_sampling_seq("kpq").unwrap_err(),
-        ConfigError::UnknownSeqLetter { letter: 'q', position: 2 }
+        ConfigError::UnknownSeqLetter {
+            letter: 'q',
+            position: 2
+        }
     );
     assert_eq!(
-        ChainConfig::from_sampling_seq("kpq").unwrap_err().to_string(),
+        ChainConfig::from_sampling_seq("kpq")
+            .unwrap_err()
+            .to_string(),
         "unknown --sampling-seq letter `q` at position 2 (letters: e d s k y p m x t)"
     );
 }
@@ -328,12 +363,18 @@ fn json_errors() {
         err(r#"{"stages":[{"type":"top_k","k":"a"}]}"#),
         "1:36: JSON does not match the schema: invalid type: string \"a\", expected i64"
     );
-    assert_eq!(err(r#"{"stage":[]}"#), "1:2: unknown key `stage` (did you mean `stages`?)");
+    assert_eq!(
+        err(r#"{"stage":[]}"#),
+        "1:2: unknown key `stage` (did you mean `stages`?)"
+    );
     assert_eq!(
         err(r#"{"stages":[{"type":"top_p","p":2.0},{"type":"dist"}]}"#),
         "1:28: `stages[0].p` = 2 is out of range: expected a number in [0, 1]"
     );
-    assert_eq!(err(r#"{"stages":[{"type":"top_p"}]"#), "1:28: JSON syntax error: EOF while parsing an object");
+    assert_eq!(
+        err(r#"{"stages":[{"type":"top_p"}]"#),
+        "1:28: JSON syntax error: EOF while parsing an object"
+    );
     assert_eq!(
         err(r#"{"stages":[]}"#),
         "the chain is empty: list its stages, e.g. `samplers = \"top_k;top_p;temperature;dist\"`"
@@ -343,7 +384,10 @@ fn json_errors() {
 #[test]
 fn flat_parameter_errors() {
     let err = |j: &str| SamplingParams::from_json_str(j).unwrap_err().to_string();
-    assert_eq!(err(r#"{"top_kk": 3}"#), "1:2: unknown key `top_kk` (did you mean `top_k`?)");
+    assert_eq!(
+        err(r#"{"top_kk": 3}"#),
+        "1:2: unknown key `top_kk` (did you mean `top_k`?)"
+    );
     assert_eq!(
         err(r#"{"temperature": -1}"#),
         "1:2: `temperature` = -1 is out of range: expected a finite number >= 0 (0 = greedy)"
@@ -360,7 +404,10 @@ fn flat_parameter_errors() {
         err(r#"{"presence_penalty": 2.5}"#),
         "1:2: `presence_penalty` = 2.5 is out of range: expected a number in [-2, 2]"
     );
-    let p = SamplingParams { top_p: Some(1.5), ..Default::default() };
+    let p = SamplingParams {
+        top_p: Some(1.5),
+        ..Default::default()
+    };
     assert_eq!(
         p.to_chain().unwrap_err().to_string(),
         "`top_p` = 1.5 is out of range: expected a number in [0, 1] (0 = greedy, 1 = off)"
@@ -378,13 +425,23 @@ fn generation_config_errors() {
         err("{\n  \"top_p\": 1.2\n}"),
         "2:3: `top_p` = 1.2 is out of range: expected a number in [0, 1] (0 = greedy, 1 = off)"
     );
-    assert_eq!(err("{\"top_k\": 5.5}"), "1:2: `top_k` has the wrong type: found a non-integer number, expected an integer");
-    assert_eq!(err("[1]"), "1:1: `(root)` has the wrong type: found array, expected a JSON object");
+    assert_eq!(
+        err("{\"top_k\": 5.5}"),
+        "1:2: `top_k` has the wrong type: found a non-integer number, expected an integer"
+    );
+    assert_eq!(
+        err("[1]"),
+        "1:1: `(root)` has the wrong type: found array, expected a JSON object"
+    );
 }
 
 #[test]
 fn io_error() {
     let e = ChainConfig::from_toml_file("/nonexistent/chain.toml").unwrap_err();
     assert!(matches!(e, ConfigError::Io { .. }));
-    assert!(e.to_string().starts_with("cannot read `/nonexistent/chain.toml`: "), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("cannot read `/nonexistent/chain.toml`: "),
+        "{e}"
+    );
 }

@@ -45,7 +45,12 @@ fn canonical_llama_cpp_order() {
         "logit_bias;penalties;penalties;no_repeat_ngram;dry;top_n_sigma;top_k;typical;top_p;min_p;xtc;temperature;dist"
     );
     assert_eq!(c.chain.seed, Some(7));
-    assert_eq!(c.chain.stages[0], StageSpec::LogitBias { bias: vec![(2, 1.0), (15043, -5.0)] });
+    assert_eq!(
+        c.chain.stages[0],
+        StageSpec::LogitBias {
+            bias: vec![(2, 1.0), (15043, -5.0)]
+        }
+    );
     assert!(c.diagnostics.is_empty());
 }
 
@@ -79,18 +84,30 @@ fn penalty_scopes() {
             StageSpec::Dist,
         ]
     );
-    let windowed = SamplingParams { repeat_last_n: Some(32), ..p.clone() };
+    let windowed = SamplingParams {
+        repeat_last_n: Some(32),
+        ..p.clone()
+    };
     let c = chain(&windowed);
-    assert!(matches!(c.chain.stages[0], StageSpec::Penalties { last_n: 32, .. }));
+    assert!(matches!(
+        c.chain.stages[0],
+        StageSpec::Penalties { last_n: 32, .. }
+    ));
     // A window of 0 disables the penalties (llama.cpp).
-    let off = SamplingParams { repeat_last_n: Some(0), ..p };
+    let off = SamplingParams {
+        repeat_last_n: Some(0),
+        ..p
+    };
     assert_eq!(chain(&off).chain.stages, vec![StageSpec::Dist]);
 }
 
 #[test]
 fn top_k_off_values() {
     for k in [-1, 0] {
-        let p = SamplingParams { top_k: Some(k), ..SamplingParams::default() };
+        let p = SamplingParams {
+            top_k: Some(k),
+            ..SamplingParams::default()
+        };
         assert_eq!(chain(&p).chain.stages, vec![StageSpec::Dist], "top_k = {k}");
     }
 }
@@ -99,12 +116,30 @@ fn top_k_off_values() {
 fn greedy_rules() {
     let greedy = vec![StageSpec::Greedy];
     for p in [
-        SamplingParams { temperature: Some(0.0), ..Default::default() },
-        SamplingParams { temperature: Some(1e-6), ..Default::default() },
-        SamplingParams { top_k: Some(1), ..Default::default() },
-        SamplingParams { top_p: Some(0.0), ..Default::default() },
-        SamplingParams { min_p: Some(1.0), ..Default::default() },
-        SamplingParams { do_sample: Some(false), ..Default::default() },
+        SamplingParams {
+            temperature: Some(0.0),
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: Some(1e-6),
+            ..Default::default()
+        },
+        SamplingParams {
+            top_k: Some(1),
+            ..Default::default()
+        },
+        SamplingParams {
+            top_p: Some(0.0),
+            ..Default::default()
+        },
+        SamplingParams {
+            min_p: Some(1.0),
+            ..Default::default()
+        },
+        SamplingParams {
+            do_sample: Some(false),
+            ..Default::default()
+        },
     ] {
         let c = chain(&p);
         assert_eq!(c.chain.stages, greedy, "{p:?}");
@@ -117,7 +152,10 @@ fn greedy_rules() {
         logit_bias: Some(BTreeMap::from([(5, f32::NEG_INFINITY)])),
         ..Default::default()
     };
-    assert_eq!(chain(&p).chain.chain_string(), "logit_bias;penalties;greedy");
+    assert_eq!(
+        chain(&p).chain.chain_string(),
+        "logit_bias;penalties;greedy"
+    );
 }
 
 #[test]
@@ -135,7 +173,11 @@ fn greedy_diagnostic_lists_ignored_parameters() {
         c.diagnostics,
         vec![Diagnostic::IgnoredByGreedy {
             rules: vec!["temperature = 0".into()],
-            ignored: vec!["top_p = 0.9".into(), "min_p = 0.1".into(), "top_k = 50".into()],
+            ignored: vec![
+                "top_p = 0.9".into(),
+                "min_p = 0.1".into(),
+                "top_k = 50".into()
+            ],
         }]
     );
     assert_eq!(
@@ -143,12 +185,20 @@ fn greedy_diagnostic_lists_ignored_parameters() {
         "temperature = 0 makes sampling greedy, so top_p = 0.9, min_p = 0.1, top_k = 50 are ignored"
     );
     // Two rules at once; the rules themselves are not "ignored".
-    let p = SamplingParams { top_k: Some(1), temperature: Some(0.7), ..Default::default() };
+    let p = SamplingParams {
+        top_k: Some(1),
+        temperature: Some(0.7),
+        ..Default::default()
+    };
     assert_eq!(
         chain(&p).diagnostics[0].to_string(),
         "top_k = 1 makes sampling greedy, so temperature = 0.7 is ignored"
     );
-    let p = SamplingParams { top_k: Some(1), temperature: Some(0.0), ..Default::default() };
+    let p = SamplingParams {
+        top_k: Some(1),
+        temperature: Some(0.0),
+        ..Default::default()
+    };
     assert!(chain(&p).diagnostics.is_empty());
 }
 
@@ -164,7 +214,11 @@ fn mirostat_replaces_truncation() {
     assert_eq!(
         c.chain.stages,
         vec![
-            StageSpec::Temperature { t: 0.5, dynatemp_range: 0.0, dynatemp_exponent: 1.0 },
+            StageSpec::Temperature {
+                t: 0.5,
+                dynatemp_range: 0.0,
+                dynatemp_exponent: 1.0
+            },
             StageSpec::MirostatV2 { tau: 5.0, eta: 0.1 },
         ]
     );
@@ -172,7 +226,10 @@ fn mirostat_replaces_truncation() {
         c.diagnostics[0].to_string(),
         "mirostat = 2 replaces the truncation stages, so top_k = 5 is ignored"
     );
-    let v1 = SamplingParams { mirostat: Some(1), ..Default::default() };
+    let v1 = SamplingParams {
+        mirostat: Some(1),
+        ..Default::default()
+    };
     assert_eq!(chain(&v1).chain.chain_string(), "mirostat");
 }
 
@@ -206,14 +263,24 @@ fn generation_config_import() {
     let file = GenerationConfig::from_json_str(LLAMA3_GENERATION_CONFIG).unwrap();
     assert_eq!(file.temperature, Some(0.6));
     assert_eq!(file.top_p, Some(0.9));
-    assert_eq!(file.top_k, None, "transformers' default top_k = 50 is not applied");
+    assert_eq!(
+        file.top_k, None,
+        "transformers' default top_k = 50 is not applied"
+    );
     assert!(file.diagnostics.is_empty());
     let c = ChainConfig::from_request(&SamplingParams::default(), Some(&file)).unwrap();
     assert_eq!(
         c.chain.stages,
         vec![
-            StageSpec::TopP { p: 0.9, min_keep: 0 },
-            StageSpec::Temperature { t: 0.6, dynatemp_range: 0.0, dynatemp_exponent: 1.0 },
+            StageSpec::TopP {
+                p: 0.9,
+                min_keep: 0
+            },
+            StageSpec::Temperature {
+                t: 0.6,
+                dynatemp_range: 0.0,
+                dynatemp_exponent: 1.0
+            },
             StageSpec::Dist,
         ]
     );
@@ -227,7 +294,11 @@ fn precedence_request_file_default() {
             "no_repeat_ngram_size": 3}"#,
     )
     .unwrap();
-    let request = SamplingParams { temperature: Some(1.2), top_k: Some(0), ..Default::default() };
+    let request = SamplingParams {
+        temperature: Some(1.2),
+        top_k: Some(0),
+        ..Default::default()
+    };
     let c = ChainConfig::from_request(&request, Some(&file)).unwrap();
     assert_eq!(
         c.chain.stages,
@@ -239,10 +310,20 @@ fn precedence_request_file_default() {
                 presence: 0.0,
                 scope: HistoryScope::PromptAndOutput
             },
-            StageSpec::NoRepeatNgram { n: 3, scope: HistoryScope::PromptAndOutput },
+            StageSpec::NoRepeatNgram {
+                n: 3,
+                scope: HistoryScope::PromptAndOutput
+            },
             // top_k: the request's 0 (off) beats the file's 20.
-            StageSpec::TopP { p: 0.9, min_keep: 0 },
-            StageSpec::Temperature { t: 1.2, dynatemp_range: 0.0, dynatemp_exponent: 1.0 },
+            StageSpec::TopP {
+                p: 0.9,
+                min_keep: 0
+            },
+            StageSpec::Temperature {
+                t: 1.2,
+                dynatemp_range: 0.0,
+                dynatemp_exponent: 1.0
+            },
             StageSpec::Dist,
         ]
     );
@@ -252,7 +333,8 @@ fn precedence_request_file_default() {
 
 #[test]
 fn do_sample_false_in_the_file() {
-    let file = GenerationConfig::from_json_str(r#"{"do_sample": false, "temperature": 0.6}"#).unwrap();
+    let file =
+        GenerationConfig::from_json_str(r#"{"do_sample": false, "temperature": 0.6}"#).unwrap();
     // Alone: greedy, and the file's temperature is reported as ignored.
     let c = ChainConfig::from_request(&SamplingParams::default(), Some(&file)).unwrap();
     assert_eq!(c.chain.stages, vec![StageSpec::Greedy]);
@@ -261,10 +343,18 @@ fn do_sample_false_in_the_file() {
         "do_sample = false makes sampling greedy, so temperature = 0.6 is ignored"
     );
     // A request that asks for sampling wins, with a note.
-    let request = SamplingParams { top_p: Some(0.8), ..Default::default() };
+    let request = SamplingParams {
+        top_p: Some(0.8),
+        ..Default::default()
+    };
     let c = ChainConfig::from_request(&request, Some(&file)).unwrap();
     assert_eq!(c.chain.chain_string(), "top_p;temperature;dist");
-    assert_eq!(c.diagnostics, vec![Diagnostic::DoSampleOverridden { by: vec!["top_p".into()] }]);
+    assert_eq!(
+        c.diagnostics,
+        vec![Diagnostic::DoSampleOverridden {
+            by: vec!["top_p".into()]
+        }]
+    );
     assert_eq!(
         c.diagnostics[0].to_string(),
         "generation_config.json says do_sample = false, but the request sets top_p: sampling as requested"
@@ -280,8 +370,14 @@ fn generation_config_unsupported_keys() {
     assert_eq!(
         file.diagnostics,
         vec![
-            Diagnostic::Unsupported { key: "num_beams".into(), value: "4".into() },
-            Diagnostic::Unsupported { key: "suppress_tokens".into(), value: "[1,2]".into() },
+            Diagnostic::Unsupported {
+                key: "num_beams".into(),
+                value: "4".into()
+            },
+            Diagnostic::Unsupported {
+                key: "suppress_tokens".into(),
+                value: "[1,2]".into()
+            },
         ]
     );
     assert_eq!(
@@ -304,8 +400,24 @@ fn after_selection_diagnostic() {
 #[test]
 fn chain_string_aliases_and_letters() {
     let c = ChainConfig::from_chain_string("Top-K; temp ;typical;nucleus;minp;dist").unwrap();
-    assert_eq!(c.chain.chain_string(), "top_k;temperature;typical;top_p;min_p;dist");
+    assert_eq!(
+        c.chain.chain_string(),
+        "top_k;temperature;typical;top_p;min_p;dist"
+    );
     assert_eq!(c.chain.stages[0], StageSpec::TopK { k: 40 });
     let s = ChainConfig::from_sampling_seq("kpt").unwrap();
     assert_eq!(s.chain.chain_string(), "top_k;top_p;temperature;dist");
+}
+
+#[test]
+fn default_order_is_llama_cpp_sampling_seq() {
+    let kinds: Vec<chain_config::StageKind> = ChainConfig::from_sampling_seq("edskypmxt")
+        .unwrap()
+        .chain
+        .stages
+        .iter()
+        .map(StageSpec::kind)
+        .filter(|k| *k != chain_config::StageKind::Dist)
+        .collect();
+    assert_eq!(kinds, chain_config::DEFAULT_ORDER);
 }

@@ -30,8 +30,17 @@ fn llama_cpp_default() {
         "penalties;dry;top_n_sigma;top_k;typical;top_p;min_p;xtc;temperature;dist"
     );
     // The same as llama.cpp's `--sampling-seq edskypmxt` with default values.
-    assert_eq!(c.chain, ChainConfig::from_sampling_seq("edskypmxt").unwrap().chain);
-    let active: Vec<&str> = c.chain.stages.iter().filter(|s| !s.is_noop()).map(|s| s.name()).collect();
+    assert_eq!(
+        c.chain,
+        ChainConfig::from_sampling_seq("edskypmxt").unwrap().chain
+    );
+    let active: Vec<&str> = c
+        .chain
+        .stages
+        .iter()
+        .filter(|s| !s.is_noop())
+        .map(|s| s.name())
+        .collect();
     assert_eq!(active, ["top_k", "top_p", "min_p", "temperature", "dist"]);
     assert_eq!(c.chain.seed, None);
     assert_eq!(c.device.offload, OffloadPolicy::Auto);
@@ -86,7 +95,11 @@ fn code() {
     assert_eq!(c.chain.chain_string(), "top_k;top_p;temperature;dist");
     assert_eq!(
         c.chain.stages[2],
-        StageSpec::Temperature { t: 0.2, dynatemp_range: 0.0, dynatemp_exponent: 1.0 }
+        StageSpec::Temperature {
+            t: 0.2,
+            dynatemp_range: 0.0,
+            dynatemp_exponent: 1.0
+        }
     );
     assert_eq!(c.chain.seed, Some(1234));
     round_trip(&c);
@@ -95,8 +108,35 @@ fn code() {
 #[test]
 fn creative() {
     let c = preset("creative");
-    assert_eq!(c.chain.chain_string(), "penalties;dry;min_p;xtc;temperature;dist");
-    assert_eq!(c.chain.stages[2], StageSpec::MinP { p: 0.05, min_keep: 0 });
+    assert_eq!(
+        c.chain.chain_string(),
+        "penalties;dry;min_p;xtc;temperature;dist"
+    );
+    assert_eq!(
+        c.chain.stages[2],
+        StageSpec::MinP {
+            p: 0.05,
+            min_keep: 0
+        }
+    );
     assert!(c.chain.stages.iter().all(|s| !s.is_noop()));
     round_trip(&c);
+}
+
+/// Every `examples/chains/*.toml` (presets and example chains) loads and
+/// round-trips.
+#[test]
+fn every_chain_file_loads() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/chains");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let cfg = ChainConfig::from_toml_file(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            round_trip(&cfg);
+            n += 1;
+        }
+    }
+    assert!(n >= 5, "{n} chain files");
 }

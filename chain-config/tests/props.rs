@@ -3,13 +3,15 @@
 //! input (no panic), and whatever loads also round-trips.
 
 use chain_config::{
-    ChainConfig, ChainSpec, ConfigError, DeviceConfig, GenerationConfig, HistoryScope,
-    LoadOptions, OffloadPolicy, SamplingParams, StageSpec, WHOLE_HISTORY,
+    ChainConfig, ChainSpec, ConfigError, DeviceConfig, GenerationConfig, HistoryScope, LoadOptions,
+    OffloadPolicy, SamplingParams, StageKind, StageSpec, WHOLE_HISTORY,
 };
 use proptest::num::f32 as f;
 use proptest::prelude::*;
 
-const NO_SELECT: LoadOptions = LoadOptions { require_selection: false };
+const NO_SELECT: LoadOptions = LoadOptions {
+    require_selection: false,
+};
 
 /// Every float in [0, 1] (all bit patterns, not just round decimals).
 fn unit() -> impl Strategy<Value = f32> {
@@ -34,7 +36,10 @@ fn count() -> impl Strategy<Value = usize> {
     prop_oneof![0usize..300, Just(WHOLE_HISTORY), 0usize..(1 << 40)]
 }
 fn scope() -> impl Strategy<Value = HistoryScope> {
-    prop_oneof![Just(HistoryScope::PromptAndOutput), Just(HistoryScope::Output)]
+    prop_oneof![
+        Just(HistoryScope::PromptAndOutput),
+        Just(HistoryScope::Output)
+    ]
 }
 fn bias() -> impl Strategy<Value = f32> {
     prop_oneof![finite(), Just(f32::NEG_INFINITY)]
@@ -49,13 +54,25 @@ fn stage() -> impl Strategy<Value = StageSpec> {
         (nonneg(), 0usize..100).prop_map(|(p, min_keep)| StageSpec::MinP { p, min_keep }),
         (unit(), 0usize..100).prop_map(|(p, min_keep)| StageSpec::Typical { p, min_keep }),
         (nonneg(), nonneg(), nonneg()).prop_map(|(t, dynatemp_range, dynatemp_exponent)| {
-            StageSpec::Temperature { t, dynatemp_range, dynatemp_exponent }
+            StageSpec::Temperature {
+                t,
+                dynatemp_range,
+                dynatemp_exponent,
+            }
         }),
         (unit(), unit(), 0usize..10).prop_map(|(probability, threshold, min_keep)| {
-            StageSpec::Xtc { probability, threshold, min_keep }
+            StageSpec::Xtc {
+                probability,
+                threshold,
+                min_keep,
+            }
         }),
         finite().prop_map(|n| StageSpec::TopNSigma { n }),
-        (nonneg(), nonneg(), 1usize..1000).prop_map(|(tau, eta, m)| StageSpec::Mirostat { tau, eta, m }),
+        (nonneg(), nonneg(), 1usize..1000).prop_map(|(tau, eta, m)| StageSpec::Mirostat {
+            tau,
+            eta,
+            m
+        }),
         (nonneg(), nonneg()).prop_map(|(tau, eta)| StageSpec::MirostatV2 { tau, eta }),
         (count(), repeat(), finite(), finite(), scope()).prop_map(
             |(last_n, repeat, frequency, presence, scope)| StageSpec::Penalties {
@@ -74,9 +91,18 @@ fn stage() -> impl Strategy<Value = StageSpec> {
             prop::collection::vec(prop::collection::vec(any::<u32>(), 1..4), 0..4),
             scope()
         )
-            .prop_map(|(multiplier, base, allowed_length, last_n, seq_breakers, scope)| {
-                StageSpec::Dry { multiplier, base, allowed_length, last_n, seq_breakers, scope }
-            }),
+            .prop_map(
+                |(multiplier, base, allowed_length, last_n, seq_breakers, scope)| {
+                    StageSpec::Dry {
+                        multiplier,
+                        base,
+                        allowed_length,
+                        last_n,
+                        seq_breakers,
+                        scope,
+                    }
+                }
+            ),
         prop::collection::vec((prop_oneof![0u32..8, any::<u32>()], bias()), 0..6)
             .prop_map(|bias| StageSpec::LogitBias { bias }),
         (0usize..10, scope()).prop_map(|(n, scope)| StageSpec::NoRepeatNgram { n, scope }),
@@ -103,13 +129,16 @@ fn device() -> impl Strategy<Value = DeviceConfig> {
 }
 
 fn chain_config() -> impl Strategy<Value = ChainConfig> {
-    (prop::collection::vec(stage(), 1..8), any::<Option<u64>>(), device()).prop_map(
-        |(stages, seed, device)| ChainConfig {
+    (
+        prop::collection::vec(stage(), 1..8),
+        any::<Option<u64>>(),
+        device(),
+    )
+        .prop_map(|(stages, seed, device)| ChainConfig {
             chain: ChainSpec::new(stages, seed),
             device,
             diagnostics: Vec::new(),
-        },
-    )
+        })
 }
 
 /// The loaders' only outcomes: a chain, or a typed error with a message.
@@ -126,22 +155,92 @@ fn typed<T>(r: Result<T, ConfigError>) -> Option<T> {
 /// Fragments of plausible (and implausible) TOML, to get past the parser.
 fn toml_line() -> impl Strategy<Value = String> {
     let names = prop::sample::select(vec![
-        "top_k", "top-k", "topk", "top_p", "nucleus", "min_p", "typical", "typ_p", "temp",
-        "temperature", "xtc", "top_n_sigma", "mirostat", "mirostat_v2", "penalties", "dry",
-        "logit_bias", "no_repeat_ngram", "greedy", "dist", "top_kk", "", "k",
+        "top_k",
+        "top-k",
+        "topk",
+        "top_p",
+        "nucleus",
+        "min_p",
+        "typical",
+        "typ_p",
+        "temp",
+        "temperature",
+        "xtc",
+        "top_n_sigma",
+        "mirostat",
+        "mirostat_v2",
+        "penalties",
+        "dry",
+        "logit_bias",
+        "no_repeat_ngram",
+        "greedy",
+        "dist",
+        "top_kk",
+        "",
+        "k",
     ]);
     let keys = prop::sample::select(vec![
-        "k", "p", "t", "min_keep", "n", "tau", "eta", "m", "last_n", "repeat", "frequency",
-        "presence", "scope", "multiplier", "base", "allowed_length", "seq_breakers",
-        "sequence_breakers", "bias", "probability", "threshold", "dynatemp_range",
-        "dynatemp_exponent", "type", "seed", "samplers", "kind", "offload", "kk",
+        "k",
+        "p",
+        "t",
+        "min_keep",
+        "n",
+        "tau",
+        "eta",
+        "m",
+        "last_n",
+        "repeat",
+        "frequency",
+        "presence",
+        "scope",
+        "multiplier",
+        "base",
+        "allowed_length",
+        "seq_breakers",
+        "sequence_breakers",
+        "bias",
+        "probability",
+        "threshold",
+        "dynatemp_range",
+        "dynatemp_exponent",
+        "type",
+        "seed",
+        "samplers",
+        "kind",
+        "offload",
+        "kk",
     ]);
     let values = prop::sample::select(vec![
-        "0", "1", "-1", "40", "0.5", "1.5", "-0.0", "inf", "-inf", "nan", "1e39",
-        "9223372036854775807", "\"auto\"", "\"off\"", "\"output\"", "\"prompt_and_output\"",
-        "\"cuda\"", "\"top_k;dist\"", "\"dist\"", "\"\"", "[]", "[[1], [2, 3]]", "[[]]",
-        "{ \"1\" = -inf, \"2\" = 0.5 }", "[[1, 2.0], [1, -1]]", "{}", "true", "\"18446744073709551615\"",
-        "[\"top_k\", \"dist\"]", "1979-05-27",
+        "0",
+        "1",
+        "-1",
+        "40",
+        "0.5",
+        "1.5",
+        "-0.0",
+        "inf",
+        "-inf",
+        "nan",
+        "1e39",
+        "9223372036854775807",
+        "\"auto\"",
+        "\"off\"",
+        "\"output\"",
+        "\"prompt_and_output\"",
+        "\"cuda\"",
+        "\"top_k;dist\"",
+        "\"dist\"",
+        "\"\"",
+        "[]",
+        "[[1], [2, 3]]",
+        "[[]]",
+        "{ \"1\" = -inf, \"2\" = 0.5 }",
+        "[[1, 2.0], [1, -1]]",
+        "{}",
+        "true",
+        "\"18446744073709551615\"",
+        "[\"top_k\", \"dist\"]",
+        "1979-05-27",
     ]);
     prop_oneof![
         (keys.clone(), values.clone()).prop_map(|(k, v)| format!("{k} = {v}")),
@@ -153,8 +252,63 @@ fn toml_line() -> impl Strategy<Value = String> {
     ]
 }
 
+/// A `samplers` line over random kinds, then a table per kind with some of
+/// its own keys and values from a pool of plausible (and some bad) values.
+fn well_formed_document() -> impl Strategy<Value = String> {
+    let kinds = prop::collection::vec(prop::sample::select(StageKind::ALL.to_vec()), 1..6);
+    let values = prop::collection::vec(
+        prop::sample::select(vec![
+            "0",
+            "1",
+            "2",
+            "40",
+            "0.5",
+            "0.95",
+            "1.0",
+            "-1",
+            "\"output\"",
+            "[[1], [2, 3]]",
+            "{ \"1\" = -inf, \"7\" = 0.5 }",
+            "[[1, 2.0], [1, -1]]",
+            "1.5",
+            "64",
+            "0.05",
+        ]),
+        12,
+    );
+    (kinds, values, any::<Option<u32>>()).prop_map(|(kinds, values, seed)| {
+        let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+        let mut doc = format!("samplers = \"{}\"\n", names.join(";"));
+        if let Some(s) = seed {
+            doc.push_str(&format!("seed = {s}\n"));
+        }
+        let mut done = Vec::new();
+        let mut v = values.iter().cycle();
+        for k in kinds {
+            if done.contains(&k) {
+                continue;
+            }
+            done.push(k);
+            doc.push_str(&format!("[{}]\n", k.name()));
+            for (i, p) in k.meta().params.iter().enumerate() {
+                if i % 2 == 0 {
+                    doc.push_str(&format!("{} = {}\n", p.name, v.next().unwrap_or(&"0")));
+                }
+            }
+        }
+        doc
+    })
+}
+
 fn names_clone_type() -> impl Strategy<Value = &'static str> {
-    prop::sample::select(vec!["top_k", "temp", "dist", "greedy", "penalties", "bogus"])
+    prop::sample::select(vec![
+        "top_k",
+        "temp",
+        "dist",
+        "greedy",
+        "penalties",
+        "bogus",
+    ])
 }
 
 proptest! {
@@ -212,6 +366,19 @@ proptest! {
                 .map_err(|e| TestCaseError::fail(format!("{e}\n{text}\n---\n{out}")))?;
             prop_assert_eq!(again.chain, cfg.chain);
         }
+    }
+
+    /// Well-formed documents (a `samplers` line and tables with the stages'
+    /// own keys) with plausible values: most load, and must round-trip.
+    #[test]
+    fn toml_loader_on_well_formed_documents(text in well_formed_document()) {
+        if let Some(cfg) = typed(ChainConfig::from_toml_str_with(&text, &NO_SELECT)) {
+            if std::env::var("COUNT_OK").is_ok() { eprintln!("OUTCOME ok"); }
+            let out = cfg.to_toml_string();
+            let again = ChainConfig::from_toml_str_with(&out, &NO_SELECT)
+                .map_err(|e| TestCaseError::fail(format!("{e}\n{text}\n---\n{out}")))?;
+            prop_assert_eq!(again.chain, cfg.chain);
+        } else if std::env::var("COUNT_OK").is_ok() { eprintln!("OUTCOME err"); }
     }
 
     #[test]

@@ -69,7 +69,8 @@ const FLAT_FORM: &str = r#"{
 fn logits(step: u64, vocab: usize) -> Vec<f32> {
     (0..vocab)
         .map(|i| {
-            let mut h = (step.wrapping_mul(0x9E37_79B9_7F4A_7C15)) ^ (i as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            let mut h = (step.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                ^ (i as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
             h ^= h >> 31;
             h = h.wrapping_mul(0x94D0_49BB_1331_11EB);
             h ^= h >> 29;
@@ -86,7 +87,9 @@ fn tokens(cfg: &ChainConfig, steps: u64) -> Vec<u32> {
     (0..steps)
         .map(|step| {
             let mut row = Candidates::from_logits(&logits(step, 64));
-            chain.sample(&mut row).unwrap_or_else(|e| panic!("step {step}: {e}"))
+            chain
+                .sample(&mut row)
+                .unwrap_or_else(|e| panic!("step {step}: {e}"))
         })
         .collect()
 }
@@ -95,7 +98,10 @@ fn tokens(cfg: &ChainConfig, steps: u64) -> Vec<u32> {
 fn same_tokens_three_ways() {
     let array = ChainConfig::from_toml_str(ARRAY_FORM).unwrap();
     let string = ChainConfig::from_toml_str(STRING_FORM).unwrap();
-    let flat = SamplingParams::from_json_str(FLAT_FORM).unwrap().to_chain().unwrap();
+    let flat = SamplingParams::from_json_str(FLAT_FORM)
+        .unwrap()
+        .to_chain()
+        .unwrap();
     assert_eq!(array.chain, string.chain);
     assert_eq!(array.chain, flat.chain);
 
@@ -121,10 +127,30 @@ fn same_tokens_three_ways() {
 #[test]
 fn greedy_rules_pick_the_first_maximum() {
     let declarations = [
-        SamplingParams { temperature: Some(0.0), ..Default::default() }.to_chain().unwrap(),
-        SamplingParams { top_k: Some(1), ..Default::default() }.to_chain().unwrap(),
-        SamplingParams { min_p: Some(1.0), ..Default::default() }.to_chain().unwrap(),
-        SamplingParams { top_p: Some(0.0), ..Default::default() }.to_chain().unwrap(),
+        SamplingParams {
+            temperature: Some(0.0),
+            ..Default::default()
+        }
+        .to_chain()
+        .unwrap(),
+        SamplingParams {
+            top_k: Some(1),
+            ..Default::default()
+        }
+        .to_chain()
+        .unwrap(),
+        SamplingParams {
+            min_p: Some(1.0),
+            ..Default::default()
+        }
+        .to_chain()
+        .unwrap(),
+        SamplingParams {
+            top_p: Some(0.0),
+            ..Default::default()
+        }
+        .to_chain()
+        .unwrap(),
         ChainConfig::from_toml_str("samplers = \"greedy\"").unwrap(),
         ChainConfig::from_chain_string("argmax").unwrap(),
     ];
@@ -139,9 +165,12 @@ fn greedy_rules_pick_the_first_maximum() {
 /// history [0], logits [-2, 1] -> [-3, 1]; a positive logit is divided.
 #[test]
 fn repetition_penalty_divides_positive_multiplies_negative() {
-    let cfg = SamplingParams { repetition_penalty: Some(1.5), ..Default::default() }
-        .to_chain()
-        .unwrap();
+    let cfg = SamplingParams {
+        repetition_penalty: Some(1.5),
+        ..Default::default()
+    }
+    .to_chain()
+    .unwrap();
     let mut stages = cfg.chain.stages.clone();
     assert_eq!(stages.pop(), Some(StageSpec::Dist));
     let spec = sampler_core::ChainSpec::new(stages, Some(1));
@@ -161,9 +190,12 @@ fn repetition_penalty_divides_positive_multiplies_negative() {
 /// not move them; repetition counts the prompt too.
 #[test]
 fn flat_penalty_scopes_on_the_cpu() {
-    let cfg = SamplingParams { presence_penalty: Some(0.5), ..Default::default() }
-        .to_chain()
-        .unwrap();
+    let cfg = SamplingParams {
+        presence_penalty: Some(0.5),
+        ..Default::default()
+    }
+    .to_chain()
+    .unwrap();
     let mut stages = cfg.chain.stages.clone();
     stages.pop();
     let spec = sampler_core::ChainSpec::new(stages, Some(1));

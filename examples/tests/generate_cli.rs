@@ -109,8 +109,16 @@ fn seeded_sampling_is_identical_across_runs_devices_and_splits() {
     ];
     for chain in chains {
         let mut reference: Option<Vec<u64>> = None;
-        for device in devices() {
-            for offload in ["auto", "off", "1", "2", "3", "4", "auto"] {
+        for (d, device) in devices().into_iter().enumerate() {
+            // Every split on the first device; a few on the others (a cubecl
+            // device compiles its kernels in every fresh process, which is slow on
+            // software Vulkan).
+            let offloads: &[&str] = if d == 0 {
+                &["auto", "off", "1", "2", "3", "4", "auto"]
+            } else {
+                &["auto", "off", "2"]
+            };
+            for &offload in offloads {
                 let mut args = chain.to_vec();
                 args.extend([
                     "--seed",

@@ -83,9 +83,8 @@ fn bench(c: &mut Criterion) {
                     let Ok(mut ex) = Executor::new(rows, v, &device, policy) else {
                         continue;
                     };
-                    let upload = || {
-                        Tensor::<2>::from_data(TensorData::new(logits.clone(), [b, v]), &device)
-                    };
+                    let upload =
+                        || Tensor::<2>::from_data(TensorData::new(logits.clone(), [b, v]), &device);
                     // Warm-up (kernel compilation on cubecl devices) and bytes.
                     let Ok(out) = ex.step(upload()) else { continue };
                     eprintln!(

@@ -54,7 +54,11 @@ pub fn parse_device(s: &str) -> Result<Device, BackendError> {
         }
         None => (lower.clone(), None),
     };
-    let name = if name == "cpu" { "flex".to_string() } else { name };
+    let name = if name == "cpu" {
+        "flex".to_string()
+    } else {
+        name
+    };
     let known = ["flex", "ndarray", "wgpu", "vulkan", "cuda"];
     if !known.contains(&name.as_str()) {
         return Err(unknown(s, "not a device name"));

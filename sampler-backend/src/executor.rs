@@ -5,10 +5,10 @@ use burn_tensor::{DType, Device, FloatDType, Int, IntDType, Tensor, TensorData, 
 use sampler_core::plan::{self, OffloadPolicy, Plan, PlanStage, Readback};
 use sampler_core::{Candidates, Chain, ChainSpec, SampleError, StageSpec, TokenId};
 
+use crate::BackendError;
 use crate::ops::{self, wide};
 use crate::readback::decode_error;
 use crate::stage::{DeviceStage, InitContext, RowState, StepData, build_device_stage};
-use crate::BackendError;
 
 /// The result of one [`Executor::step`].
 #[derive(Debug, Clone, PartialEq)]
@@ -33,7 +33,11 @@ enum DeviceOut {
     /// `[B]` codes / token ids.
     Tokens(Vec<i64>),
     /// `[B, K]` ids (first id negative = status code) and logits.
-    Candidates { ids: Vec<i64>, logits: Vec<f32>, k: usize },
+    Candidates {
+        ids: Vec<i64>,
+        logits: Vec<f32>,
+        k: usize,
+    },
     /// `[B, V]` logits (raw on invalid rows).
     Full(Vec<f32>),
 }
@@ -295,7 +299,8 @@ impl Executor {
                 }
             }
         }
-        let accepted: Vec<Option<TokenId>> = tokens.iter().map(|t| t.as_ref().ok().copied()).collect();
+        let accepted: Vec<Option<TokenId>> =
+            tokens.iter().map(|t| t.as_ref().ok().copied()).collect();
         for st in &mut self.stages {
             st.accept(&accepted);
         }
@@ -321,7 +326,9 @@ impl Executor {
                     Err(e) => Err(e),
                 },
                 other => match self.host_row(other, r) {
-                    Ok(mut cand) => self.chains[r].apply_from(host_start, &mut cand).map(|_| cand),
+                    Ok(mut cand) => self.chains[r]
+                        .apply_from(host_start, &mut cand)
+                        .map(|_| cand),
                     Err(e) => Err(e),
                 },
             };

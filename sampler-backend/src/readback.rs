@@ -43,6 +43,9 @@ mod tests {
         assert_eq!(decode_error(-2), SampleError::NanLogit { index: 0 });
         assert_eq!(decode_error(-3), SampleError::PosInfLogit { index: 0 });
         assert_eq!(decode_error(-2 - 2 * 7), SampleError::NanLogit { index: 7 });
-        assert_eq!(decode_error(-3 - 2 * 7), SampleError::PosInfLogit { index: 7 });
+        assert_eq!(
+            decode_error(-3 - 2 * 7),
+            SampleError::PosInfLogit { index: 7 }
+        );
     }
 }

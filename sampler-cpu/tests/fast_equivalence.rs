@@ -62,7 +62,7 @@ fn row(seed: u64, vocab: usize, shape: u8) -> Vec<f32> {
     // Shape 8+: an invalid row (NaN or +inf somewhere).
     if shape >= 8 && vocab > 0 {
         let at = rng.random_range(0..vocab);
-        r[at] = if shape % 2 == 0 {
+        r[at] = if shape.is_multiple_of(2) {
             f32::NAN
         } else {
             f32::INFINITY

@@ -26,8 +26,19 @@ fn temp(t: f32) -> S {
 /// that the device prefix really covers the whole chain.
 fn dev1(d: &Device, stages: Vec<S>, logits: &[f32]) -> Result<TokenId, SampleError> {
     let c = chain(stages, 42);
-    let (out, ex) = device_step(&[c], logits, logits.len(), d, OffloadPolicy::Auto, &[vec![]]);
-    assert!(ex.plan().host.is_empty(), "not fully offloaded: {}", ex.plan());
+    let (out, ex) = device_step(
+        &[c],
+        logits,
+        logits.len(),
+        d,
+        OffloadPolicy::Auto,
+        &[vec![]],
+    );
+    assert!(
+        ex.plan().host.is_empty(),
+        "not fully offloaded: {}",
+        ex.plan()
+    );
     out.tokens[0].clone()
 }
 
@@ -35,7 +46,11 @@ fn dev1(d: &Device, stages: Vec<S>, logits: &[f32]) -> Result<TokenId, SampleErr
 fn survivors(d: &Device, stages: Vec<S>, logits: &[f32]) -> Vec<TokenId> {
     let c = chain(stages, 1);
     let mut ex = Executor::new(vec![c], logits.len(), d, OffloadPolicy::Auto).unwrap();
-    assert!(ex.plan().host.is_empty(), "not fully offloaded: {}", ex.plan());
+    assert!(
+        ex.plan().host.is_empty(),
+        "not fully offloaded: {}",
+        ex.plan()
+    );
     let out = ex
         .filter(device_support::upload(logits, 1, logits.len(), d))
         .unwrap();
@@ -73,7 +88,10 @@ fn bug12_logit_bias_lands_on_token_after_top_p_and_top_k(d: &Device, _: &str) {
     let bias2 = S::LogitBias {
         bias: vec![(2, 10.0)],
     };
-    assert_eq!(dev1(d, vec![S::TopK { k: 2 }, bias2, S::Greedy], &ln(&P4)), Ok(2));
+    assert_eq!(
+        dev1(d, vec![S::TopK { k: 2 }, bias2, S::Greedy], &ln(&P4)),
+        Ok(2)
+    );
 }
 
 fn bug12_min_p_one_keeps_the_max(d: &Device, _: &str) {
@@ -87,7 +105,10 @@ fn bug12_min_p_one_keeps_the_max(d: &Device, _: &str) {
 }
 
 fn bug12_top_k_larger_than_vocab_is_clamped(d: &Device, _: &str) {
-    assert_eq!(survivors(d, vec![S::TopK { k: 10 }], &ln(&P4)), vec![0, 1, 2, 3]);
+    assert_eq!(
+        survivors(d, vec![S::TopK { k: 10 }], &ln(&P4)),
+        vec![0, 1, 2, 3]
+    );
     assert_eq!(dev1(d, vec![S::TopK { k: 10 }, S::Greedy], &ln(&P4)), Ok(3));
 }
 
@@ -115,23 +136,23 @@ fn bug12_top_p_honours_min_keep(d: &Device, _: &str) {
 fn bug12_top_k_then_dist_sequence_matches_cpu(d: &Device, _: &str) {
     let logits: Vec<f32> = (1..=16).map(|i| (i as f32).ln()).collect();
     let spec = chain(vec![S::TopK { k: 4 }, S::Dist], 42);
-    let mut cpu = sampler_cpu::build_chain(&spec).unwrap();
-    for policy in [OffloadPolicy::Auto, OffloadPolicy::Stages(1), OffloadPolicy::Off] {
+    for policy in [
+        OffloadPolicy::Auto,
+        OffloadPolicy::Stages(1),
+        OffloadPolicy::Off,
+    ] {
         let mut ex = Executor::new(vec![spec.clone()], 16, d, policy).unwrap();
         let mut cpu = sampler_cpu::build_chain(&spec).unwrap();
         for _ in 0..32 {
             let want = cpu
                 .sample(&mut sampler_core::Candidates::from_logits(&logits))
                 .unwrap();
-            let got = ex
-                .step(device_support::upload(&logits, 1, 16, d))
-                .unwrap();
+            let got = ex.step(device_support::upload(&logits, 1, 16, d)).unwrap();
             assert_eq!(got.tokens[0], Ok(want), "policy {policy:?}");
         }
     }
-    // llama.cpp's CPU sequence for this case starts 12, 15, 12, 13, 14 with its
-    // own RNG; ours is the CPU oracle's, checked above at every split point.
-    let _ = cpu.sample(&mut sampler_core::Candidates::from_logits(&logits));
+    // llama.cpp's device path diverged from its CPU here (candidate order
+    // changed which token a draw picks); ours matches at every split point.
 }
 
 fn bug13_greedy_rows_in_mixed_batch_are_nan_free(d: &Device, _: &str) {
@@ -145,9 +166,7 @@ fn bug13_greedy_rows_in_mixed_batch_are_nan_free(d: &Device, _: &str) {
     // The filtered logits stay finite / -inf (never NaN).
     let rows = vec![chain(vec![temp(0.0)], 1), chain(vec![temp(0.7)], 2)];
     let mut ex = Executor::new(rows, 2, d, OffloadPolicy::Auto).unwrap();
-    let f = ex
-        .filter(device_support::upload(&logits, 2, 2, d))
-        .unwrap();
+    let f = ex.filter(device_support::upload(&logits, 2, 2, d)).unwrap();
     for r in f.rows {
         let r = r.unwrap();
         assert!(r.logits().iter().all(|l| !l.is_nan()), "{:?}", r.logits());
@@ -162,7 +181,12 @@ fn bug14_seeded_row_is_independent_of_batch(d: &Device, _: &str) {
     let alone = {
         let mut ex = Executor::new(vec![a.clone()], v, d, OffloadPolicy::Auto).unwrap();
         (0..4)
-            .map(|_| ex.step(device_support::upload(&logits, 1, v, d)).unwrap().tokens[0].clone())
+            .map(|_| {
+                ex.step(device_support::upload(&logits, 1, v, d))
+                    .unwrap()
+                    .tokens[0]
+                    .clone()
+            })
             .collect::<Vec<_>>()
     };
     for order in [vec![a.clone(), b.clone()], vec![b.clone(), a.clone()]] {
@@ -170,7 +194,12 @@ fn bug14_seeded_row_is_independent_of_batch(d: &Device, _: &str) {
         let mut ex = Executor::new(order, v, d, OffloadPolicy::Auto).unwrap();
         let two: Vec<f32> = logits.iter().chain(&logits).copied().collect();
         let got: Vec<_> = (0..4)
-            .map(|_| ex.step(device_support::upload(&two, 2, v, d)).unwrap().tokens[pos].clone())
+            .map(|_| {
+                ex.step(device_support::upload(&two, 2, v, d))
+                    .unwrap()
+                    .tokens[pos]
+                    .clone()
+            })
             .collect();
         assert_eq!(got, alone);
     }
@@ -189,12 +218,30 @@ fn bug15_nan_row_reports_error_other_rows_sampled(d: &Device, _: &str) {
     for stages in [
         vec![tp.clone(), S::Dist],
         vec![S::TopK { k: 2 }, tp.clone(), S::Dist],
-        vec![tp.clone(), S::Mirostat { tau: 5.0, eta: 0.1, m: 100 }],
-        vec![S::TopK { k: 3 }, S::Typical { p: 0.9, min_keep: 0 }, S::Dist],
+        vec![
+            tp.clone(),
+            S::Mirostat {
+                tau: 5.0,
+                eta: 0.1,
+                m: 100,
+            },
+        ],
+        vec![
+            S::TopK { k: 3 },
+            S::Typical {
+                p: 0.9,
+                min_keep: 0,
+            },
+            S::Dist,
+        ],
     ] {
         let rows = vec![chain(stages.clone(), 1), chain(stages.clone(), 2)];
         let (out, _) = device_step(&rows, &logits, 4, d, OffloadPolicy::Auto, &[vec![], vec![]]);
-        assert_eq!(out.tokens[0], Err(SampleError::NanLogit { index: 0 }), "{stages:?}");
+        assert_eq!(
+            out.tokens[0],
+            Err(SampleError::NanLogit { index: 0 }),
+            "{stages:?}"
+        );
         assert_eq!(out.tokens[1], Ok(1), "{stages:?}");
         let cpu = cpu_step(&rows, &logits, 4, &[vec![], vec![]]);
         assert_eq!(out.tokens, cpu);
@@ -212,7 +259,13 @@ fn bug16_first_maximum_everywhere(d: &Device, _: &str) {
     for stages in [
         vec![temp(0.0), S::Dist],
         vec![S::TopK { k: 1 }, S::Dist],
-        vec![S::MinP { p: 1.0, min_keep: 0 }, S::Greedy],
+        vec![
+            S::MinP {
+                p: 1.0,
+                min_keep: 0,
+            },
+            S::Greedy,
+        ],
         vec![S::Greedy],
     ] {
         assert_eq!(dev1(d, stages.clone(), &logits), Ok(0), "{stages:?}");
@@ -257,8 +310,23 @@ fn bytes_fully_offloaded_is_4_per_row(d: &Device, _: &str) {
     for stages in [
         vec![S::Dist],
         vec![S::Greedy],
-        vec![temp(0.7), S::MinP { p: 0.05, min_keep: 0 }, S::Dist],
-        vec![S::TopK { k: 40 }, temp(0.8), S::TopP { p: 0.9, min_keep: 0 }, S::Dist],
+        vec![
+            temp(0.7),
+            S::MinP {
+                p: 0.05,
+                min_keep: 0,
+            },
+            S::Dist,
+        ],
+        vec![
+            S::TopK { k: 40 },
+            temp(0.8),
+            S::TopP {
+                p: 0.9,
+                min_keep: 0,
+            },
+            S::Dist,
+        ],
         vec![
             S::Penalties {
                 last_n: 64,
@@ -270,7 +338,10 @@ fn bytes_fully_offloaded_is_4_per_row(d: &Device, _: &str) {
             S::LogitBias {
                 bias: vec![(3, 2.0)],
             },
-            S::TopP { p: 0.8, min_keep: 2 },
+            S::TopP {
+                p: 0.8,
+                min_keep: 2,
+            },
             S::Dist,
         ],
     ] {
@@ -278,7 +349,11 @@ fn bytes_fully_offloaded_is_4_per_row(d: &Device, _: &str) {
         let (out, ex) = device_step(&rows, &logits, v, d, OffloadPolicy::Auto, &prompts);
         assert!(ex.plan().fully_offloaded(), "{}", ex.plan());
         assert_eq!(out.bytes_read, 4 * b, "{stages:?}");
-        assert_eq!(out.tokens, cpu_step(&rows, &logits, v, &prompts), "{stages:?}");
+        assert_eq!(
+            out.tokens,
+            cpu_step(&rows, &logits, v, &prompts),
+            "{stages:?}"
+        );
     }
 }
 
@@ -303,7 +378,19 @@ fn bytes_top_k_prefix_at_most_8k_per_row(d: &Device, _: &str) {
     assert_eq!(out.tokens, cpu_step(&rows, &logits, v, &prompts));
     // Nothing truncated: full rows.
     let rows: Vec<_> = (0..b)
-        .map(|r| chain(vec![temp(0.5), S::Typical { p: 0.9, min_keep: 0 }, S::Dist], r as u64))
+        .map(|r| {
+            chain(
+                vec![
+                    temp(0.5),
+                    S::Typical {
+                        p: 0.9,
+                        min_keep: 0,
+                    },
+                    S::Dist,
+                ],
+                r as u64,
+            )
+        })
         .collect();
     let (out, _) = device_step(&rows, &logits, v, d, OffloadPolicy::Auto, &prompts);
     assert_eq!(out.bytes_read, 4 * v * b);
@@ -312,8 +399,14 @@ fn bytes_top_k_prefix_at_most_8k_per_row(d: &Device, _: &str) {
 
 fn all_masked_row_is_an_error(d: &Device, _: &str) {
     let ninf = f32::NEG_INFINITY;
-    assert_eq!(dev1(d, vec![S::Dist], &[ninf; 3]), Err(SampleError::AllMasked));
-    assert_eq!(dev1(d, vec![S::Greedy], &[ninf; 3]), Err(SampleError::AllMasked));
+    assert_eq!(
+        dev1(d, vec![S::Dist], &[ninf; 3]),
+        Err(SampleError::AllMasked)
+    );
+    assert_eq!(
+        dev1(d, vec![S::Greedy], &[ninf; 3]),
+        Err(SampleError::AllMasked)
+    );
     assert_eq!(
         dev1(d, vec![S::TopK { k: 2 }, S::Dist], &[ninf; 3]),
         Err(SampleError::AllMasked)
@@ -322,8 +415,13 @@ fn all_masked_row_is_an_error(d: &Device, _: &str) {
 
 fn wrong_shape_is_an_error(d: &Device, _: &str) {
     let mut ex = Executor::new(vec![chain(vec![S::Dist], 1)], 4, d, OffloadPolicy::Auto).unwrap();
-    let e = ex.step(device_support::upload(&[0.0; 6], 2, 3, d)).unwrap_err();
-    assert!(matches!(e, sampler_backend::BackendError::Shape { .. }), "{e}");
+    let e = ex
+        .step(device_support::upload(&[0.0; 6], 2, 3, d))
+        .unwrap_err();
+    assert!(
+        matches!(e, sampler_backend::BackendError::Shape { .. }),
+        "{e}"
+    );
     assert!(Executor::new(vec![], 4, d, OffloadPolicy::Auto).is_err());
     assert!(Executor::new(vec![chain(vec![S::Dist], 1)], 0, d, OffloadPolicy::Auto).is_err());
     let mismatch = vec![chain(vec![S::Dist], 1), chain(vec![S::Greedy], 1)];
@@ -332,7 +430,16 @@ fn wrong_shape_is_an_error(d: &Device, _: &str) {
 
 fn no_selecting_stage_is_a_row_error(d: &Device, _: &str) {
     let (out, _) = device_step(
-        &[chain(vec![S::TopK { k: 2 }, S::TopP { p: 0.5, min_keep: 0 }], 1)],
+        &[chain(
+            vec![
+                S::TopK { k: 2 },
+                S::TopP {
+                    p: 0.5,
+                    min_keep: 0,
+                },
+            ],
+            1,
+        )],
         &ln(&P4),
         4,
         d,
@@ -366,7 +473,11 @@ fn penalties_counts_follow_the_window(d: &Device, _: &str) {
         ex.accept_prompt(0, &[7, 5]);
         cpu.accept_prompt(&[5, 6, 7, 5]);
         for step in 0..12 {
-            let row: Vec<f32> = logits.iter().enumerate().map(|(i, _)| ((i + step) % 4) as f32 * 0.5).collect();
+            let row: Vec<f32> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, _)| ((i + step) % 4) as f32 * 0.5)
+                .collect();
             let want = cpu.sample(&mut sampler_core::Candidates::from_logits(&row));
             let got = ex.step(device_support::upload(&row, 1, v, d)).unwrap();
             assert_eq!(got.tokens[0], want, "{stages:?} step {step}");
@@ -384,7 +495,9 @@ fn penalties_counts_follow_the_window(d: &Device, _: &str) {
 fn burn_topk_values_are_descending(d: &Device, _: &str) {
     use sampler_backend::burn_tensor::{Tensor, TensorData};
     let v = 700;
-    let vals: Vec<f32> = (0..2 * v).map(|i| ((i * 7919) % 211) as f32 * 0.1).collect();
+    let vals: Vec<f32> = (0..2 * v)
+        .map(|i| ((i * 7919) % 211) as f32 * 0.1)
+        .collect();
     let t = Tensor::<2>::from_data(TensorData::new(vals, [2, v]), d);
     for k in [1, 5, 40, 100] {
         let (top, _) = t.clone().topk_with_indices(k, 1);

@@ -49,7 +49,7 @@ fn stage_for(kind: u8, r: &mut impl FnMut() -> u32, vocab: usize) -> S {
             repeat: [1.0f32, 1.3, 2.0][(r() % 3) as usize],
             frequency: [0.0f32, 0.2][(r() % 2) as usize],
             presence: [0.0f32, 0.5][(r() % 2) as usize],
-            scope: if r() % 2 == 0 {
+            scope: if r().is_multiple_of(2) {
                 HistoryScope::PromptAndOutput
             } else {
                 HistoryScope::Output
@@ -74,7 +74,11 @@ fn stage_for(kind: u8, r: &mut impl FnMut() -> u32, vocab: usize) -> S {
 /// compile kernels per shape, seconds each on lavapipe).
 fn case(few_shapes: bool) -> BoxedStrategy<Case> {
     let shape = if few_shapes {
-        (Just(3usize), prop_oneof![3 => Just(16usize), 1 => Just(300usize)]).boxed()
+        (
+            Just(3usize),
+            prop_oneof![3 => Just(16usize), 1 => Just(300usize)],
+        )
+            .boxed()
     } else {
         (1usize..4, prop_oneof![4 => 2usize..40, 1 => 257usize..420]).boxed()
     };
@@ -94,7 +98,8 @@ fn case(few_shapes: bool) -> BoxedStrategy<Case> {
             };
             let rows: Vec<ChainSpec> = (0..batch)
                 .map(|_| {
-                    let mut st: Vec<S> = kinds.iter().map(|&k| stage_for(k, &mut r, vocab)).collect();
+                    let mut st: Vec<S> =
+                        kinds.iter().map(|&k| stage_for(k, &mut r, vocab)).collect();
                     match last {
                         0 => st.push(S::Dist),
                         1 => st.push(S::Greedy),
@@ -112,7 +117,7 @@ fn case(few_shapes: bool) -> BoxedStrategy<Case> {
                         0 => (r() % 5) as f32 - 2.0,
                         1 => (r() % 1000) as f32 * 0.01 - 5.0,
                         2 => {
-                            if r() % 4 == 0 {
+                            if r().is_multiple_of(4) {
                                 f32::NEG_INFINITY
                             } else {
                                 (r() % 7) as f32 * 0.5
@@ -124,7 +129,7 @@ fn case(few_shapes: bool) -> BoxedStrategy<Case> {
                 }
             }
             // Sometimes a NaN row.
-            if r() % 10 == 0 {
+            if r().is_multiple_of(10) {
                 let row = (r() as usize) % batch;
                 let pos = (r() as usize) % vocab;
                 logits[row * vocab + pos] = f32::NAN;
@@ -180,7 +185,11 @@ fn equivalence_random_chains(d: &Device, name: &str) {
     let cases = std::env::var("EQUIV_CASES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(if name == "flex" || name == "ndarray" { 256 } else { 24 });
+        .unwrap_or(if name == "flex" || name == "ndarray" {
+            256
+        } else {
+            24
+        });
     let few_shapes = !(name == "flex" || name == "ndarray");
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases,
@@ -188,7 +197,9 @@ fn equivalence_random_chains(d: &Device, name: &str) {
         ..ProptestConfig::default()
     });
     runner
-        .run(&case(few_shapes), |c| check(d, name, &c).map_err(TestCaseError::fail))
+        .run(&case(few_shapes), |c| {
+            check(d, name, &c).map_err(TestCaseError::fail)
+        })
         .unwrap_or_else(|e| panic!("{e}"));
     println!(
         "[{name}] equivalence: {} row-checks, {} tie-boundary exceptions",

@@ -70,7 +70,12 @@ fn stage(v: &Value) -> Option<S> {
 }
 
 /// Finite survivors of one row after running `stages` on the device: id -> logit.
-fn run_filter(d: &Device, stages: Vec<S>, logits: &[f32], history: &[TokenId]) -> (Executor, Candidates) {
+fn run_filter(
+    d: &Device,
+    stages: Vec<S>,
+    logits: &[f32],
+    history: &[TokenId],
+) -> (Executor, Candidates) {
     let v = logits.len();
     let spec = ChainSpec::new(stages, Some(0));
     let mut ex = Executor::new(vec![spec], v, d, OffloadPolicy::Auto).expect("executor");
@@ -110,8 +115,16 @@ fn golden_cases_on_device(d: &Device, name: &str) {
         let (ex, row) = run_filter(d, stages, &logits, &history);
         assert!(ex.plan().host.is_empty(), "[{name}] {id}: {}", ex.plan());
         // Probabilities over the finite survivors.
-        let max = row.logits().iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let e: Vec<f64> = row.logits().iter().map(|&l| f64::from((l - max).exp())).collect();
+        let max = row
+            .logits()
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f64> = row
+            .logits()
+            .iter()
+            .map(|&l| f64::from((l - max).exp()))
+            .collect();
         let s: f64 = e.iter().sum();
         let got: BTreeMap<TokenId, f64> = row
             .ids()
@@ -129,10 +142,16 @@ fn golden_cases_on_device(d: &Device, name: &str) {
             .collect();
         for (&tok, &p) in &want {
             let g = got.get(&tok).copied().unwrap_or(0.0);
-            assert!((g - p).abs() < 1e-5, "[{name}] {id}: token {tok}: device {g} vs expected {p}");
+            assert!(
+                (g - p).abs() < 1e-5,
+                "[{name}] {id}: token {tok}: device {g} vs expected {p}"
+            );
         }
         for tok in got.keys() {
-            assert!(want.contains_key(tok), "[{name}] {id}: device kept token {tok}");
+            assert!(
+                want.contains_key(tok),
+                "[{name}] {id}: device kept token {tok}"
+            );
         }
         ran += 1;
     }
@@ -143,14 +162,20 @@ fn golden_cases_on_device(d: &Device, name: &str) {
 fn golden_sampler_queue_on_device(d: &Device, name: &str) {
     let Some(all) = cases() else { return };
     let cubecl = !(name == "flex" || name == "ndarray");
-    for case in all["sampler_queue"]["cases"].as_array().into_iter().flatten() {
+    for case in all["sampler_queue"]["cases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
         let n = case["n_vocab"].as_u64().unwrap() as usize;
         let seq = case["seq"].as_str().unwrap();
         let k = case["top_k"].as_i64().unwrap();
         let p = case["top_p"].as_f64().unwrap() as f32;
         let mp = case["min_p"].as_f64().unwrap() as f32;
         if cubecl && seq.contains('k') && k > 100 {
-            println!("[{name}] sampler_queue {seq} k={k}: skipped on a cubecl device (top_k cost grows with k; burn_notes.md)");
+            println!(
+                "[{name}] sampler_queue {seq} k={k}: skipped on a cubecl device (top_k cost grows with k; burn_notes.md)"
+            );
             continue;
         }
         let stages: Vec<S> = seq
@@ -186,7 +211,11 @@ fn golden_sampler_queue_on_device(d: &Device, name: &str) {
             .map(|(&i, _)| i)
             .collect();
         cpu.sort_unstable();
-        assert_eq!(dev.len(), cpu.len(), "[{name}] sampler_queue {seq} k={k} p={p} min_p={mp}");
+        assert_eq!(
+            dev.len(),
+            cpu.len(),
+            "[{name}] sampler_queue {seq} k={k} p={p} min_p={mp}"
+        );
         assert_eq!(dev, cpu, "[{name}] sampler_queue {seq}");
     }
 }

@@ -43,7 +43,8 @@ fn run(a: Args) -> Result<(), String> {
     let ex = Executor::new(rows, a.vocab, &device, policy).map_err(|e| e.to_string())?;
     let plan = ex.plan();
     if a.json {
-        let names = |ix: &[usize]| -> Vec<String> { ix.iter().map(|&i| plan.names[i].clone()).collect() };
+        let names =
+            |ix: &[usize]| -> Vec<String> { ix.iter().map(|&i| plan.names[i].clone()).collect() };
         let v = serde_json::json!({
             "device": name,
             "offload": format!("{policy:?}"),
@@ -58,7 +59,10 @@ fn run(a: Args) -> Result<(), String> {
         println!("{v:#}");
     } else {
         println!("chain:         {}", cfg.chain.chain_string());
-        println!("device:        {name} (offload {policy:?}, vocab {})", a.vocab);
+        println!(
+            "device:        {name} (offload {policy:?}, vocab {})",
+            a.vocab
+        );
         println!("{plan}");
     }
     Ok(())

@@ -58,7 +58,8 @@ fn run(a: Args) -> Result<(), String> {
     }
     if a.json {
         let plan = ex.plan();
-        let names = |ix: &[usize]| -> Vec<String> { ix.iter().map(|&i| plan.names[i].clone()).collect() };
+        let names =
+            |ix: &[usize]| -> Vec<String> { ix.iter().map(|&i| plan.names[i].clone()).collect() };
         let steps_json: Vec<_> = steps
             .iter()
             .map(|(out, dt)| {

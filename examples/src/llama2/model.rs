@@ -25,16 +25,17 @@ pub const ROPE_THETA: f64 = 10_000.0;
 /// One transformer block's weights on the device, matrices stored `[in, out]`
 /// so that `y = x.matmul(w)` for a row vector `x`.
 #[derive(Debug, Clone)]
+///
+/// The query, key and value projections are one `[dim, dim + 2 * kv_dim]`
+/// matrix (columns `q | k | v`), and the SwiGLU gate and up projections one
+/// `[dim, 2 * hidden]` matrix (`gate | up`): fewer, larger ops per token.
 struct Block {
     rms_att: Tensor<2>, // [1, dim]
-    wq: Tensor<2>,      // [dim, dim]
-    wk: Tensor<2>,      // [dim, kv_dim]
-    wv: Tensor<2>,      // [dim, kv_dim]
+    wqkv: Tensor<2>,    // [dim, dim + 2 * kv_dim]
     wo: Tensor<2>,      // [dim, dim]
     rms_ffn: Tensor<2>, // [1, dim]
-    w1: Tensor<2>,      // [dim, hidden]
+    w13: Tensor<2>,     // [dim, 2 * hidden]
     w2: Tensor<2>,      // [hidden, dim]
-    w3: Tensor<2>,      // [dim, hidden]
 }
 
 /// A Llama-2 model resident on one device.
@@ -89,16 +90,18 @@ impl Llama2 {
         let blocks = ckpt
             .layers
             .iter()
-            .map(|l| Block {
-                rms_att: upload_row(&l.rms_att, device),
-                wq: upload_t(&l.wq, d, d, device),
-                wk: upload_t(&l.wk, kv, d, device),
-                wv: upload_t(&l.wv, kv, d, device),
-                wo: upload_t(&l.wo, d, d, device),
-                rms_ffn: upload_row(&l.rms_ffn, device),
-                w1: upload_t(&l.w1, h, d, device),
-                w2: upload_t(&l.w2, d, h, device),
-                w3: upload_t(&l.w3, h, d, device),
+            .map(|l| {
+                // Stacking (out, in) matrices along `out` = concatenating their rows.
+                let qkv = [l.wq.as_slice(), &l.wk, &l.wv].concat();
+                let w13 = [l.w1.as_slice(), &l.w3].concat();
+                Block {
+                    rms_att: upload_row(&l.rms_att, device),
+                    wqkv: upload_t(&qkv, d + 2 * kv, d, device),
+                    wo: upload_t(&l.wo, d, d, device),
+                    rms_ffn: upload_row(&l.rms_ffn, device),
+                    w13: upload_t(&w13, 2 * h, d, device),
+                    w2: upload_t(&l.w2, d, h, device),
+                }
             })
             .collect();
         let embedding = Tensor::from_data(
@@ -202,6 +205,7 @@ impl Llama2 {
             });
         }
         let (hs, n_kv, seq) = (c.head_size(), c.n_kv_heads, c.seq_len);
+        let (kv_dim, hidden) = (c.kv_dim(), c.hidden_dim);
         let group = c.n_heads / c.n_kv_heads;
         let dev = &self.device;
 
@@ -236,9 +240,13 @@ impl Llama2 {
         for (l, b) in self.blocks.iter().enumerate() {
             // Attention.
             let h = rmsnorm(x.clone(), &b.rms_att);
-            let q = self.rope(h.clone().matmul(b.wq.clone()), c.n_heads, &cos, &sin);
-            let k = self.rope(h.clone().matmul(b.wk.clone()), n_kv, &cos, &sin);
-            let v = h.matmul(b.wv.clone());
+            let qkv = h.matmul(b.wqkv.clone()); // [1, dim + 2 * kv_dim]
+            let qk = qkv.clone().slice([0..1, 0..c.dim + kv_dim]);
+            let v = qkv.slice([0..1, c.dim + kv_dim..c.dim + 2 * kv_dim]);
+            // q and k heads rotate alike: one RoPE over all n_heads + n_kv_heads heads.
+            let qk = self.rope(qk, c.n_heads + n_kv, &cos, &sin);
+            let q = qk.clone().slice([0..1, 0..c.dim]);
+            let k = qk.slice([0..1, c.dim..c.dim + kv_dim]);
             let k = k.reshape([n_kv, 1, hs]).expand([n_kv, seq, hs]);
             let v = v.reshape([n_kv, 1, hs]).expand([n_kv, seq, hs]);
             cache.k[l] = cache.k[l].clone().mask_where(write.clone(), k);
@@ -255,8 +263,9 @@ impl Llama2 {
 
             // SwiGLU feed-forward.
             let h = rmsnorm(x.clone(), &b.rms_ffn);
-            let gate = silu(h.clone().matmul(b.w1.clone()));
-            let up = h.matmul(b.w3.clone());
+            let gu = h.matmul(b.w13.clone()); // [1, 2 * hidden]
+            let gate = silu(gu.clone().slice([0..1, 0..hidden]));
+            let up = gu.slice([0..1, hidden..2 * hidden]);
             x = x.add(gate.mul(up).matmul(b.w2.clone()));
         }
         let x = rmsnorm(x, &self.rms_final);

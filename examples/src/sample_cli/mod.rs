@@ -86,9 +86,7 @@ fn to_f32(raw: &[u8], dtype: &str) -> CliResult<Vec<f32>> {
             .collect(),
         "f8" | "F64" => raw
             .chunks_exact(8)
-            .map(|c| {
-                f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32
-            })
+            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
             .collect(),
         "f2" | "F16" => raw
             .chunks_exact(2)
@@ -98,7 +96,11 @@ fn to_f32(raw: &[u8], dtype: &str) -> CliResult<Vec<f32>> {
             .chunks_exact(2)
             .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
             .collect(),
-        other => return Err(format!("unsupported dtype {other} (use f32, f16, bf16 or f64)")),
+        other => {
+            return Err(format!(
+                "unsupported dtype {other} (use f32, f16, bf16 or f64)"
+            ));
+        }
     })
 }
 
@@ -128,7 +130,9 @@ fn shape2(shape: &[usize]) -> CliResult<(usize, usize)> {
     match *shape {
         [v] => Ok((1, v)),
         [b, v] => Ok((b, v)),
-        _ => Err(format!("expected a 1-D or 2-D array of logits, got shape {shape:?}")),
+        _ => Err(format!(
+            "expected a 1-D or 2-D array of logits, got shape {shape:?}"
+        )),
     }
 }
 
@@ -158,7 +162,10 @@ fn read_npy(bytes: &[u8]) -> CliResult<Logits> {
         Some(rest)
     };
     let descr = field("descr").ok_or("no descr in .npy header")?;
-    let descr: String = descr.chars().take_while(|c| *c != '\'' && *c != '"').collect();
+    let descr: String = descr
+        .chars()
+        .take_while(|c| *c != '\'' && *c != '"')
+        .collect();
     if descr.starts_with('>') {
         return Err(format!("big-endian .npy ({descr}) is not supported"));
     }
@@ -181,10 +188,7 @@ fn read_npy(bytes: &[u8]) -> CliResult<Logits> {
     let (batch, vocab) = shape2(&shape)?;
     let data = to_f32(&bytes[start + hlen..], dtype)?;
     if data.len() != batch * vocab {
-        return Err(format!(
-            "{} values for shape {shape:?}",
-            data.len()
-        ));
+        return Err(format!("{} values for shape {shape:?}", data.len()));
     }
     Ok(Logits { batch, vocab, data })
 }
@@ -202,7 +206,9 @@ fn read_safetensors(bytes: &[u8], name: Option<&str>) -> CliResult<Logits> {
         Some(n) => obj.get(n).map(|v| (n.to_string(), v)),
         None => obj
             .iter()
-            .find(|(k, v)| *k != "__metadata__" && v["shape"].as_array().is_some_and(|s| s.len() <= 2))
+            .find(|(k, v)| {
+                *k != "__metadata__" && v["shape"].as_array().is_some_and(|s| s.len() <= 2)
+            })
             .map(|(k, v)| (k.clone(), v)),
     };
     let (tname, t) = pick.ok_or("no logits tensor in the safetensors file (use --tensor NAME)")?;
@@ -213,7 +219,9 @@ fn read_safetensors(bytes: &[u8], name: Option<&str>) -> CliResult<Logits> {
         .iter()
         .map(|x| x.as_u64().unwrap_or(0) as usize)
         .collect();
-    let offs = t["data_offsets"].as_array().ok_or("tensor without data_offsets")?;
+    let offs = t["data_offsets"]
+        .as_array()
+        .ok_or("tensor without data_offsets")?;
     let (a, b) = (
         offs.first().and_then(|x| x.as_u64()).unwrap_or(0) as usize,
         offs.get(1).and_then(|x| x.as_u64()).unwrap_or(0) as usize,
@@ -224,7 +232,10 @@ fn read_safetensors(bytes: &[u8], name: Option<&str>) -> CliResult<Logits> {
     let (batch, vocab) = shape2(&shape)?;
     let data = to_f32(raw, dtype)?;
     if data.len() != batch * vocab {
-        return Err(format!("tensor {tname}: {} values for shape {shape:?}", data.len()));
+        return Err(format!(
+            "tensor {tname}: {} values for shape {shape:?}",
+            data.len()
+        ));
     }
     Ok(Logits { batch, vocab, data })
 }

@@ -137,7 +137,9 @@ fn blocked(e: Tensor<2>, u: &Tensor<2>) -> Tensor<2, Int> {
     let jhit = pos.clone().bool_and(cin.greater_equal(wide(target, bs)));
     let jfirst = ops::min_where_int(j.clone(), jhit, bs as i64);
     let jlast = ops::max_where_int(j, pos, 0);
-    let jj = jfirst.clone().mask_where(jfirst.equal_elem(bs as i64), jlast);
+    let jj = jfirst
+        .clone()
+        .mask_where(jfirst.equal_elem(bs as i64), jlast);
     let tok = bi.mul_scalar(bs as i64).add(jj);
     tok.mask_fill(s.equal_elem(0.0), CODE_ALL_MASKED)
 }

@@ -55,12 +55,8 @@ impl DeviceStage for MinP {
             .iter()
             .map(|&p| if p > 0.0 { p.ln() } else { 0.0 })
             .collect();
-        let noop: Vec<bool> = self.ps.iter().map(|&p| !(p > 0.0)).collect();
-        let keep: Vec<i64> = self
-            .keeps
-            .iter()
-            .map(|&k| k.clamp(1, n) as i64)
-            .collect();
+        let noop: Vec<bool> = self.ps.iter().map(|&p| p.is_nan() || p <= 0.0).collect();
+        let keep: Vec<i64> = self.keeps.iter().map(|&k| k.clamp(1, n) as i64).collect();
         self.keep_max = keep.iter().copied().max().unwrap_or(1) as usize;
         self.log_p = Some(ops::col_f32(&log_p, &ctx.device));
         self.noop = Some(ops::col_bool(&noop, &ctx.device));

@@ -122,11 +122,7 @@ impl Penalties {
         }
         let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, m]), device);
         let vals = Tensor::<2>::from_data(TensorData::new(vals, [b, m]), device);
-        self.counts = Some(
-            counts
-                .clone()
-                .scatter(1, ids, vals, IndexingUpdateOp::Add),
-        );
+        self.counts = Some(counts.clone().scatter(1, ids, vals, IndexingUpdateOp::Add));
     }
 }
 

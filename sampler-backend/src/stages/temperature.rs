@@ -128,7 +128,10 @@ impl DeviceStage for Temperature {
             let t_eff = t.clone().mask_where(dynamic.clone(), t_dyn);
             (t_eff, dynamic.clone().bool_and(few))
         } else {
-            (t.clone(), ops::col_bool(&vec![false; data.batch], &data.device))
+            (
+                t.clone(),
+                ops::col_bool(&vec![false; data.batch], &data.device),
+            )
         };
         let greedy = t_eff
             .clone()

@@ -42,7 +42,13 @@ impl TopK {
     pub fn effective_k(&self, n: usize) -> Vec<usize> {
         self.ks
             .iter()
-            .map(|&k| if k <= 0 { n } else { (k as u64).min(n as u64) as usize })
+            .map(|&k| {
+                if k <= 0 {
+                    n
+                } else {
+                    (k as u64).min(n as u64) as usize
+                }
+            })
             .collect()
     }
 }

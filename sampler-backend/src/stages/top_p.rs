@@ -67,11 +67,7 @@ impl DeviceStage for TopP {
         let n = ctx.width.max(1);
         let p: Vec<f32> = self.ps.iter().map(|&p| p.clamp(0.0, 1.0)).collect();
         let noop: Vec<bool> = self.ps.iter().map(|&p| p >= 1.0).collect();
-        let keep: Vec<i64> = self
-            .keeps
-            .iter()
-            .map(|&k| k.clamp(1, n) as i64)
-            .collect();
+        let keep: Vec<i64> = self.keeps.iter().map(|&k| k.clamp(1, n) as i64).collect();
         self.keep_max = keep.iter().copied().max().unwrap_or(1) as usize;
         self.p = Some(ops::col_f32(&p, &ctx.device));
         self.noop = Some(ops::col_bool(&noop, &ctx.device));
@@ -149,16 +145,15 @@ fn full_row_nucleus(
         let ok = inside.clone().bool_and(mass.greater_equal(target.clone()));
         let shrink = inside.clone().bool_and(ok.clone().bool_not());
         lo = lo.mask_where(ok, snap.clone());
-        hi = hi.mask_where(shrink, snap).mask_where(inside.bool_not(), mid);
+        hi = hi
+            .mask_where(shrink, snap)
+            .mask_where(inside.bool_not(), mid);
     }
     let vstar = lo.mask_where(top_ok, m);
     let gt = logits.clone().greater(wide(vstar.clone(), n));
     let eq = logits.clone().equal(wide(vstar, n));
     let mass_gt = e.clone().mask_fill(gt.clone().bool_not(), 0.0).sum_dim(1);
-    let e_v = e
-        .clone()
-        .mask_fill(eq.clone().bool_not(), 0.0)
-        .max_dim(1);
+    let e_v = e.clone().mask_fill(eq.clone().bool_not(), 0.0).max_dim(1);
     let count_eq = eq.clone().int().sum_dim(1);
     // Equal candidates kept in id order while the mass before them is < target.
     let need = target

@@ -8,16 +8,15 @@
 //! Here, with the same arithmetic, so the kept set, its order and its
 //! probabilities are bit-identical:
 //! 1. one pass for the maximum (and the row's validation);
-//! 2. one pass for `e_i` and `S`, which also builds a histogram of the
-//!    probability mass over logit buckets of 1/8 nat below the maximum;
-//! 3. the histogram gives the bucket where the mass crosses `p`; one pass
-//!    gathers the tokens of every bucket down to it (plus one bucket of
-//!    margin for the f32 rounding of the running sum);
+//! 2. one pass for `e_i` and `S`, which also counts the logits in buckets
+//!    of 1/8 nat below the maximum;
+//! 3. the counts estimate the bucket where the mass crosses `p`; one pass
+//!    gathers the tokens of every bucket down to it (plus a margin; widened
+//!    and gathered again if the exact cut lies further);
 //! 4. only that head is sorted, and the exact f32 running sum finds the cut.
 //!
-//! If the cut is not inside the gathered head (a running sum that never
-//! reaches `p`, or `min_keep` larger than the head) the caller falls back to
-//! the reference.
+//! If the running sum never reaches `p` (the reference then keeps the whole
+//! set) the caller falls back to the reference.
 
 use sampler_core::TokenId;
 
@@ -44,15 +43,21 @@ pub(crate) struct Nucleus {
 /// Reusable buffers for [`top_p_full`].
 #[derive(Debug, Default)]
 pub(crate) struct TopPScratch {
-    mass: Vec<f64>,
+    counts: Vec<u32>,
     keys: Vec<u64>,
     sorted: Vec<u64>,
 }
 
+/// The bucket of logit `l`: `(max - l) · PER_NAT` rounded to an integer and
+/// clamped to the last bucket (a `-inf` logit lands there). Any
+/// non-decreasing function of `max - l` works (gathering `bucket <= last`
+/// then takes a prefix of the sorted order); this one is branch-free and
+/// vectorises: adding 2^23 rounds a value in `[0, 511]` to an integer held
+/// in the low mantissa bits.
 #[inline(always)]
 fn bucket(max: f32, l: f32) -> usize {
-    // `as` saturates: a -inf logit lands in the last bucket.
-    (((max - l) * PER_NAT) as usize).min(BUCKETS - 1)
+    let v = ((max - l) * PER_NAT).min((BUCKETS - 1) as f32);
+    ((v + 8_388_608.0).to_bits() & (BUCKETS as u32 - 1)) as usize
 }
 
 /// Nucleus of the full row `[vocab]` (token id = position), or `None` when the
@@ -70,36 +75,67 @@ pub(crate) fn top_p_full(
     if max == f32::NEG_INFINITY || row.is_empty() {
         return Ok(None);
     }
-    // Pass 2: exponentials, their f64 sum in id order (as the reference's
-    // softmax), and the mass per bucket (approximate; 4 interleaved
-    // histograms so that neighbours in the same bucket do not serialise).
-    let mass = &mut scratch.mass;
-    mass.clear();
-    mass.resize(4 * BUCKETS, 0.0);
+    // Pass 2: exponentials and their f64 sum in id order (as the
+    // reference's softmax), and a count histogram of the logits over
+    // buckets of 1/8 nat below the maximum (4 interleaved copies so that
+    // neighbours in the same bucket do not serialise).
+    let counts = &mut scratch.counts;
+    counts.clear();
+    counts.resize(4 * BUCKETS, 0);
     let mut sum = 0.0f64;
     let mut e = [0.0f32; 64];
+    let mut bk = [0usize; 64];
     for chunk in row.chunks(64) {
         // The libm calls first, then the serial sum with no call inside.
         for (ei, &l) in e.iter_mut().zip(chunk) {
             *ei = (l - max).exp();
         }
-        for (j, (&ei, &l)) in e.iter().zip(chunk).enumerate() {
+        for (b, &l) in bk.iter_mut().zip(chunk) {
+            *b = bucket(max, l);
+        }
+        for (j, (&ei, &b)) in e.iter().zip(&bk).take(chunk.len()).enumerate() {
             sum += f64::from(ei);
-            mass[4 * bucket(max, l) + (j & 3)] += f64::from(ei);
+            counts[4 * b + (j & 3)] += 1;
         }
     }
     let inv = 1.0 / sum;
-    // The bucket where the mass crosses p, plus one of margin.
-    let mut cum = 0.0f64;
+    // The bucket where the estimated mass (count x the bucket's middle
+    // exponential) crosses p, plus two of margin; widened below if the exact
+    // running sum has not crossed within it.
+    let mut est = 0.0f64;
     let mut last = BUCKETS - 1;
-    for (b, m) in mass.chunks_exact(4).enumerate() {
-        cum += (m[0] + m[1] + m[2] + m[3]) * inv;
-        if cum >= f64::from(p) {
-            last = (b + 1).min(BUCKETS - 1);
+    for (b, c) in counts.chunks_exact(4).enumerate() {
+        let n = f64::from(c[0] + c[1] + c[2] + c[3]);
+        est += n * (-(b as f64) / f64::from(PER_NAT)).exp() * inv;
+        if est >= f64::from(p) {
+            last = (b + 2).min(BUCKETS - 1);
             break;
         }
     }
-    // Pass 3: gather the head (every bucket <= last).
+    loop {
+        if let Some(nucleus) = head_cut(row, max, inv, p, min_keep, last, scratch) {
+            return Ok(Some(nucleus));
+        }
+        if last == BUCKETS - 1 {
+            // The running sum never reached p: the reference keeps everything.
+            return Ok(None);
+        }
+        last = (last + 16).min(BUCKETS - 1);
+    }
+}
+
+/// Gather every token of bucket `<= last` (a prefix of the sorted order),
+/// sort only those, and find the reference's cut by the exact f32 running
+/// sum. `None` if the cut is not inside.
+fn head_cut(
+    row: &[f32],
+    max: f32,
+    inv: f64,
+    p: f32,
+    min_keep: usize,
+    last: usize,
+    scratch: &mut TopPScratch,
+) -> Option<Nucleus> {
     let keys = &mut scratch.keys;
     keys.clear();
     if last == BUCKETS - 1 {
@@ -109,18 +145,16 @@ pub(crate) fn top_p_full(
                 .map(|(i, &l)| desc_key(l, i as TokenId)),
         );
     } else {
-        // bucket(max, l) <= last  <=>  (max - l) * PER_NAT < last + 1.
-        let lim = (last + 1) as f32;
         let (chunks, tail) = blocks(row);
         for (b, c) in chunks.enumerate() {
             let block = as_block(c);
-            let mask = lane_mask(block, |l| (max - l) * PER_NAT < lim);
+            let mask = lane_mask(block, |l| bucket(max, l) <= last);
             for j in set_bits(mask) {
                 keys.push(desc_key(block[j], (b * LANES + j) as TokenId));
             }
         }
         for (i, &l) in row.iter().enumerate().skip(tail) {
-            if (max - l) * PER_NAT < lim {
+            if bucket(max, l) <= last {
                 keys.push(desc_key(l, i as TokenId));
             }
         }
@@ -155,8 +189,8 @@ pub(crate) fn top_p_full(
                     .filter(|&&key| key <= cut)
                     .map(|&key| (key_id(key), row[key_id(key) as usize])),
             );
-            Ok(Some(out))
+            Some(out)
         }
-        _ => Ok(None),
+        _ => None,
     }
 }

@@ -54,7 +54,9 @@ pub fn device(name: &str) -> Option<Device> {
             None
         }
         Err(_) => {
-            println!("SKIP {name}: the device could not start (no adapter / driver on this machine)");
+            println!(
+                "SKIP {name}: the device could not start (no adapter / driver on this machine)"
+            );
             None
         }
     }
@@ -155,7 +157,7 @@ pub fn boundary_reason(spec: &ChainSpec, row: &[f32], prompt: &[TokenId]) -> Opt
                 }
             }
             StageSpec::Temperature { dynatemp_range, .. }
-                if *dynatemp_range > 0.0 && logits.iter().any(|l| *l == f32::NEG_INFINITY) =>
+                if *dynatemp_range > 0.0 && logits.contains(&f32::NEG_INFINITY) =>
             {
                 return Some(
                     "dynamic temperature over a set with -inf candidates: the CPU counts them in \
