@@ -65,7 +65,8 @@ pub(crate) fn parse_names(
                     return Err(ConfigError::UnknownStage {
                         name: name.to_string(),
                         location: locate(offset + lead),
-                        suggestion: suggest(name, StageKind::all_names()),
+                        suggestion: split_suggestion(name)
+                            .or_else(|| suggest(name, StageKind::all_names())),
                     });
                 }
             }
@@ -73,6 +74,17 @@ pub(crate) fn parse_names(
         offset += part.len() + 1;
     }
     Ok(kinds)
+}
+
+/// `top_k,dist` or `top_k dist`: stage names separated by commas or
+/// spaces instead of `;`. The same names joined by `;`, when every one is known.
+fn split_suggestion(name: &str) -> Option<String> {
+    let parts: Vec<&str> = name
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|p| !p.is_empty())
+        .collect();
+    (parts.len() > 1 && parts.iter().all(|p| StageKind::from_name(p).is_some()))
+        .then(|| parts.join(";"))
 }
 
 /// Kinds of a `--sampling-seq` string (`e d s k y p m x t`, case-insensitive;

@@ -6,7 +6,11 @@ use sampler_core::{ChainSpec, GREEDY_TEMPERATURE, HistoryScope, StageSpec, Token
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ConfigError, Diagnostic};
-use crate::json::{find_key, json_type};
+use serde_json::Value;
+
+use crate::json::{
+    Step, check_seed, check_token_seqs, f32_of, find_key, found_of, json_type, locate, num_text,
+};
 use crate::suggest::suggest;
 use crate::{ChainConfig, DeviceConfig, LoadOptions};
 
@@ -174,6 +178,217 @@ pub(crate) const FIELDS: [&str; 28] = [
     "do_sample",
 ];
 
+/// How a flat parameter is typed in JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FieldKind {
+    /// A number read as `f32`.
+    Float,
+    /// An integer (`i64`).
+    Int,
+    /// The row seed (`u64`).
+    Seed,
+    /// `true` / `false`.
+    Bool,
+    /// A list of token-id lists.
+    Seqs,
+    /// `{"token id": bias}`.
+    Bias,
+}
+
+/// Every JSON key of [`SamplingParams`] with its kind and valid range in
+/// words (used verbatim in errors, also for `generation_config.json`).
+pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 28] = [
+    (
+        "temperature",
+        FieldKind::Float,
+        "a finite number >= 0 (0 = greedy)",
+    ),
+    (
+        "top_k",
+        FieldKind::Int,
+        "-1 or 0 (off), or an integer >= 1 (1 = greedy)",
+    ),
+    (
+        "top_p",
+        FieldKind::Float,
+        "a number in [0, 1] (0 = greedy, 1 = off)",
+    ),
+    (
+        "min_p",
+        FieldKind::Float,
+        "a number in [0, 1] (0 = off, 1 = greedy)",
+    ),
+    (
+        "typical_p",
+        FieldKind::Float,
+        "a number in [0, 1] (1 = off)",
+    ),
+    (
+        "top_n_sigma",
+        FieldKind::Float,
+        "a finite number (<= 0 = off)",
+    ),
+    ("xtc_probability", FieldKind::Float, "a number in [0, 1]"),
+    (
+        "xtc_threshold",
+        FieldKind::Float,
+        "a number in [0, 1] (above 0.5 disables)",
+    ),
+    ("dynatemp_range", FieldKind::Float, "a finite number >= 0"),
+    (
+        "dynatemp_exponent",
+        FieldKind::Float,
+        "a finite number >= 0",
+    ),
+    (
+        "repetition_penalty",
+        FieldKind::Float,
+        "a finite number > 0 (1 = off)",
+    ),
+    ("frequency_penalty", FieldKind::Float, "a number in [-2, 2]"),
+    ("presence_penalty", FieldKind::Float, "a number in [-2, 2]"),
+    (
+        "repeat_last_n",
+        FieldKind::Int,
+        "an integer >= 0 (0 disables)",
+    ),
+    (
+        "penalty_last_n",
+        FieldKind::Int,
+        "an integer >= 0 (0 disables)",
+    ),
+    (
+        "no_repeat_ngram_size",
+        FieldKind::Int,
+        "an integer >= 0 (0 = off)",
+    ),
+    (
+        "dry_multiplier",
+        FieldKind::Float,
+        "a finite number >= 0 (0 = off)",
+    ),
+    ("dry_base", FieldKind::Float, "a finite number >= 1"),
+    ("dry_allowed_length", FieldKind::Int, "an integer >= 0"),
+    (
+        "dry_penalty_last_n",
+        FieldKind::Int,
+        "an integer >= 0 (0 disables)",
+    ),
+    (
+        "dry_sequence_breakers",
+        FieldKind::Seqs,
+        "a list of non-empty token-id lists",
+    ),
+    ("mirostat", FieldKind::Int, "0 (off), 1 or 2"),
+    ("mirostat_tau", FieldKind::Float, "a finite number >= 0"),
+    ("mirostat_eta", FieldKind::Float, "a finite number >= 0"),
+    ("min_keep", FieldKind::Int, "an integer >= 0"),
+    (
+        "logit_bias",
+        FieldKind::Bias,
+        "a finite number, or -inf to ban the token",
+    ),
+    ("seed", FieldKind::Seed, crate::json::SEED_RANGE),
+    ("do_sample", FieldKind::Bool, "a boolean (false = greedy)"),
+];
+
+/// The valid range of a flat parameter, in words.
+pub(crate) fn range_of(key: &str) -> &'static str {
+    FIELD_RANGES
+        .iter()
+        .find(|(k, _, _)| *k == key)
+        .map_or("a valid value", |(_, _, r)| r)
+}
+
+/// Check the JSON type of one flat parameter (and, for numbers, that it
+/// fits its Rust type), before serde reads it; ranges are checked by
+/// [`SamplingParams::check`]. `null` means absent.
+pub(crate) fn check_field_type(text: &str, key: &str, v: &Value) -> Result<(), ConfigError> {
+    let Some(&(_, kind, range)) = FIELD_RANGES.iter().find(|(k, _, _)| *k == key) else {
+        return Ok(());
+    };
+    if v.is_null() {
+        return Ok(());
+    }
+    let location = locate(text, &[Step::Key(key)]);
+    let wrong = |found: String, expected: &str| ConfigError::WrongType {
+        path: key.to_string(),
+        found,
+        expected: expected.to_string(),
+        location,
+    };
+    let out_of_range = |value: String| ConfigError::OutOfRange {
+        path: key.to_string(),
+        value,
+        expected: range.to_string(),
+        location,
+    };
+    match kind {
+        FieldKind::Float => match f32_of(v) {
+            Ok(Some(_)) => Ok(()),
+            Err(()) => Err(out_of_range(num_text(v))),
+            Ok(None) => Err(wrong(found_of(v), range)),
+        },
+        FieldKind::Int => match v {
+            Value::Number(n) if n.as_i64().is_some() => Ok(()),
+            Value::Number(n) if !n.is_f64() => Err(out_of_range(n.to_string())),
+            other => Err(wrong(found_of(other), range)),
+        },
+        FieldKind::Seed => check_seed(text, v).map(|_| ()),
+        FieldKind::Bool => match v {
+            Value::Bool(_) => Ok(()),
+            other => Err(wrong(found_of(other), range)),
+        },
+        FieldKind::Seqs => check_token_seqs(key, v, location),
+        FieldKind::Bias => {
+            let Value::Object(map) = v else {
+                return Err(wrong(
+                    found_of(v),
+                    "an object `{\"token id\": bias}`, e.g. {\"15043\": -1.5}",
+                ));
+            };
+            for (token, bias) in map {
+                let path = format!("{key}.\"{token}\"");
+                let bloc = locate(text, &[Step::Key(key), Step::Key(token)]).or(location);
+                let ok_id = !token.is_empty()
+                    && token.bytes().all(|b| b.is_ascii_digit())
+                    && token.parse::<TokenId>().is_ok();
+                if !ok_id {
+                    return Err(ConfigError::OutOfRange {
+                        path,
+                        value: format!("\"{token}\""),
+                        expected: format!(
+                            "{} as the key, e.g. {{\"15043\": -1.5}}",
+                            crate::json::TOKEN_RANGE
+                        ),
+                        location: bloc,
+                    });
+                }
+                match f32_of(bias) {
+                    Ok(Some(_)) => {}
+                    Err(()) => {
+                        return Err(ConfigError::OutOfRange {
+                            path,
+                            value: num_text(bias),
+                            expected: range.to_string(),
+                            location: bloc,
+                        });
+                    }
+                    Ok(None) => {
+                        return Err(ConfigError::WrongType {
+                            path,
+                            found: found_of(bias),
+                            expected: "a finite number (JSON has no -inf: a bias of -100 or less bans the token in practice)".into(),
+                            location: bloc,
+                        });
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
 fn fmt_f(x: f32) -> String {
     format!("{x}")
 }
@@ -222,7 +437,11 @@ impl SamplingParams {
     /// # Errors
     /// [`ConfigError::Syntax`] / [`ConfigError::Schema`] with `line:column`;
     /// [`ConfigError::UnknownKey`] with a suggestion (`top_kk` -> `top_k`);
-    /// [`ConfigError::OutOfRange`] naming the key, as [`SamplingParams::check`].
+    /// [`ConfigError::WrongType`] naming the key, the value found and the
+    /// range (`"temperature": "0.7"`, `"top_k": 40.5`, a `logit_bias` value
+    /// that is not a number); [`ConfigError::OutOfRange`] naming the key
+    /// (`logit_bias."abc"` for a key that is not a token id, a number beyond
+    /// `f32` as written), as [`SamplingParams::check`].
     pub fn from_json_str(text: &str) -> Result<Self, ConfigError> {
         let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| crate::json::schema_error(text, &e))?;
@@ -243,6 +462,9 @@ impl SamplingParams {
                 });
             }
         }
+        for (key, v) in map {
+            check_field_type(text, key, v)?;
+        }
         let params: SamplingParams =
             serde_json::from_str(text).map_err(|e| crate::json::schema_error(text, &e))?;
         params.check().map_err(|e| match e {
@@ -252,7 +474,7 @@ impl SamplingParams {
                 expected,
                 location: None,
             } => {
-                let key = path.split('.').next().unwrap_or(&path).to_string();
+                let key = path.split(['.', '[']).next().unwrap_or(&path).to_string();
                 ConfigError::OutOfRange {
                     location: find_key(text, &key),
                     path,
@@ -276,117 +498,97 @@ impl SamplingParams {
             "temperature",
             self.temperature,
             finite_ge0,
-            "a finite number >= 0 (0 = greedy)",
+            range_of("temperature"),
         )?;
-        check_i(
-            "top_k",
-            self.top_k,
-            |k| k >= -1,
-            "-1 or 0 (off), or an integer >= 1 (1 = greedy)",
-        )?;
-        check_f(
-            "top_p",
-            self.top_p,
-            unit,
-            "a number in [0, 1] (0 = greedy, 1 = off)",
-        )?;
-        check_f(
-            "min_p",
-            self.min_p,
-            unit,
-            "a number in [0, 1] (0 = off, 1 = greedy)",
-        )?;
-        check_f(
-            "typical_p",
-            self.typical_p,
-            unit,
-            "a number in [0, 1] (1 = off)",
-        )?;
+        check_i("top_k", self.top_k, |k| k >= -1, range_of("top_k"))?;
+        check_f("top_p", self.top_p, unit, range_of("top_p"))?;
+        check_f("min_p", self.min_p, unit, range_of("min_p"))?;
+        check_f("typical_p", self.typical_p, unit, range_of("typical_p"))?;
         check_f(
             "top_n_sigma",
             self.top_n_sigma,
             f32::is_finite,
-            "a finite number (<= 0 = off)",
+            range_of("top_n_sigma"),
         )?;
         check_f(
             "xtc_probability",
             self.xtc_probability,
             unit,
-            "a number in [0, 1]",
+            range_of("xtc_probability"),
         )?;
         check_f(
             "xtc_threshold",
             self.xtc_threshold,
             unit,
-            "a number in [0, 1] (above 0.5 disables)",
+            range_of("xtc_threshold"),
         )?;
         check_f(
             "dynatemp_range",
             self.dynatemp_range,
             finite_ge0,
-            "a finite number >= 0",
+            range_of("dynatemp_range"),
         )?;
         check_f(
             "dynatemp_exponent",
             self.dynatemp_exponent,
             finite_ge0,
-            "a finite number >= 0",
+            range_of("dynatemp_exponent"),
         )?;
         check_f(
             "repetition_penalty",
             self.repetition_penalty,
             |x| x.is_finite() && x > 0.0 && (1.0 / x).is_finite(),
-            "a finite number > 0 (1 = off)",
+            range_of("repetition_penalty"),
         )?;
         let pm2 = |x: f32| (-2.0..=2.0).contains(&x);
         check_f(
             "frequency_penalty",
             self.frequency_penalty,
             pm2,
-            "a number in [-2, 2]",
+            range_of("frequency_penalty"),
         )?;
         check_f(
             "presence_penalty",
             self.presence_penalty,
             pm2,
-            "a number in [-2, 2]",
+            range_of("presence_penalty"),
         )?;
         let ge0 = |x: i64| x >= 0;
         check_i(
             "repeat_last_n",
             self.repeat_last_n,
             ge0,
-            "an integer >= 0 (0 disables)",
+            range_of("repeat_last_n"),
         )?;
         check_i(
             "no_repeat_ngram_size",
             self.no_repeat_ngram_size,
             ge0,
-            "an integer >= 0 (0 = off)",
+            range_of("no_repeat_ngram_size"),
         )?;
         check_f(
             "dry_multiplier",
             self.dry_multiplier,
             finite_ge0,
-            "a finite number >= 0 (0 = off)",
+            range_of("dry_multiplier"),
         )?;
         check_f(
             "dry_base",
             self.dry_base,
             |x| x.is_finite() && x >= 1.0,
-            "a finite number >= 1",
+            range_of("dry_base"),
         )?;
         check_i(
             "dry_allowed_length",
             self.dry_allowed_length,
             ge0,
-            "an integer >= 0",
+            range_of("dry_allowed_length"),
         )?;
         check_i(
             "dry_penalty_last_n",
             self.dry_penalty_last_n,
             ge0,
-            "an integer >= 0 (0 disables)",
+            range_of("dry_penalty_last_n"),
         )?;
         if let Some(seqs) = &self.dry_sequence_breakers
             && let Some(i) = seqs.iter().position(Vec::is_empty)
@@ -401,26 +603,26 @@ impl SamplingParams {
             "mirostat",
             self.mirostat,
             |m| (0..=2).contains(&m),
-            "0 (off), 1 or 2",
+            range_of("mirostat"),
         )?;
         check_f(
             "mirostat_tau",
             self.mirostat_tau,
             finite_ge0,
-            "a finite number >= 0",
+            range_of("mirostat_tau"),
         )?;
         check_f(
             "mirostat_eta",
             self.mirostat_eta,
             finite_ge0,
-            "a finite number >= 0",
+            range_of("mirostat_eta"),
         )?;
-        check_i("min_keep", self.min_keep, ge0, "an integer >= 0")?;
+        check_i("min_keep", self.min_keep, ge0, range_of("min_keep"))?;
         if let Some(bias) = &self.logit_bias {
             for (t, b) in bias {
                 if !(b.is_finite() || *b == f32::NEG_INFINITY) {
                     return Err(range_err(
-                        &format!("logit_bias.{t}"),
+                        &format!("logit_bias.\"{t}\""),
                         fmt_f(*b),
                         "a finite number, or -inf to ban the token",
                     ));

@@ -6,7 +6,8 @@ use serde_json::Value;
 
 use crate::error::{ConfigError, Diagnostic};
 use crate::flat::SamplingParams;
-use crate::json::{find_key, json_type, schema_error};
+use crate::flat::range_of;
+use crate::json::{Step, f32_of, find_key, found_of, json_type, locate, num_text, schema_error};
 
 /// The sampling keys of a model's `generation_config.json` (transformers'
 /// `GenerationConfig`) that map onto this crate's stages. Only keys present
@@ -59,27 +60,41 @@ const UNSUPPORTED: [(&str, Option<f64>); 12] = [
 ];
 
 fn number(text: &str, key: &str, v: &Value) -> Result<f32, ConfigError> {
-    v.as_f64()
-        .map(|x| x as f32)
-        .ok_or_else(|| ConfigError::WrongType {
+    let location = locate(text, &[Step::Key(key)]);
+    match f32_of(v) {
+        Ok(Some(x)) => Ok(x),
+        Err(()) => Err(ConfigError::OutOfRange {
             path: key.to_string(),
-            found: json_type(v).into(),
-            expected: "a number".into(),
-            location: find_key(text, key),
-        })
+            value: num_text(v),
+            expected: range_of(key).into(),
+            location,
+        }),
+        Ok(None) => Err(ConfigError::WrongType {
+            path: key.to_string(),
+            found: found_of(v),
+            expected: range_of(key).into(),
+            location,
+        }),
+    }
 }
 
 fn integer(text: &str, key: &str, v: &Value) -> Result<i64, ConfigError> {
-    v.as_i64().ok_or_else(|| ConfigError::WrongType {
-        path: key.to_string(),
-        found: if v.is_number() {
-            "a non-integer number".into()
-        } else {
-            json_type(v).into()
-        },
-        expected: "an integer".into(),
-        location: find_key(text, key),
-    })
+    let location = locate(text, &[Step::Key(key)]);
+    match v {
+        Value::Number(n) if n.as_i64().is_some() => Ok(n.as_i64().unwrap_or_default()),
+        Value::Number(n) if !n.is_f64() => Err(ConfigError::OutOfRange {
+            path: key.to_string(),
+            value: n.to_string(),
+            expected: range_of(key).into(),
+            location,
+        }),
+        other => Err(ConfigError::WrongType {
+            path: key.to_string(),
+            found: found_of(other),
+            expected: range_of(key).into(),
+            location,
+        }),
+    }
 }
 
 impl GenerationConfig {
@@ -127,9 +142,9 @@ impl GenerationConfig {
         if let Some(v) = get("do_sample") {
             cfg.do_sample = Some(v.as_bool().ok_or_else(|| ConfigError::WrongType {
                 path: "do_sample".into(),
-                found: json_type(v).into(),
-                expected: "a boolean".into(),
-                location: find_key(text, "do_sample"),
+                found: found_of(v),
+                expected: range_of("do_sample").into(),
+                location: locate(text, &[Step::Key("do_sample")]),
             })?);
         }
         for (key, neutral) in UNSUPPORTED {

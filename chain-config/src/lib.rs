@@ -311,7 +311,9 @@ impl ChainConfig {
     /// # Errors
     /// [`ConfigError::Syntax`] (JSON, with `line:column`),
     /// [`ConfigError::UnknownStage`] / [`ConfigError::UnknownKey`] with a
-    /// suggestion, [`ConfigError::WrongType`], [`ConfigError::OutOfRange`],
+    /// suggestion, [`ConfigError::MissingKey`], [`ConfigError::DuplicateKey`],
+    /// [`ConfigError::WrongType`], [`ConfigError::OutOfRange`] (key paths such
+    /// as `stages[1].min_keep`, located at that key in its stage),
     /// [`ConfigError::EmptyChain`], [`ConfigError::NoSelectingStage`].
     pub fn from_json(text: &str) -> Result<Self, ConfigError> {
         Self::from_json_with(text, &LoadOptions::default())
@@ -338,9 +340,17 @@ impl ChainConfig {
                 expected,
                 location: None,
             } => {
-                let key = path.rsplit('.').next().unwrap_or("").to_string();
+                let key = path.rsplit('.').next().unwrap_or("");
+                let index = path
+                    .strip_prefix("stages[")
+                    .and_then(|r| r.split_once(']'))
+                    .and_then(|(i, _)| i.parse::<usize>().ok());
+                let location = match index {
+                    Some(i) => json::locate_stage_key(text, i, key),
+                    None => json::find_key(text, key),
+                };
                 ConfigError::OutOfRange {
-                    location: json::find_key(text, &key),
+                    location,
                     path,
                     value,
                     expected,

@@ -35,8 +35,30 @@ impl<'a> Src<'a> {
     }
 }
 
+/// What a value is, for "found ..." in messages: the type, and for a
+/// scalar its value (`string "5"`, `float 4.5`, `boolean true`).
 fn type_name(v: &DeValue<'_>) -> String {
-    v.type_str().to_string()
+    let value = match v {
+        DeValue::String(s) => format!("\"{s}\""),
+        DeValue::Integer(i) => {
+            let prefix = match i.radix() {
+                16 => "0x",
+                8 => "0o",
+                2 => "0b",
+                _ => "",
+            };
+            format!("{prefix}{}", i.as_str())
+        }
+        DeValue::Float(f) => f.as_str().to_string(),
+        DeValue::Boolean(b) => b.to_string(),
+        _ => return v.type_str().to_string(),
+    };
+    let value = if value.chars().count() > 40 {
+        value.chars().take(37).collect::<String>() + "..."
+    } else {
+        value
+    };
+    format!("{} {value}", v.type_str())
 }
 
 /// A TOML value as written, for error messages (shortened if long).
@@ -89,9 +111,39 @@ pub(crate) fn syntax_error(src: &str, e: &toml::de::Error) -> ConfigError {
                 };
             }
         }
+        // Name the key with its table: `top_k.k`, not `k`.
+        let before = e.span().and_then(|s| src.get(..s.start)).unwrap_or("");
+        let table = before.lines().rev().find_map(|line| {
+            let line = line.trim();
+            let inner = line.strip_prefix('[')?;
+            let (inner, array) = match inner.strip_prefix('[') {
+                Some(i) => (i, true),
+                None => (inner, false),
+            };
+            let end = inner.find(']')?;
+            let name = inner[..end].trim();
+            if !array {
+                return Some(name.to_string());
+            }
+            // `[[stage]]`: name the entry, `stage[2]`.
+            let entries = before
+                .lines()
+                .filter(|l| {
+                    l.trim()
+                        .strip_prefix("[[")
+                        .and_then(|r| r.split_once("]]"))
+                        .is_some_and(|(n, _)| n.trim() == name)
+                })
+                .count();
+            Some(format!("{name}[{}]", entries.saturating_sub(1)))
+        });
+        let path = match table {
+            Some(t) if !t.is_empty() => format!("{t}.{bare}"),
+            _ => bare.to_string(),
+        };
         return ConfigError::Syntax {
             format: "TOML",
-            message: format!("duplicate key `{bare}`"),
+            message: format!("duplicate key `{path}`: each key may be given once per table"),
             location,
         };
     }
@@ -259,9 +311,15 @@ fn parse_seed(src: Src<'_>, v: &SValue<'_>) -> Result<u64, ConfigError> {
         location: src.loc(&v.span()),
     };
     match v.get_ref() {
-        DeValue::Integer(i) => {
-            u64::from_str_radix(i.as_str(), i.radix()).map_err(|_| out_of_range())
-        }
+        DeValue::Integer(i) => u64::from_str_radix(i.as_str(), i.radix())
+            .ok()
+            // `-0` is a TOML integer (zero), which u64's parser refuses.
+            .or_else(|| {
+                i64::from_str_radix(i.as_str(), i.radix())
+                    .ok()
+                    .and_then(|n| u64::try_from(n).ok())
+            })
+            .ok_or_else(out_of_range),
         DeValue::String(s) => {
             if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(out_of_range());

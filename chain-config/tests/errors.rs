@@ -143,27 +143,27 @@ fn negative_last_n_is_a_config_error() {
 fn wrong_types() {
     assert_eq!(
         msg("samplers = \"top_p;dist\"\n[top_p]\np = \"high\"\n"),
-        "3:5: `top_p.p` has the wrong type: found string, expected a number in [0, 1]"
+        "3:5: `top_p.p` has the wrong type: found string \"high\", expected a number in [0, 1]"
     );
     assert_eq!(
         msg("samplers = \"top_k;dist\"\n[top_k]\nk = 4.5\n"),
-        "3:5: `top_k.k` has the wrong type: found float, expected an integer (k <= 0 disables)"
+        "3:5: `top_k.k` has the wrong type: found float 4.5, expected an integer (k <= 0 disables)"
     );
     assert_eq!(
         msg("samplers = 3"),
-        "1:12: `samplers` has the wrong type: found integer, expected a `;`-separated string of stage names (or an array of names)"
+        "1:12: `samplers` has the wrong type: found integer 3, expected a `;`-separated string of stage names (or an array of names)"
     );
     assert_eq!(
         msg("samplers = [\"top_k\", 3]"),
-        "1:22: `samplers[1]` has the wrong type: found integer, expected a stage name (string)"
+        "1:22: `samplers[1]` has the wrong type: found integer 3, expected a stage name (string)"
     );
     assert_eq!(
         msg("samplers = \"dist\"\nseed = 1.5\n"),
-        "2:8: `seed` has the wrong type: found float, expected an integer in [0, 2^64 - 1] (seeds above 2^63 - 1 as a decimal string)"
+        "2:8: `seed` has the wrong type: found float 1.5, expected an integer in [0, 2^64 - 1] (seeds above 2^63 - 1 as a decimal string)"
     );
     assert_eq!(
         msg("samplers = \"top_k;dist\"\ntop_k = 40\n"),
-        "2:9: `top_k` has the wrong type: found integer, expected a table of `top_k` parameters (`[top_k]` followed by its keys)"
+        "2:9: `top_k` has the wrong type: found integer 40, expected a table of `top_k` parameters (`[top_k]` followed by its keys)"
     );
 }
 
@@ -269,7 +269,7 @@ fn duplicate_stage_tables() {
     );
     assert_eq!(
         msg("samplers = \"top_k;dist\"\n[top_k]\nk = 3\nk = 4\n"),
-        "4:1: TOML syntax error: duplicate key `k`"
+        "4:1: TOML syntax error: duplicate key `top_k.k`: each key may be given once per table"
     );
 }
 
@@ -361,7 +361,7 @@ fn json_errors() {
     );
     assert_eq!(
         err(r#"{"stages":[{"type":"top_k","k":"a"}]}"#),
-        "1:36: JSON does not match the schema: invalid type: string \"a\", expected i64"
+        "1:28: `stages[0].k` has the wrong type: found string \"a\", expected an integer (k <= 0 disables)"
     );
     assert_eq!(
         err(r#"{"stage":[]}"#),
@@ -394,7 +394,7 @@ fn flat_parameter_errors() {
     );
     assert_eq!(
         err(r#"{"temperature": "hot"}"#),
-        "1:21: JSON does not match the schema: invalid type: string \"hot\", expected f32"
+        "1:2: `temperature` has the wrong type: found string \"hot\", expected a finite number >= 0 (0 = greedy)"
     );
     assert_eq!(
         err(r#"{"top_k": -2}"#),
@@ -419,7 +419,7 @@ fn generation_config_errors() {
     let err = |j: &str| GenerationConfig::from_json_str(j).unwrap_err().to_string();
     assert_eq!(
         err("{\n  \"temperature\": \"warm\"\n}"),
-        "2:3: `temperature` has the wrong type: found string, expected a number"
+        "2:3: `temperature` has the wrong type: found string \"warm\", expected a finite number >= 0 (0 = greedy)"
     );
     assert_eq!(
         err("{\n  \"top_p\": 1.2\n}"),
@@ -427,7 +427,7 @@ fn generation_config_errors() {
     );
     assert_eq!(
         err("{\"top_k\": 5.5}"),
-        "1:2: `top_k` has the wrong type: found a non-integer number, expected an integer"
+        "1:2: `top_k` has the wrong type: found number 5.5, expected -1 or 0 (off), or an integer >= 1 (1 = greedy)"
     );
     assert_eq!(
         err("[1]"),

@@ -83,6 +83,10 @@ impl Sampler for Penalties {
         let logits = row.logits_mut();
         for (pos, c) in edits {
             let orig = logits[pos];
+            if orig == f32::NEG_INFINITY {
+                // Banned stays banned (`-inf - -inf` would be NaN).
+                continue;
+            }
             let l = if orig <= 0.0 {
                 orig * self.repeat
             } else {
