@@ -165,6 +165,25 @@ fn prompt_longer_than_context_and_positions_past_it() {
         model.forward(512, 0, &mut cache),
         Err(Llama2Error::TokenOutOfRange { token: 512, .. })
     ));
+
+    // A cache made by a one-layer model of the same width.
+    let mut header = Vec::new();
+    for v in [64i32, 172, 1, 8, 4, 512, 512] {
+        header.extend(v.to_le_bytes());
+    }
+    let cfg = sampler_examples::llama2::Config::from_header(
+        Path::new("one_layer.bin"),
+        header.as_slice().try_into().unwrap(),
+    )
+    .unwrap();
+    let mut bytes = header;
+    bytes.resize(cfg.file_bytes() as usize, 0);
+    let small = Checkpoint::from_bytes(Path::new("one_layer.bin"), &bytes).unwrap();
+    let mut other = Llama2::new(&small, &device).new_cache();
+    assert!(matches!(
+        model.forward(1, 0, &mut other),
+        Err(Llama2Error::CacheMismatch)
+    ));
 }
 
 // --- the `generate` command -------------------------------------------------

@@ -110,6 +110,9 @@ pub enum Llama2Error {
         /// The model's context length.
         seq_len: usize,
     },
+    /// A KV cache from [`Llama2::new_cache`] of a model with another shape.
+    #[error("the KV cache was made for a model of another shape; use this model's new_cache()")]
+    CacheMismatch,
     /// The prompt does not fit the context.
     #[error("the prompt is {tokens} tokens (with BOS) but the model's context is {seq_len} tokens")]
     PromptTooLong {

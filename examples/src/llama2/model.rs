@@ -184,7 +184,8 @@ impl Llama2 {
     ///
     /// # Errors
     /// [`Llama2Error::TokenOutOfRange`] when `token >= vocab`;
-    /// [`Llama2Error::ContextFull`] when `pos >= seq_len`.
+    /// [`Llama2Error::ContextFull`] when `pos >= seq_len`;
+    /// [`Llama2Error::CacheMismatch`] when `cache` was made by another model.
     pub fn forward(
         &self,
         token: TokenId,
@@ -205,6 +206,13 @@ impl Llama2 {
             });
         }
         let (hs, n_kv, seq) = (c.head_size(), c.n_kv_heads, c.seq_len);
+        let want = [n_kv, seq, hs];
+        if cache.k.len() != c.n_layers
+            || cache.v.len() != c.n_layers
+            || cache.k.iter().chain(&cache.v).any(|t| t.dims() != want)
+        {
+            return Err(Llama2Error::CacheMismatch);
+        }
         let (kv_dim, hidden) = (c.kv_dim(), c.hidden_dim);
         let group = c.n_heads / c.n_kv_heads;
         let dev = &self.device;
