@@ -13,7 +13,7 @@ use crate::util::{div_saturating, is_sorted_desc};
 ///   saturates to `±f32::MAX`). `t == 1` is a no-op.
 /// * `dynatemp_range > 0` (Zhu et al. 2024, llama.cpp temp-ext): on sets of
 ///   2 or more, the candidates are sorted, `H` is the entropy of their softmax
-///   and `H_max = ln(n)`; the temperature is
+///   and `H_max = ln(n)` with `n` the number of finite-logit candidates; the temperature is
 ///   `max(0, t - range) + 2·range·(H / H_max)^exponent`, applied as above,
 ///   and the probabilities are recomputed (sorted set, normalised).
 ///
@@ -90,7 +90,13 @@ impl Sampler for Temperature {
             .filter(|&&p| p > 0.0)
             .map(|&p| -p * p.ln())
             .sum();
-        let max_entropy = (row.len() as f32).ln();
+        // H_max counts the candidates that can still be drawn (finite logits):
+        // a `-inf` entry left by an earlier mask is not a choice. llama.cpp's
+        // CPU path counts the physical set size and its device path the
+        // tensor length; counting finite candidates makes the result
+        // independent of whether a filter removed or masked (docs/semantics.md).
+        let finite = row.logits().iter().filter(|l| l.is_finite()).count();
+        let max_entropy = (finite as f32).ln();
         let norm = if max_entropy > 0.0 {
             (entropy / max_entropy).clamp(0.0, 1.0)
         } else {

@@ -156,15 +156,6 @@ pub fn boundary_reason(spec: &ChainSpec, row: &[f32], prompt: &[TokenId]) -> Opt
                     }
                 }
             }
-            StageSpec::Temperature { dynatemp_range, .. }
-                if *dynatemp_range > 0.0 && logits.contains(&f32::NEG_INFINITY) =>
-            {
-                return Some(
-                    "dynamic temperature over a set with -inf candidates: the CPU counts them in \
-                     H_max = ln(n), the device counts finite candidates only"
-                        .into(),
-                );
-            }
             _ => {}
         }
     }
