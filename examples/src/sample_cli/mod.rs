@@ -249,7 +249,7 @@ mod tests {
         let mut b = b"\x93NUMPY\x01\x00".to_vec();
         let h = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
         let mut h = h.to_string();
-        while (10 + h.len() + 1) % 64 != 0 {
+        while !(10 + h.len() + 1).is_multiple_of(64) {
             h.push(' ');
         }
         h.push('\n');
