@@ -35,16 +35,25 @@ fn zipf_rows(seed: u64) -> Vec<f32> {
 }
 
 fn temp(t: f32) -> StageSpec {
-    StageSpec::Temperature { t, dynatemp_range: 0.0, dynatemp_exponent: 1.0 }
+    StageSpec::Temperature {
+        t,
+        dynatemp_range: 0.0,
+        dynatemp_exponent: 1.0,
+    }
 }
 
 fn same_tokens_as_cpu(device: &Device, name: &str, stages: Vec<StageSpec>, expect_bytes: usize) {
     let logits = zipf_rows(7);
-    let rows: Vec<ChainSpec> = (0..B as u64).map(|r| ChainSpec::new(stages.clone(), Some(100 + r))).collect();
+    let rows: Vec<ChainSpec> = (0..B as u64)
+        .map(|r| ChainSpec::new(stages.clone(), Some(100 + r)))
+        .collect();
     let prompts = vec![Vec::new(); B];
     let cpu = cpu_step(&rows, &logits, V, &prompts);
     let (out, _) = device_step(&rows, &logits, V, device, OffloadPolicy::Auto, &prompts);
-    assert_eq!(out.tokens, cpu, "{name}: device tokens differ from the CPU reference at V = {V}");
+    assert_eq!(
+        out.tokens, cpu,
+        "{name}: device tokens differ from the CPU reference at V = {V}"
+    );
     assert_eq!(out.bytes_read, expect_bytes * B, "{name}: bytes read back");
 }
 
@@ -53,7 +62,12 @@ fn large_vocab_greedy(device: &Device, name: &str) {
 }
 
 fn large_vocab_top_k_temperature_dist(device: &Device, name: &str) {
-    same_tokens_as_cpu(device, name, vec![StageSpec::TopK { k: 40 }, temp(0.8), StageSpec::Dist], 4);
+    same_tokens_as_cpu(
+        device,
+        name,
+        vec![StageSpec::TopK { k: 40 }, temp(0.8), StageSpec::Dist],
+        4,
+    );
 }
 
 fn large_vocab_top_k_prefix_then_host(device: &Device, name: &str) {
@@ -61,13 +75,31 @@ fn large_vocab_top_k_prefix_then_host(device: &Device, name: &str) {
     same_tokens_as_cpu(
         device,
         name,
-        vec![StageSpec::TopK { k: 40 }, StageSpec::Typical { p: 0.9, min_keep: 1 }, StageSpec::Dist],
+        vec![
+            StageSpec::TopK { k: 40 },
+            StageSpec::Typical {
+                p: 0.9,
+                min_keep: 1,
+            },
+            StageSpec::Dist,
+        ],
         8 * 40,
     );
 }
 
 fn large_vocab_min_p_dist(device: &Device, name: &str) {
-    same_tokens_as_cpu(device, name, vec![StageSpec::MinP { p: 0.05, min_keep: 1 }, StageSpec::Dist], 4);
+    same_tokens_as_cpu(
+        device,
+        name,
+        vec![
+            StageSpec::MinP {
+                p: 0.05,
+                min_keep: 1,
+            },
+            StageSpec::Dist,
+        ],
+        4,
+    );
 }
 
 device_tests!(
