@@ -70,10 +70,13 @@ pub fn read_logits(path: &Path, name: Option<&str>) -> CliResult<Logits> {
         .and_then(|e| e.to_str())
         .unwrap_or("")
         .to_ascii_lowercase();
-    let r = if ext == "safetensors" || !bytes.starts_with(b"\x93NUMPY") {
-        read_safetensors(&bytes, name)
-    } else {
+    let is_npy = bytes.starts_with(b"\x93NUMPY");
+    let r = if is_npy {
         read_npy(&bytes)
+    } else if ext == "npy" {
+        Err("not a .npy file: it does not start with the \\x93NUMPY magic".into())
+    } else {
+        read_safetensors(&bytes, name)
     };
     r.map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -1,0 +1,138 @@
+//! The `plan` and `sample` commands as a user runs them: outputs, per-row
+//! errors, and clear messages for bad input (never a panic).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn run(bin: &str, args: &[&str]) -> Output {
+    let out = Command::new(bin)
+        .args(args)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .expect("the binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{bin} panicked: {stderr}");
+    out
+}
+
+/// Write `[rows, vocab]` f32 logits as a NumPy `.npy` (format 1.0) file.
+fn write_npy(name: &str, rows: &[Vec<f32>]) -> PathBuf {
+    let (b, v) = (rows.len(), rows[0].len());
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({b}, {v}), }}");
+    while !(10 + header.len() + 1).is_multiple_of(64) {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    for r in rows {
+        for x in r {
+            bytes.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    let path = std::env::temp_dir().join(format!("sampler-chain-{}-{name}", std::process::id()));
+    std::fs::write(&path, bytes).expect("write npy");
+    path
+}
+
+#[test]
+fn plan_prints_device_and_host_stages_and_bytes() {
+    let out = run(
+        env!("CARGO_BIN_EXE_plan"),
+        &[
+            "--config",
+            "examples/chains/llama_cpp_default.toml",
+            "--device",
+            "flex",
+        ],
+    );
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("device stages: top_k -> top_p -> min_p -> temperature -> dist"),
+        "{text}"
+    );
+    assert!(text.contains("token ids = 4 bytes/row/step"), "{text}");
+}
+
+#[test]
+fn sample_reports_a_nan_row_and_samples_the_other() {
+    let path = write_npy(
+        "nan.npy",
+        &[vec![0.0, 1.0, 2.0, f32::NAN], vec![3.0, 1.0, 2.0, 0.0]],
+    );
+    let out = run(
+        env!("CARGO_BIN_EXE_sample"),
+        &[
+            "--config",
+            "examples/chains/greedy.toml",
+            "--logits",
+            path.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert!(out.status.success());
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let tokens = &json["steps"][0]["tokens"];
+    assert!(
+        tokens[0]["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("position 3 is NaN"),
+        "{json}"
+    );
+    assert_eq!(tokens[1], 0);
+    assert_eq!(
+        json["steps"][0]["bytes_read"], 8,
+        "4 bytes per row for a fully offloaded chain"
+    );
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn sample_rejects_a_file_that_is_not_npy() {
+    let path =
+        std::env::temp_dir().join(format!("sampler-chain-{}-garbage.npy", std::process::id()));
+    std::fs::write(&path, b"garbage").unwrap();
+    let out = run(
+        env!("CARGO_BIN_EXE_sample"),
+        &[
+            "--config",
+            "examples/chains/greedy.toml",
+            "--logits",
+            path.to_str().unwrap(),
+        ],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("garbage.npy") && err.contains("not a .npy file"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn unknown_device_lists_the_compiled_choices() {
+    let out = run(
+        env!("CARGO_BIN_EXE_plan"),
+        &["--config", "examples/chains/greedy.toml", "--device", "tpu"],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`tpu`") && err.contains("compiled-in choices"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_config_names_the_file() {
+    let out = run(
+        env!("CARGO_BIN_EXE_plan"),
+        &["--config", "no/such/chain.toml"],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no/such/chain.toml"));
+}
