@@ -2,7 +2,8 @@
 //!
 //! Rows ([`zipf_pool`]) are realistic and fixed: heavy-tailed, Zipf-like
 //! logits with a fixed seed. Per row, a tail exponent `s` in [1.1, 1.5] and a
-//! target top-1 probability in [0.1, 0.6] (spread evenly over the pool); the
+//! target top-1 probability in [0.1, 0.6] (evenly spaced over the pool, in
+//! random row order); the
 //! token of rank `r >= 2` gets `-s·ln r + noise` (noise uniform in
 //! ±0.25 nats), the top token the logit that gives it the target probability
 //! (kept at least 0.05 above the second); ranks are scattered over token ids
@@ -45,9 +46,13 @@ fn zipf_pool(vocab: usize, min_bytes: usize, seed: u64) -> (Vec<f32>, usize) {
     let mut out = Vec::with_capacity(rows * vocab);
     let mut perm: Vec<usize> = (0..vocab).collect();
     let mut row = vec![0f32; vocab];
-    for r in 0..rows {
+    // Target top-1 probabilities evenly spaced over [0.1, 0.6], in random
+    // row order (so any window of rows, e.g. a batch, mixes them).
+    let mut order: Vec<usize> = (0..rows).collect();
+    order.shuffle(&mut rng);
+    for &slot in &order {
         let s: f32 = rng.random_range(1.1..1.5);
-        let target_p1: f64 = 0.1 + 0.5 * (r as f64 + 0.5) / rows as f64;
+        let target_p1: f64 = 0.1 + 0.5 * (slot as f64 + 0.5) / rows as f64;
         perm.shuffle(&mut rng);
         let mut second = f32::NEG_INFINITY;
         let mut rest = 0.0f64;
@@ -279,7 +284,8 @@ fn bench_batch32(c: &mut Criterion) {
             let mut r = 0usize;
             group.bench_function(BenchmarkId::new("fast", name), |b| {
                 b.iter(|| {
-                    r = (r + BATCH) % (rows - BATCH);
+                    // A step coprime with the window count: every window is used.
+                    r = (r + BATCH + 1) % (rows - BATCH);
                     let out = sampler_cpu::sample_batch(
                         &pool[r * vocab..(r + BATCH) * vocab],
                         BATCH,

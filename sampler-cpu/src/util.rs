@@ -1,7 +1,5 @@
 //! Small shared helpers for the stages.
 
-use std::collections::HashMap;
-
 use sampler_core::{Candidates, TokenId};
 
 /// Whether `logits`/`ids` are descending by logit with ties by ascending id.
@@ -22,23 +20,31 @@ pub(crate) fn for_each_token_position(
     mut f: impl FnMut(usize, usize),
 ) {
     let ids = row.ids();
-    let mut slow: HashMap<TokenId, Vec<usize>> = HashMap::new();
+    // `(token, k)` sorted: one allocation, binary search per row position
+    // (the fast paths hand small, reordered rows here).
+    let mut slow: Vec<(TokenId, usize)> = Vec::new();
     for (k, &t) in tokens.iter().enumerate() {
         let i = t as usize;
         if ids.get(i) == Some(&t) {
             f(i, k);
         } else {
-            slow.entry(t).or_default().push(k);
+            slow.push((t, k));
         }
     }
-    if slow.is_empty() {
+    slow.sort_unstable();
+    let (Some(&(lo, _)), Some(&(hi, _))) = (slow.first(), slow.last()) else {
         return;
-    }
-    for (pos, id) in ids.iter().enumerate() {
-        if let Some(ks) = slow.get(id) {
-            for &k in ks {
-                f(pos, k);
+    };
+    for (pos, &id) in ids.iter().enumerate() {
+        if id < lo || id > hi {
+            continue;
+        }
+        let start = slow.partition_point(|&(t, _)| t < id);
+        for &(t, k) in &slow[start..] {
+            if t != id {
+                break;
             }
+            f(pos, k);
         }
     }
 }

@@ -13,7 +13,7 @@
 //!
 //! | first active stage | kernel | survivors |
 //! |---|---|---|
-//! | `greedy` (the only active stage) | one pass, blockwise max | the token |
+//! | `greedy` (the only active stage) | `top_k(1)`'s kernel | the token |
 //! | `top_k(k)` | selection with a running k-th-best threshold | `k`, sorted |
 //! | `penalties` (never raising a logit) then `top_k(k)` | selection of `k + last_n` | `k + last_n`, id order |
 //! | `min_p(p)`, `p <= 1` | running max, survivors buffered | tokens `>= max + ln p`, id order |
@@ -45,7 +45,7 @@ use std::cell::RefCell;
 
 use sampler_core::{Candidates, Chain, RowRng, SampleError, Sampler, StageSpec, TokenId};
 
-use self::scan::{argmax, key_id, min_p_ids, top_k_keys};
+use self::scan::{key_id, min_p_ids, top_k_keys};
 use self::tail::{temp_dist_tail, temp_dist_token};
 use self::top_p::{TopPScratch, top_p_full};
 
@@ -105,7 +105,7 @@ fn lead(stages: &[Box<dyn Sampler>]) -> Option<Lead> {
 struct Scratch {
     keys: Vec<u64>,
     ids: Vec<TokenId>,
-    bmax: Vec<f32>,
+    blocks: Vec<(usize, f32)>,
     sel: Vec<f32>,
     top_p: TopPScratch,
 }
@@ -149,13 +149,19 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
     let vocab = logits.len();
     let from_parts = |ids: Vec<TokenId>, l: Vec<f32>| Candidates::from_parts(ids, l, vocab).ok();
     match lead {
-        Lead::Greedy => match argmax(logits) {
-            Ok(Some((_, l))) if l == f32::NEG_INFINITY => Survivors::AllMasked,
-            Ok(Some((pos, _))) => Survivors::Token(pos as TokenId),
-            _ => Survivors::Reference,
+        // greedy == top_k(1): the maximum, ties to the lowest id.
+        Lead::Greedy => match top_k_keys(logits, 1, &mut s.blocks, &mut s.sel, &mut s.keys) {
+            Ok(()) => match s.keys.first() {
+                Some(&key) if logits[key_id(key) as usize] == f32::NEG_INFINITY => {
+                    Survivors::AllMasked
+                }
+                Some(&key) => Survivors::Token(key_id(key)),
+                None => Survivors::Reference,
+            },
+            Err(_) => Survivors::Reference,
         },
         Lead::TopK { at, k } => {
-            if top_k_keys(logits, k, &mut s.bmax, &mut s.sel, &mut s.keys).is_err() {
+            if top_k_keys(logits, k, &mut s.blocks, &mut s.sel, &mut s.keys).is_err() {
                 return Survivors::Reference;
             }
             let ids: Vec<TokenId> = s.keys.iter().map(|&k| key_id(k)).collect();
@@ -175,7 +181,7 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
         Lead::PenaltiesTopK { at, keep } => {
             // Not worth it when the superset is a large part of the row.
             if keep >= vocab / 4
-                || top_k_keys(logits, keep, &mut s.bmax, &mut s.sel, &mut s.keys).is_err()
+                || top_k_keys(logits, keep, &mut s.blocks, &mut s.sel, &mut s.keys).is_err()
             {
                 return Survivors::Reference;
             }
@@ -193,7 +199,7 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
             }
         }
         Lead::MinP { at, p, min_keep } => {
-            let max = match min_p_ids(logits, p.ln(), &mut s.bmax, &mut s.ids) {
+            let max = match min_p_ids(logits, p.ln(), &mut s.blocks, &mut s.sel, &mut s.ids) {
                 Ok(m) => m,
                 Err(_) => return Survivors::Reference,
             };

@@ -104,24 +104,53 @@ pub(crate) fn max_checked(row: &[f32]) -> Result<f32, Invalid> {
     }
 }
 
-/// `greedy` on a raw row: the position of the maximum logit, the lowest id
-/// among equal maxima, and its logit. One pass: the running maximum of
-/// 64-float blocks; the winning block (the first that reached the maximum) is
-/// rescanned for the first position holding it.
+/// Floats per block of [`candidate_blocks`].
+pub(crate) const BLOCK: usize = 4 * LANES;
+
+/// What [`candidate_blocks`] filters for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Filter {
+    /// Blocks that may hold one of the `k` best logits (`k >= 1`).
+    TopK(usize),
+    /// Blocks that may hold a logit `>= max + ln_p` (`ln_p <= 0`).
+    MinP(f32),
+}
+
+/// Pass 1 of the filters, one vectorised read of the row (and its
+/// validation): the blocks of [`BLOCK`] floats that may hold a survivor,
+/// as `(block index, block maximum)` in `out`, ascending; returns the final
+/// threshold `T` (every survivor is `>= T`, and lies in a listed block whose
+/// maximum is `>= T`) and the row's maximum (exact for `MinP`).
+///
+/// Each block keeps 16 lanes of running maxima; a block whose lanes are all
+/// below the running threshold is dropped without a horizontal reduction.
+/// `TopK(k)`: the threshold is the k-th largest block maximum so far (a
+/// buffer of up to `2k` maxima cut back to `k` by a selection), a lower bound
+/// of the k-th largest logit since k blocks hold a logit `>=` it. `MinP`: the
+/// running maximum plus `ln_p` (never above the final one).
 ///
 /// # Errors
 /// [`Invalid`] if the row holds a NaN or `+inf`.
-pub(crate) fn argmax(row: &[f32]) -> Result<Option<(usize, f32)>, Invalid> {
-    const BLOCK: usize = 4 * LANES;
-    if row.is_empty() {
-        return Ok(None);
-    }
-    let mut best = f32::NEG_INFINITY;
-    let mut best_block = 0usize;
+pub(crate) fn candidate_blocks(
+    row: &[f32],
+    filter: Filter,
+    out: &mut Vec<(usize, f32)>,
+    buf: &mut Vec<f32>,
+) -> Result<(f32, f32), Invalid> {
+    out.clear();
+    buf.clear();
+    let (k, ln_p) = match filter {
+        Filter::TopK(k) => (k.max(1), 0.0),
+        Filter::MinP(ln_p) => (0, ln_p),
+    };
+    let cap = k.saturating_mul(2).max(64);
+    let desc = |a: &f32, b: &f32| b.total_cmp(a);
+    let mut thr = f32::NEG_INFINITY;
+    let mut max = f32::NEG_INFINITY;
     let mut nan = [false; LANES];
-    let full = row.len() / BLOCK;
-    for b in 0..full {
-        let blk = &row[b * BLOCK..(b + 1) * BLOCK];
+    let full = row.chunks_exact(BLOCK);
+    let tail = full.remainder();
+    for (b, blk) in full.enumerate() {
         let mut acc = [f32::NEG_INFINITY; LANES];
         for c in blk.chunks_exact(LANES) {
             let c = as_block(c);
@@ -130,76 +159,25 @@ pub(crate) fn argmax(row: &[f32]) -> Result<Option<(usize, f32)>, Invalid> {
                 nan[j] |= x.is_nan();
                 acc[j] = if x > acc[j] { x } else { acc[j] };
             }
+        }
+        if !acc.iter().fold(false, |a, &x| a | (x >= thr)) {
+            continue;
         }
         let m = acc
             .iter()
             .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
-        if m > best {
-            best = m;
-            best_block = b;
-        }
-    }
-    // NaN never wins `x > acc`; +inf wins and shows up as `best`.
-    if nan.iter().any(|&n| n) || best == f32::INFINITY {
-        return Err(Invalid);
-    }
-    // The tail (fewer than BLOCK floats), scalar.
-    let mut best_pos = None;
-    for (i, &x) in row.iter().enumerate().skip(full * BLOCK) {
-        if is_bad(x) {
-            return Err(Invalid);
-        }
-        if x > best {
-            best = x;
-            best_pos = Some(i);
-        }
-    }
-    if let Some(i) = best_pos {
-        return Ok(Some((i, best)));
-    }
-    if full == 0 || best == f32::NEG_INFINITY {
-        // Every logit is -inf: position 0, as the reference's argmax.
-        return Ok(Some((0, row[0])));
-    }
-    let start = best_block * BLOCK;
-    let pos = row[start..start + BLOCK]
-        .iter()
-        .position(|&x| x == best)
-        .map_or(start, |p| start + p);
-    Ok(Some((pos, row[pos])))
-}
-
-/// Floats per block of [`block_maxima`].
-pub(crate) const BLOCK: usize = 4 * LANES;
-
-/// Pass 1 shared by the filters: the maximum of every block of [`BLOCK`]
-/// floats (the last block may be shorter) into `out` (`ceil(len / BLOCK)`
-/// entries), and the row's maximum. One vectorised read of the row; also
-/// the row's validation.
-///
-/// # Errors
-/// [`Invalid`] if the row holds a NaN or `+inf`.
-pub(crate) fn block_maxima(row: &[f32], out: &mut Vec<f32>) -> Result<f32, Invalid> {
-    out.clear();
-    let mut nan = [false; LANES];
-    let full = row.chunks_exact(BLOCK);
-    let tail = full.remainder();
-    // `push` (not a zipped store) keeps the vectoriser on the inner loop
-    // instead of the loop over blocks (which would gather scalars).
-    for blk in full {
-        let mut acc = [f32::NEG_INFINITY; LANES];
-        for c in blk.chunks_exact(LANES) {
-            let c = as_block(c);
-            for j in 0..LANES {
-                let x = c[j];
-                nan[j] |= x.is_nan();
-                acc[j] = if x > acc[j] { x } else { acc[j] };
+        out.push((b, m));
+        max = if m > max { m } else { max };
+        if k > 0 {
+            buf.push(m);
+            if buf.len() >= cap {
+                buf.select_nth_unstable_by(k - 1, desc);
+                buf.truncate(k);
+                thr = buf[k - 1];
             }
+        } else {
+            thr = max + ln_p;
         }
-        out.push(
-            acc.iter()
-                .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m }),
-        );
     }
     if !tail.is_empty() {
         let mut m = f32::NEG_INFINITY;
@@ -209,58 +187,40 @@ pub(crate) fn block_maxima(row: &[f32], out: &mut Vec<f32>) -> Result<f32, Inval
             }
             m = if x > m { x } else { m };
         }
-        out.push(m);
+        out.push((row.len() / BLOCK, m));
+        max = if m > max { m } else { max };
+        buf.push(m);
     }
-    let max = out
-        .iter()
-        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
-    // NaN never wins `x > acc`; +inf wins and shows up as the maximum.
+    // NaN never wins `x > acc`; +inf wins and shows up as a block maximum.
     if nan.iter().any(|&n| n) || max == f32::INFINITY {
         return Err(Invalid);
     }
-    Ok(max)
-}
-
-/// The `k`-th largest of `values` (no NaN), or `-inf` when `k == 0` or
-/// `k > values.len()`. A running threshold: a buffer of up to `4k` is cut
-/// back to `k` by a selection whenever it fills, so most values cost one
-/// compare.
-pub(crate) fn kth_largest(values: &[f32], k: usize, buf: &mut Vec<f32>) -> f32 {
-    if k == 0 || k > values.len() {
-        return f32::NEG_INFINITY;
-    }
-    let cap = k.saturating_mul(4).max(64);
-    buf.clear();
-    let mut kth = f32::NEG_INFINITY;
-    let desc = |a: &f32, b: &f32| b.total_cmp(a);
-    for (i, &m) in values.iter().enumerate() {
-        // Before the first cut every value enters; after it, only those
-        // above the k-th largest so far can change the answer.
-        if i >= cap && !(m > kth) {
-            continue;
-        }
-        buf.push(m);
-        if buf.len() >= cap {
-            buf.select_nth_unstable_by(k - 1, desc);
-            buf.truncate(k);
-            kth = buf[k - 1];
-        }
-    }
-    *buf.select_nth_unstable_by(k - 1, desc).1
+    let thr = if k == 0 {
+        max + ln_p
+    } else if buf.len() >= k {
+        *buf.select_nth_unstable_by(k - 1, desc).1
+    } else {
+        f32::NEG_INFINITY
+    };
+    Ok((thr, max))
 }
 
 /// Call `f(position)` for every position `i` of the row, in ascending order,
-/// whose block maximum is `>= thr` and with `row[i] >= thr` (no NaN here:
-/// the row passed [`block_maxima`]).
+/// in a listed block whose maximum is `>= thr` and with `row[i] >= thr` (no
+/// NaN here: the row passed [`candidate_blocks`]).
 #[inline(always)]
-fn for_each_at_least(row: &[f32], bmax: &[f32], thr: f32, mut f: impl FnMut(usize)) {
-    for (b, _) in bmax.iter().enumerate().filter(|&(_, &m)| m >= thr) {
+fn for_each_at_least(row: &[f32], blocks: &[(usize, f32)], thr: f32, mut f: impl FnMut(usize)) {
+    for &(b, _) in blocks.iter().filter(|&&(_, m)| m >= thr) {
         let start = b * BLOCK;
         let blk = &row[start..row.len().min(start + BLOCK)];
         let chunks = blk.chunks_exact(LANES);
         let rest = blk.len() - chunks.remainder().len();
         for (q, c) in chunks.enumerate() {
             let c = as_block(c);
+            // Most 16-float chunks of a candidate block hold no survivor.
+            if !c.iter().fold(false, |a, &x| a | (x >= thr)) {
+                continue;
+            }
             for j in set_bits(lane_mask(c, |x| x >= thr)) {
                 f(start + q * LANES + j);
             }
@@ -276,11 +236,10 @@ fn for_each_at_least(row: &[f32], bmax: &[f32], thr: f32, mut f: impl FnMut(usiz
 /// Keys ([`desc_key`]) of the `k` best candidates of the row (descending
 /// logit, ties by lowest id), sorted, written to `out`.
 ///
-/// Pass 1 takes the block maxima; the k-th largest block maximum `T` is a
-/// lower bound of the k-th largest logit (k blocks hold a logit `>= T`), so
-/// every one of the k best lies in a block whose maximum is `>= T`, and only
-/// those (about k) blocks are read again, from cache. Cost: one read of the
-/// row, a selection over `V / 64` block maxima and over a few hundred keys.
+/// Pass 1 ([`candidate_blocks`]) bounds the k-th largest logit from below by
+/// the k-th largest block maximum `T`; every one of the k best lies in a block
+/// whose maximum is `>= T`, and only those (about k) blocks are read again,
+/// from cache. Then a selection over a few hundred keys and a sort of k.
 ///
 /// `k == 0` yields nothing; `k >= len` yields the whole row, sorted.
 ///
@@ -289,17 +248,16 @@ fn for_each_at_least(row: &[f32], bmax: &[f32], thr: f32, mut f: impl FnMut(usiz
 pub(crate) fn top_k_keys(
     row: &[f32],
     k: usize,
-    bmax: &mut Vec<f32>,
+    blocks: &mut Vec<(usize, f32)>,
     sel: &mut Vec<f32>,
     out: &mut Vec<u64>,
 ) -> Result<(), Invalid> {
     out.clear();
-    block_maxima(row, bmax)?;
+    let (thr, _) = candidate_blocks(row, Filter::TopK(k), blocks, sel)?;
     if k == 0 {
         return Ok(());
     }
-    let thr = kth_largest(bmax, k, sel);
-    for_each_at_least(row, bmax, thr, |i| {
+    for_each_at_least(row, blocks, thr, |i| {
         out.push(desc_key(row[i], i as TokenId));
     });
     if out.len() > k {
@@ -313,22 +271,21 @@ pub(crate) fn top_k_keys(
 /// `min_p` on a raw row, unsorted path: the ids (ascending) of every token
 /// with `logit >= max + ln_p`, where `max` is the row's maximum, written to
 /// `out`; returns `max`. The threshold is computed exactly as the reference
-/// does (`max + ln_p` in f32), so the kept set is identical. Pass 1 takes the
-/// block maxima; only blocks whose maximum reaches the threshold are read
-/// again.
+/// does (`max + ln_p` in f32), so the kept set is identical; only blocks whose
+/// maximum reaches it are read again.
 ///
 /// # Errors
 /// [`Invalid`] if the row holds a NaN or `+inf`.
 pub(crate) fn min_p_ids(
     row: &[f32],
     ln_p: f32,
-    bmax: &mut Vec<f32>,
+    blocks: &mut Vec<(usize, f32)>,
+    sel: &mut Vec<f32>,
     out: &mut Vec<TokenId>,
 ) -> Result<f32, Invalid> {
     out.clear();
-    let max = block_maxima(row, bmax)?;
-    let thr = max + ln_p;
-    for_each_at_least(row, bmax, thr, |i| out.push(i as TokenId));
+    let (thr, max) = candidate_blocks(row, Filter::MinP(ln_p), blocks, sel)?;
+    for_each_at_least(row, blocks, thr, |i| out.push(i as TokenId));
     Ok(max)
 }
 
@@ -360,21 +317,26 @@ mod tests {
         }
     }
 
+    fn best(row: &[f32]) -> Result<Option<u32>, Invalid> {
+        let mut out = Vec::new();
+        top_k_keys(row, 1, &mut Vec::new(), &mut Vec::new(), &mut out)?;
+        Ok(out.first().map(|&k| key_id(k)))
+    }
+
     #[test]
-    fn argmax_ties_lowest_id_and_bad_rows() {
+    fn top_1_ties_lowest_id_and_bad_rows() {
         let mut row = vec![0.0f32; 300];
         row[70] = 5.0;
         row[200] = 5.0;
-        assert_eq!(argmax(&row), Ok(Some((70, 5.0))));
+        assert_eq!(best(&row), Ok(Some(70)));
         row[299] = 6.0;
-        assert_eq!(argmax(&row), Ok(Some((299, 6.0))));
+        assert_eq!(best(&row), Ok(Some(299)));
         row[3] = f32::NAN;
-        assert_eq!(argmax(&row), Err(Invalid));
-        assert_eq!(
-            argmax(&[f32::NEG_INFINITY; 3]),
-            Ok(Some((0, f32::NEG_INFINITY)))
-        );
-        assert_eq!(argmax(&[]), Ok(None));
+        assert_eq!(best(&row), Err(Invalid));
+        row[3] = f32::INFINITY;
+        assert_eq!(best(&row), Err(Invalid));
+        assert_eq!(best(&[f32::NEG_INFINITY; 3]), Ok(Some(0)));
+        assert_eq!(best(&[]), Ok(None));
     }
 
     #[test]
