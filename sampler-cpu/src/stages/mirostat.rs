@@ -101,7 +101,6 @@ impl Sampler for Mirostat {
             row.len()
         };
         row.top_k_sorted(keep);
-        row.softmax()?;
         let index = dist_select(row, ctx.rng.uniform(0))?;
         self.pending = selected_surprise(row, index);
         Ok(())

@@ -64,7 +64,6 @@ impl Sampler for MirostatV2 {
             .unwrap_or(probs.len())
             .max(1);
         row.truncate(keep);
-        row.softmax()?;
         let index = dist_select(row, ctx.rng.uniform(0))?;
         self.pending = selected_surprise(row, index);
         Ok(())
