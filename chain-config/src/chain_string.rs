@@ -22,29 +22,6 @@ pub const DEFAULT_ORDER: [StageKind; 9] = [
     StageKind::Temperature,
 ];
 
-/// Rank of a kind in the canonical order: `logit_bias`, then the llama.cpp
-/// default order (with `no_repeat_ngram` next to the other history
-/// penalties), then the selecting stages.
-pub(crate) fn order_rank(kind: StageKind) -> usize {
-    match kind {
-        StageKind::LogitBias => 0,
-        StageKind::Penalties => 1,
-        StageKind::NoRepeatNgram => 2,
-        StageKind::Dry => 3,
-        StageKind::TopNSigma => 4,
-        StageKind::TopK => 5,
-        StageKind::Typical => 6,
-        StageKind::TopP => 7,
-        StageKind::MinP => 8,
-        StageKind::Xtc => 9,
-        StageKind::Temperature => 10,
-        StageKind::Mirostat => 11,
-        StageKind::MirostatV2 => 12,
-        StageKind::Greedy => 13,
-        StageKind::Dist => 14,
-    }
-}
-
 /// Split a `;`-separated list of stage names (llama.cpp `--samplers`;
 /// case-insensitive, `-` and `_` alike, aliases accepted). Blank entries
 /// (`"top_k;;dist"`, a trailing `;`) are skipped. `locate` maps a byte
@@ -101,4 +78,26 @@ pub(crate) fn parse_seq(s: &str) -> Result<Vec<StageKind>, ConfigError> {
         }
     }
     Ok(kinds)
+}
+
+#[cfg(test)]
+mod order_tests {
+    use super::*;
+
+    /// llama.cpp's default order is the registry's order of the stages that
+    /// have a `--sampling-seq` letter.
+    #[test]
+    fn default_order_follows_the_registry() {
+        let mut lettered: Vec<StageKind> = StageKind::ALL
+            .into_iter()
+            .filter(|k| k.meta().seq_letter.is_some())
+            .collect();
+        lettered.sort_by_key(|k| k.meta().order);
+        assert_eq!(lettered, DEFAULT_ORDER);
+        let letters: String = DEFAULT_ORDER
+            .iter()
+            .filter_map(|k| k.meta().seq_letter)
+            .collect();
+        assert_eq!(letters, "edskypmxt");
+    }
 }

@@ -2,7 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use sampler_core::{ChainSpec, GREEDY_TEMPERATURE, HistoryScope, StageSpec, TokenId};
+use sampler_core::{
+    ChainSpec, GREEDY_TEMPERATURE, HistoryScope, ParamValue as PValue, StageKind, StageSpec,
+    TokenId,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ConfigError, Diagnostic};
@@ -70,6 +73,13 @@ pub struct SamplingParams {
     /// Locally typical mass in `[0, 1]`; `1` off (transformers / llama.cpp server). Default 1.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub typical_p: Option<f32>,
+    /// Epsilon sampling cutoff in `[0, 1)`; `0` off (transformers
+    /// `epsilon_cutoff`). Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epsilon_cutoff: Option<f32>,
+    /// Eta sampling cutoff in `[0, 1)`; `0` off (transformers `eta_cutoff`). Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eta_cutoff: Option<f32>,
     /// Top-n-sigma, finite; `<= 0` off (llama.cpp server). Default off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_n_sigma: Option<f32>,
@@ -147,12 +157,14 @@ pub struct SamplingParams {
 }
 
 /// Every JSON key of [`SamplingParams`] (and its aliases).
-pub(crate) const FIELDS: [&str; 28] = [
+pub(crate) const FIELDS: [&str; 30] = [
     "temperature",
     "top_k",
     "top_p",
     "min_p",
     "typical_p",
+    "epsilon_cutoff",
+    "eta_cutoff",
     "top_n_sigma",
     "xtc_probability",
     "xtc_threshold",
@@ -197,7 +209,17 @@ pub(crate) enum FieldKind {
 
 /// Every JSON key of [`SamplingParams`] with its kind and valid range in
 /// words (used verbatim in errors, also for `generation_config.json`).
-pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 28] = [
+pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 30] = [
+    (
+        "epsilon_cutoff",
+        FieldKind::Float,
+        "a number in [0, 1) (0 = off)",
+    ),
+    (
+        "eta_cutoff",
+        FieldKind::Float,
+        "a number in [0, 1) (0 = off)",
+    ),
     (
         "temperature",
         FieldKind::Float,
@@ -426,6 +448,25 @@ fn check_i(
     }
 }
 
+/// A stage of `kind` at the registry's defaults, with the parameters given
+/// here set (values already range-checked by [`SamplingParams::check`]).
+fn stage(kind: StageKind, set: &[(&str, Option<PValue>)]) -> StageSpec {
+    let mut spec = StageSpec::default_for(kind);
+    for (name, value) in set {
+        if let Some(v) = value {
+            // Checked before: a refusal here would be a registry mismatch,
+            // caught by the flat tests.
+            let _ = spec.set_param(name, v.clone());
+        }
+    }
+    spec
+}
+
+/// A count parameter as a value (negative counts were refused by `check`).
+fn int(v: Option<i64>) -> Option<PValue> {
+    v.map(PValue::Int)
+}
+
 fn count(v: Option<i64>, default: usize) -> usize {
     v.and_then(|x| usize::try_from(x).ok()).unwrap_or(default)
 }
@@ -504,6 +545,19 @@ impl SamplingParams {
         check_f("top_p", self.top_p, unit, range_of("top_p"))?;
         check_f("min_p", self.min_p, unit, range_of("min_p"))?;
         check_f("typical_p", self.typical_p, unit, range_of("typical_p"))?;
+        let below_one = |x: f32| (0.0..1.0).contains(&x);
+        check_f(
+            "epsilon_cutoff",
+            self.epsilon_cutoff,
+            below_one,
+            range_of("epsilon_cutoff"),
+        )?;
+        check_f(
+            "eta_cutoff",
+            self.eta_cutoff,
+            below_one,
+            range_of("eta_cutoff"),
+        )?;
         check_f(
             "top_n_sigma",
             self.top_n_sigma,
@@ -653,6 +707,8 @@ impl SamplingParams {
             top_p,
             min_p,
             typical_p,
+            epsilon_cutoff,
+            eta_cutoff,
             top_n_sigma,
             xtc_probability,
             xtc_threshold,
@@ -704,6 +760,7 @@ impl SamplingParams {
     /// # Errors
     /// [`ConfigError::OutOfRange`] from [`SamplingParams::check`].
     pub fn to_chain(&self) -> Result<ChainConfig, ConfigError> {
+        use PValue as V;
         self.check()?;
         let mut diagnostics = Vec::new();
         let min_keep = count(self.min_keep, 0);
@@ -734,14 +791,22 @@ impl SamplingParams {
             n: count(self.no_repeat_ngram_size, 0),
             scope: HistoryScope::PromptAndOutput,
         });
-        head.push(StageSpec::Dry {
-            multiplier: self.dry_multiplier.unwrap_or(0.0),
-            base: self.dry_base.unwrap_or(1.75),
-            allowed_length: count(self.dry_allowed_length, 2),
-            last_n: count(self.dry_penalty_last_n, 64),
-            seq_breakers: self.dry_sequence_breakers.clone().unwrap_or_default(),
-            scope: HistoryScope::PromptAndOutput,
-        });
+        head.push(stage(
+            StageKind::Dry,
+            &[
+                (
+                    "multiplier",
+                    Some(V::Float(self.dry_multiplier.unwrap_or(0.0))),
+                ),
+                ("base", self.dry_base.map(V::Float)),
+                ("allowed_length", int(self.dry_allowed_length)),
+                ("last_n", int(self.dry_penalty_last_n)),
+                (
+                    "seq_breakers",
+                    self.dry_sequence_breakers.clone().map(V::Seqs),
+                ),
+            ],
+        ));
 
         // Greedy rules.
         let t = self.temperature.unwrap_or(1.0);
@@ -776,6 +841,8 @@ impl SamplingParams {
         note_f("top_p", self.top_p, 1.0);
         note_f("min_p", self.min_p, 0.0);
         note_f("typical_p", self.typical_p, 1.0);
+        note_f("epsilon_cutoff", self.epsilon_cutoff, 0.0);
+        note_f("eta_cutoff", self.eta_cutoff, 0.0);
         note_f("top_n_sigma", self.top_n_sigma.filter(|n| *n > 0.0), -1.0);
         note_f("xtc_probability", self.xtc_probability, 0.0);
         note_f("dynatemp_range", self.dynatemp_range, 0.0);
@@ -821,13 +888,18 @@ impl SamplingParams {
                 dynatemp_range: 0.0,
                 dynatemp_exponent: 1.0,
             });
-            let tau = self.mirostat_tau.unwrap_or(5.0);
-            let eta = self.mirostat_eta.unwrap_or(0.1);
-            stages.push(if mode == 1 {
-                StageSpec::Mirostat { tau, eta, m: 100 }
+            let kind = if mode == 1 {
+                StageKind::Mirostat
             } else {
-                StageSpec::MirostatV2 { tau, eta }
-            });
+                StageKind::MirostatV2
+            };
+            stages.push(stage(
+                kind,
+                &[
+                    ("tau", self.mirostat_tau.map(V::Float)),
+                    ("eta", self.mirostat_eta.map(V::Float)),
+                ],
+            ));
         } else {
             stages.push(StageSpec::TopNSigma {
                 n: self.top_n_sigma.unwrap_or(-1.0),
@@ -847,16 +919,38 @@ impl SamplingParams {
                 p: self.min_p.unwrap_or(0.0),
                 min_keep,
             });
-            stages.push(StageSpec::Xtc {
-                probability: self.xtc_probability.unwrap_or(0.0),
-                threshold: self.xtc_threshold.unwrap_or(0.1),
-                min_keep,
-            });
-            stages.push(StageSpec::Temperature {
-                t,
-                dynatemp_range: self.dynatemp_range.unwrap_or(0.0),
-                dynatemp_exponent: self.dynatemp_exponent.unwrap_or(1.0),
-            });
+            // transformers applies epsilon and eta after the other truncations.
+            for (kind, cutoff) in [
+                (StageKind::Epsilon, self.epsilon_cutoff),
+                (StageKind::Eta, self.eta_cutoff),
+            ] {
+                stages.push(stage(
+                    kind,
+                    &[
+                        ("epsilon", Some(V::Float(cutoff.unwrap_or(0.0)))),
+                        ("min_keep", Some(V::Int(min_keep as i64))),
+                    ],
+                ));
+            }
+            stages.push(stage(
+                StageKind::Xtc,
+                &[
+                    (
+                        "probability",
+                        Some(V::Float(self.xtc_probability.unwrap_or(0.0))),
+                    ),
+                    ("threshold", self.xtc_threshold.map(V::Float)),
+                    ("min_keep", Some(V::Int(min_keep as i64))),
+                ],
+            ));
+            stages.push(stage(
+                StageKind::Temperature,
+                &[
+                    ("t", Some(V::Float(t))),
+                    ("dynatemp_range", self.dynatemp_range.map(V::Float)),
+                    ("dynatemp_exponent", self.dynatemp_exponent.map(V::Float)),
+                ],
+            ));
             stages.push(StageSpec::Dist);
         }
         stages.retain(|s| !s.is_noop());
@@ -883,6 +977,8 @@ mod tests {
             top_p: Some(1.0),
             min_p: Some(0.0),
             typical_p: Some(1.0),
+            epsilon_cutoff: Some(0.0),
+            eta_cutoff: Some(0.0),
             top_n_sigma: Some(1.0),
             xtc_probability: Some(0.0),
             xtc_threshold: Some(0.1),

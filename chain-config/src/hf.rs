@@ -30,6 +30,10 @@ pub struct GenerationConfig {
     pub min_p: Option<f32>,
     /// `typical_p`.
     pub typical_p: Option<f32>,
+    /// `epsilon_cutoff` (epsilon sampling; 0 = off).
+    pub epsilon_cutoff: Option<f32>,
+    /// `eta_cutoff` (eta sampling; 0 = off).
+    pub eta_cutoff: Option<f32>,
     /// `repetition_penalty`.
     pub repetition_penalty: Option<f32>,
     /// `no_repeat_ngram_size`.
@@ -44,12 +48,10 @@ pub struct GenerationConfig {
 
 /// Keys with an effect on decoding that have no stage here, with the value
 /// that means "off" (`None`: any non-empty value matters).
-const UNSUPPORTED: [(&str, Option<f64>); 12] = [
+const UNSUPPORTED: [(&str, Option<f64>); 10] = [
     ("num_beams", Some(1.0)),
     ("num_beam_groups", Some(1.0)),
     ("penalty_alpha", Some(0.0)),
-    ("epsilon_cutoff", Some(0.0)),
-    ("eta_cutoff", Some(0.0)),
     ("diversity_penalty", Some(0.0)),
     ("encoder_repetition_penalty", Some(1.0)),
     ("guidance_scale", Some(1.0)),
@@ -133,6 +135,12 @@ impl GenerationConfig {
         if let Some(v) = get("typical_p") {
             cfg.typical_p = Some(number(text, "typical_p", v)?);
         }
+        if let Some(v) = get("epsilon_cutoff") {
+            cfg.epsilon_cutoff = Some(number(text, "epsilon_cutoff", v)?);
+        }
+        if let Some(v) = get("eta_cutoff") {
+            cfg.eta_cutoff = Some(number(text, "eta_cutoff", v)?);
+        }
         if let Some(v) = get("repetition_penalty") {
             cfg.repetition_penalty = Some(number(text, "repetition_penalty", v)?);
         }
@@ -201,6 +209,8 @@ impl GenerationConfig {
             top_p: self.top_p,
             min_p: self.min_p,
             typical_p: self.typical_p,
+            epsilon_cutoff: self.epsilon_cutoff,
+            eta_cutoff: self.eta_cutoff,
             repetition_penalty: self.repetition_penalty,
             no_repeat_ngram_size: self.no_repeat_ngram_size,
             do_sample: self.do_sample,

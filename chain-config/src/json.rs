@@ -421,7 +421,7 @@ fn missing_help(kind: StageKind, field: &str) -> String {
             kind.name(),
             pm.name,
             pm.range,
-            pm.default
+            pm.default_toml()
         ),
         None => format!("`{}` needs `{field}`", kind.name()),
     }

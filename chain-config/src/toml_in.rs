@@ -8,7 +8,7 @@ use sampler_core::{ChainSpec, OffloadPolicy, ParamKind, ParamMeta, StageKind, St
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use crate::chain_string::{order_rank, parse_names};
+use crate::chain_string::parse_names;
 use crate::error::{ConfigError, Location};
 use crate::params::{PValue, SetError, default_stage, scope_from_word, set_param};
 use crate::suggest::suggest;
@@ -276,7 +276,7 @@ pub(crate) fn load(text: &str, opts: &LoadOptions) -> Result<ChainConfig, Config
             .collect()
     } else if let Some((_, _, _, tspan)) = tables.first() {
         let mut kinds: Vec<StageKind> = tables.iter().map(|t| t.0).collect();
-        kinds.sort_by_key(|k| order_rank(*k));
+        kinds.sort_by_key(|k| k.meta().order);
         let mut names: Vec<String> = kinds.iter().map(|k| k.name().to_string()).collect();
         let tables_given = names.clone();
         if !kinds.iter().any(|k| k.meta().effects.selects) {
@@ -584,7 +584,7 @@ fn stage_from_table(
         seen.push((pm.name, name.to_string(), value.span()));
         let pv = convert(src, pm, &path, value)?;
         set_param(&mut spec, pm.name, pv).map_err(|e| match e {
-            SetError::Range | SetError::Unknown => ConfigError::OutOfRange {
+            SetError::Range | SetError::Unknown | SetError::WrongKind => ConfigError::OutOfRange {
                 path: path.clone(),
                 value: written(src, value),
                 expected: pm.range.to_string(),

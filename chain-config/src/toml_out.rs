@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use sampler_core::{OffloadPolicy, StageSpec};
 
 use crate::ChainConfig;
-use crate::params::{PValue, params_of, scope_word};
+use crate::params::{PValue, params_of};
 
 /// A TOML basic string.
 pub(crate) fn quote(s: &str) -> String {
@@ -33,55 +33,9 @@ pub(crate) fn quote(s: &str) -> String {
     out
 }
 
-/// An `f32` as TOML: shortest round-trip text; `inf`, `-inf`, `nan`.
-pub(crate) fn float(x: f32) -> String {
-    if x.is_nan() {
-        "nan".into()
-    } else if x.is_infinite() {
-        if x > 0.0 { "inf".into() } else { "-inf".into() }
-    } else {
-        format!("{x:?}")
-    }
-}
-
 /// One parameter value as TOML.
 pub(crate) fn render_value(v: &PValue) -> String {
-    match v {
-        PValue::Int(i) => i.to_string(),
-        PValue::Float(x) => float(*x),
-        PValue::Scope(s) => quote(scope_word(*s)),
-        PValue::Seqs(seqs) => {
-            let inner: Vec<String> = seqs
-                .iter()
-                .map(|s| {
-                    let ids: Vec<String> = s.iter().map(u32::to_string).collect();
-                    format!("[{}]", ids.join(", "))
-                })
-                .collect();
-            format!("[{}]", inner.join(", "))
-        }
-        PValue::Biases(b) => {
-            let mut ids: Vec<u32> = b.iter().map(|(t, _)| *t).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            if b.is_empty() {
-                "{}".into()
-            } else if ids.len() == b.len() {
-                let entries: Vec<String> = b
-                    .iter()
-                    .map(|(t, x)| format!("\"{t}\" = {}", float(*x)))
-                    .collect();
-                format!("{{ {} }}", entries.join(", "))
-            } else {
-                // A token listed twice cannot be a table key twice: pairs.
-                let entries: Vec<String> = b
-                    .iter()
-                    .map(|(t, x)| format!("[{t}, {}]", float(*x)))
-                    .collect();
-                format!("[{}]", entries.join(", "))
-            }
-        }
-    }
+    v.to_toml()
 }
 
 fn write_params(out: &mut String, spec: &StageSpec) {

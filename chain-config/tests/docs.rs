@@ -43,7 +43,7 @@ fn stage_reference() -> String {
             out.push_str(&format!(
                 "| {name} | {} | `{}` | {} | {} |\n",
                 kind_word(p.kind),
-                p.default,
+                p.default_toml(),
                 p.range.replace('|', "\\|"),
                 p.doc.replace('|', "\\|")
             ));

@@ -21,6 +21,7 @@ mod chain;
 mod error;
 mod meta;
 pub mod plan;
+mod registry;
 pub mod rng;
 mod sampler;
 mod spec;
@@ -28,8 +29,11 @@ mod spec;
 pub use candidates::{Candidates, RawCandidates, desc_cmp, validate_logits};
 pub use chain::Chain;
 pub use error::{ParamError, SampleError};
-pub use meta::{Effects, ParamKind, ParamMeta, StageKind, StageMeta};
+pub use meta::{
+    DeviceEffects, Effects, ParamField, ParamKind, ParamMeta, ParamValue, SetParamError, StageMeta,
+};
 pub use plan::{OffloadPolicy, Plan, PlanStage, Readback};
+pub use registry::StageKind;
 pub use rng::RowRng;
 pub use sampler::{Sampler, StageContext, TokenOrigin};
 pub use spec::{ChainSpec, GREEDY_TEMPERATURE, HistoryScope, StageSpec};

@@ -1,40 +1,10 @@
 //! Static stage metadata (DESIGN.md contract 2). The planner and the config
 //! loader reason from this alone; they never run a stage to learn what it does.
+//! The values themselves are declared once per stage in the registry
+//! (`registry.rs`), which generates [`StageKind`], [`StageSpec`](crate::StageSpec)
+//! and every lookup from them.
 
-/// Every built-in stage kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum StageKind {
-    /// Argmax (first maximum; ties to the lowest id).
-    Greedy,
-    /// Draw from the softmax of the current candidates.
-    Dist,
-    /// Keep the k highest logits.
-    TopK,
-    /// Nucleus: smallest set whose probability mass reaches p.
-    TopP,
-    /// Keep tokens with p >= min_p * p_max.
-    MinP,
-    /// Locally typical sampling.
-    Typical,
-    /// Temperature, with the dynamic-temperature (entropy) extension.
-    Temperature,
-    /// Exclude top choices.
-    Xtc,
-    /// Keep logits within n standard deviations of the max.
-    TopNSigma,
-    /// Mirostat v1 (selects).
-    Mirostat,
-    /// Mirostat v2 (selects).
-    MirostatV2,
-    /// Repetition / frequency / presence penalties.
-    Penalties,
-    /// DRY ("don't repeat yourself") n-gram penalty.
-    Dry,
-    /// Additive per-token bias.
-    LogitBias,
-    /// Ban tokens that would repeat an n-gram.
-    NoRepeatNgram,
-}
+use crate::{HistoryScope, StageKind, TokenId};
 
 /// What a stage does to a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -64,8 +34,185 @@ pub enum ParamKind {
     TokenBiases,
 }
 
-/// A stage parameter: name, type, default, valid range and meaning.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// A parameter value, type-checked against its [`ParamKind`]: what the config
+/// loaders and CLIs pass to [`StageSpec::set_param`](crate::StageSpec::set_param)
+/// and read back from [`StageSpec::params`](crate::StageSpec::params).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ParamValue {
+    /// [`ParamKind::Int`].
+    Int(i64),
+    /// [`ParamKind::Float`].
+    Float(f32),
+    /// [`ParamKind::Enum`] (the history scope).
+    Scope(HistoryScope),
+    /// [`ParamKind::TokenSequences`].
+    Seqs(Vec<Vec<TokenId>>),
+    /// [`ParamKind::TokenBiases`].
+    Biases(Vec<(TokenId, f32)>),
+}
+
+impl ParamValue {
+    /// The value as written in TOML (`0.95`, `"output"`, `[[1, 2]]`,
+    /// `{ "5" = -inf }`): floats in the shortest text that reads back to the
+    /// same `f32`, `inf`/`-inf`/`nan` as TOML spells them; biases as a table,
+    /// or as `[token, bias]` pairs when a token is listed twice.
+    pub fn to_toml(&self) -> String {
+        fn float(x: f32) -> String {
+            if x.is_nan() {
+                "nan".into()
+            } else if x.is_infinite() {
+                if x > 0.0 { "inf".into() } else { "-inf".into() }
+            } else {
+                format!("{x:?}")
+            }
+        }
+        match self {
+            ParamValue::Int(i) => i.to_string(),
+            ParamValue::Float(x) => float(*x),
+            ParamValue::Scope(s) => format!("\"{}\"", s.word()),
+            ParamValue::Seqs(seqs) => {
+                let inner: Vec<String> = seqs
+                    .iter()
+                    .map(|s| {
+                        let ids: Vec<String> = s.iter().map(u32::to_string).collect();
+                        format!("[{}]", ids.join(", "))
+                    })
+                    .collect();
+                format!("[{}]", inner.join(", "))
+            }
+            ParamValue::Biases(b) => {
+                let mut ids: Vec<TokenId> = b.iter().map(|(t, _)| *t).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                let entries: Vec<String> = if ids.len() == b.len() {
+                    b.iter()
+                        .map(|(t, x)| format!("\"{t}\" = {}", float(*x)))
+                        .collect()
+                } else {
+                    // A token listed twice cannot be a table key twice: pairs.
+                    b.iter()
+                        .map(|(t, x)| format!("[{t}, {}]", float(*x)))
+                        .collect()
+                };
+                if b.is_empty() {
+                    "{}".into()
+                } else if ids.len() == b.len() {
+                    format!("{{ {} }}", entries.join(", "))
+                } else {
+                    format!("[{}]", entries.join(", "))
+                }
+            }
+        }
+    }
+}
+
+/// Why [`StageSpec::set_param`](crate::StageSpec::set_param) refused a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetParamError {
+    /// The stage has no parameter of that name.
+    Unknown,
+    /// The value's variant does not match the parameter's [`ParamKind`].
+    WrongKind,
+    /// The value does not fit the field (a negative count, or a count past `usize`).
+    Range,
+}
+
+/// A Rust type that holds a stage parameter: how it converts to and from a
+/// [`ParamValue`]. Implemented for the field types the registry uses.
+pub trait ParamField: Sized {
+    /// The config-level kind.
+    const KIND: ParamKind;
+    /// The value of this field.
+    fn to_value(&self) -> ParamValue;
+    /// Convert a value back.
+    ///
+    /// # Errors
+    /// [`SetParamError::WrongKind`] or [`SetParamError::Range`].
+    fn from_value(v: ParamValue) -> Result<Self, SetParamError>;
+}
+
+impl ParamField for i64 {
+    const KIND: ParamKind = ParamKind::Int;
+    fn to_value(&self) -> ParamValue {
+        ParamValue::Int(*self)
+    }
+    fn from_value(v: ParamValue) -> Result<Self, SetParamError> {
+        match v {
+            ParamValue::Int(i) => Ok(i),
+            _ => Err(SetParamError::WrongKind),
+        }
+    }
+}
+
+impl ParamField for usize {
+    const KIND: ParamKind = ParamKind::Int;
+    fn to_value(&self) -> ParamValue {
+        ParamValue::Int(i64::try_from(*self).unwrap_or(i64::MAX))
+    }
+    fn from_value(v: ParamValue) -> Result<Self, SetParamError> {
+        match v {
+            ParamValue::Int(i) => usize::try_from(i).map_err(|_| SetParamError::Range),
+            _ => Err(SetParamError::WrongKind),
+        }
+    }
+}
+
+impl ParamField for f32 {
+    const KIND: ParamKind = ParamKind::Float;
+    fn to_value(&self) -> ParamValue {
+        ParamValue::Float(*self)
+    }
+    fn from_value(v: ParamValue) -> Result<Self, SetParamError> {
+        match v {
+            ParamValue::Float(x) => Ok(x),
+            _ => Err(SetParamError::WrongKind),
+        }
+    }
+}
+
+impl ParamField for HistoryScope {
+    const KIND: ParamKind = ParamKind::Enum(HistoryScope::WORDS);
+    fn to_value(&self) -> ParamValue {
+        ParamValue::Scope(*self)
+    }
+    fn from_value(v: ParamValue) -> Result<Self, SetParamError> {
+        match v {
+            ParamValue::Scope(s) => Ok(s),
+            _ => Err(SetParamError::WrongKind),
+        }
+    }
+}
+
+impl ParamField for Vec<Vec<TokenId>> {
+    const KIND: ParamKind = ParamKind::TokenSequences;
+    fn to_value(&self) -> ParamValue {
+        ParamValue::Seqs(self.clone())
+    }
+    fn from_value(v: ParamValue) -> Result<Self, SetParamError> {
+        match v {
+            ParamValue::Seqs(s) => Ok(s),
+            _ => Err(SetParamError::WrongKind),
+        }
+    }
+}
+
+impl ParamField for Vec<(TokenId, f32)> {
+    const KIND: ParamKind = ParamKind::TokenBiases;
+    fn to_value(&self) -> ParamValue {
+        ParamValue::Biases(self.clone())
+    }
+    fn from_value(v: ParamValue) -> Result<Self, SetParamError> {
+        match v {
+            ParamValue::Biases(b) => Ok(b),
+            _ => Err(SetParamError::WrongKind),
+        }
+    }
+}
+
+/// A stage parameter: name, type, default, valid range and meaning. Built by
+/// the stage registry from the stage's declaration, the one place where the
+/// default and the range are written.
+#[derive(Debug, Clone, Copy)]
 pub struct ParamMeta {
     /// Key name in configs, e.g. `p`.
     pub name: &'static str,
@@ -73,8 +220,8 @@ pub struct ParamMeta {
     pub aliases: &'static [&'static str],
     /// Value type.
     pub kind: ParamKind,
-    /// Default value as it would be written in TOML.
-    pub default: &'static str,
+    /// The default value (the same one `StageSpec::default_for` and serde use).
+    pub default: fn() -> ParamValue,
     /// Lower bound (numbers), if any.
     pub min: Option<f64>,
     /// Upper bound (numbers), if any.
@@ -85,8 +232,33 @@ pub struct ParamMeta {
     pub doc: &'static str,
 }
 
+impl ParamMeta {
+    /// The default value.
+    pub fn default_value(&self) -> ParamValue {
+        (self.default)()
+    }
+    /// The default value as written in TOML.
+    pub fn default_toml(&self) -> String {
+        self.default_value().to_toml()
+    }
+}
+
+/// What the device recipe of a stage does to the candidates, as the
+/// executor needs to know it (read from metadata, never from the stage's name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceEffects {
+    /// The device marks removed candidates with `-inf` logits (keeping the
+    /// width) where the CPU stage removes them: the host drops `-inf`
+    /// candidates after such a stage, so both sides see the same set.
+    pub masks_removed: bool,
+    /// The device narrows the width to the stage's survivors
+    /// ([`StageSpec::survivors`](crate::StageSpec::survivors)) and adds an
+    /// `ids` tensor.
+    pub narrows: bool,
+}
+
 /// Static description of a stage kind.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 pub struct StageMeta {
     /// The kind.
     pub kind: StageKind,
@@ -100,512 +272,34 @@ pub struct StageMeta {
     pub effects: Effects,
     /// Needs the accepted-token history.
     pub needs_history: bool,
-    /// Needs random numbers (contract 7).
+    /// Needs random numbers (the row's counter-based stream).
     pub needs_randomness: bool,
     /// A device recipe exists (sampler-backend); the device's `init` may still refuse.
     pub device_hook: bool,
+    /// What the device recipe does to the candidates.
+    pub device_effects: DeviceEffects,
     /// When the parameters make the stage a no-op, in words.
     pub noop_rule: &'static str,
     /// Whose semantics it follows.
     pub source: &'static str,
+    /// Position in llama.cpp's canonical order (used to order stage tables
+    /// given without an explicit order, and flat parameters).
+    pub order: u32,
+    /// llama.cpp's `--sampling-seq` letter, if it has one.
+    pub seq_letter: Option<char>,
 }
 
-const fn fx(logits: bool, candidates: bool, probs: bool, selects: bool) -> Effects {
-    Effects {
-        logits,
-        candidates,
-        probs,
-        selects,
+impl StageMeta {
+    /// The parameter called `name` (or an alias of it).
+    pub fn param(&self, name: &str) -> Option<&'static ParamMeta> {
+        let params: &'static [ParamMeta] = self.kind.meta().params;
+        params
+            .iter()
+            .find(|p| p.name == name || p.aliases.contains(&name))
     }
 }
-
-const MIN_KEEP: ParamMeta = ParamMeta {
-    name: "min_keep",
-    aliases: &[],
-    kind: ParamKind::Int,
-    default: "0",
-    min: Some(0.0),
-    max: None,
-    range: "an integer >= 0",
-    doc: "never keep fewer than this many candidates (0 and 1 both mean at least one)",
-};
-
-const SCOPE: ParamMeta = ParamMeta {
-    name: "scope",
-    aliases: &[],
-    kind: ParamKind::Enum(&["prompt_and_output", "output"]),
-    default: "\"prompt_and_output\"",
-    min: None,
-    max: None,
-    range: "\"prompt_and_output\" or \"output\"",
-    doc: "which accepted tokens count as history: prompt and generated tokens (llama.cpp server), or generated tokens only",
-};
-
-macro_rules! float_param {
-    ($name:expr, $default:expr, $min:expr, $max:expr, $range:expr, $doc:expr) => {
-        ParamMeta {
-            name: $name,
-            aliases: &[],
-            kind: ParamKind::Float,
-            default: $default,
-            min: $min,
-            max: $max,
-            range: $range,
-            doc: $doc,
-        }
-    };
-}
-macro_rules! int_param {
-    ($name:expr, $default:expr, $min:expr, $max:expr, $range:expr, $doc:expr) => {
-        ParamMeta {
-            name: $name,
-            aliases: &[],
-            kind: ParamKind::Int,
-            default: $default,
-            min: $min,
-            max: $max,
-            range: $range,
-            doc: $doc,
-        }
-    };
-}
-
-static METAS: [StageMeta; 15] = [
-    StageMeta {
-        kind: StageKind::Greedy,
-        name: "greedy",
-        aliases: &["argmax"],
-        params: &[],
-        effects: fx(false, false, false, true),
-        needs_history: false,
-        needs_randomness: false,
-        device_hook: true,
-        noop_rule: "never a no-op",
-        source: "llama.cpp greedy; ties go to the lowest token id (vLLM, TensorRT-LLM)",
-    },
-    StageMeta {
-        kind: StageKind::Dist,
-        name: "dist",
-        aliases: &["sample", "random"],
-        params: &[],
-        effects: fx(false, false, true, true),
-        needs_history: false,
-        needs_randomness: true,
-        device_hook: true,
-        noop_rule: "never a no-op",
-        source: "llama.cpp dist (softmax, inverse CDF); canonical ascending-id order and counter-based uniforms (DESIGN.md contract 7)",
-    },
-    StageMeta {
-        kind: StageKind::TopK,
-        name: "top_k",
-        aliases: &["top-k", "topk"],
-        params: &[int_param!(
-            "k",
-            "40",
-            None,
-            None,
-            "an integer (k <= 0 disables)",
-            "number of highest-logit candidates kept"
-        )],
-        effects: fx(false, true, false, false),
-        needs_history: false,
-        needs_randomness: false,
-        device_hook: true,
-        noop_rule: "k <= 0",
-        source: "llama.cpp top-k; boundary ties go to the lowest token id",
-    },
-    StageMeta {
-        kind: StageKind::TopP,
-        name: "top_p",
-        aliases: &["top-p", "topp", "nucleus"],
-        params: &[
-            float_param!(
-                "p",
-                "0.95",
-                Some(0.0),
-                Some(1.0),
-                "a number in [0, 1]",
-                "cumulative probability mass to keep (inclusive of the crossing token)"
-            ),
-            MIN_KEEP,
-        ],
-        effects: fx(false, true, true, false),
-        needs_history: false,
-        needs_randomness: false,
-        device_hook: true,
-        noop_rule: "p >= 1",
-        source: "llama.cpp top-p (Holtzman et al. 2019, nucleus sampling)",
-    },
-    StageMeta {
-        kind: StageKind::MinP,
-        name: "min_p",
-        aliases: &["min-p", "minp"],
-        params: &[
-            float_param!(
-                "p",
-                "0.05",
-                Some(0.0),
-                None,
-                "a finite number >= 0 (p >= 1 keeps only the maximum)",
-                "keep tokens whose probability is at least p times the top probability"
-            ),
-            MIN_KEEP,
-        ],
-        effects: fx(false, true, false, false),
-        needs_history: false,
-        needs_randomness: false,
-        device_hook: true,
-        noop_rule: "p <= 0",
-        source: "llama.cpp min-p (threshold max_logit + ln p, inclusive)",
-    },
-    StageMeta {
-        kind: StageKind::Typical,
-        name: "typical",
-        aliases: &["typ_p", "typ-p", "typp", "typ", "typical_p", "typical-p"],
-        params: &[
-            float_param!(
-                "p",
-                "1.0",
-                Some(0.0),
-                Some(1.0),
-                "a number in [0, 1]",
-                "probability mass of the most typical tokens to keep"
-            ),
-            MIN_KEEP,
-        ],
-        effects: fx(false, true, true, false),
-        needs_history: false,
-        needs_randomness: false,
-        device_hook: false,
-        noop_rule: "p >= 1",
-        source: "llama.cpp typical (Meister et al. 2022, locally typical sampling)",
-    },
-    StageMeta {
-        kind: StageKind::Temperature,
-        name: "temperature",
-        aliases: &["temp", "temp_ext", "temp-ext"],
-        params: &[
-            float_param!(
-                "t",
-                "0.8",
-                Some(0.0),
-                None,
-                "a finite number >= 0 (t < 1e-5 means greedy)",
-                "divide logits by t"
-            ),
-            float_param!(
-                "dynatemp_range",
-                "0.0",
-                Some(0.0),
-                None,
-                "a finite number >= 0",
-                "dynamic temperature: t varies in [t - range, t + range] with the entropy"
-            ),
-            float_param!(
-                "dynatemp_exponent",
-                "1.0",
-                Some(0.0),
-                None,
-                "a finite number >= 0",
-                "dynamic temperature exponent on the normalised entropy"
-            ),
-        ],
-        effects: fx(true, false, false, false),
-        needs_history: false,
-        needs_randomness: false,
-        device_hook: true,
-        noop_rule: "t == 1 and dynatemp_range == 0",
-        source: "llama.cpp temp / temp-ext (dynamic temperature, Zhu et al. 2024); greedy below 1e-5 (vLLM)",
-    },
-    StageMeta {
-        kind: StageKind::Xtc,
-        name: "xtc",
-        aliases: &[],
-        params: &[
-            float_param!(
-                "probability",
-                "0.0",
-                Some(0.0),
-                Some(1.0),
-                "a number in [0, 1]",
-                "chance that XTC acts at a step"
-            ),
-            float_param!(
-                "threshold",
-                "0.1",
-                Some(0.0),
-                Some(1.0),
-                "a number in [0, 1] (above 0.5 disables)",
-                "tokens with p >= threshold are 'top choices'"
-            ),
-            MIN_KEEP,
-        ],
-        effects: fx(false, true, true, false),
-        needs_history: false,
-        needs_randomness: true,
-        device_hook: false,
-        noop_rule: "probability <= 0 or threshold > 0.5",
-        source: "llama.cpp xtc (exclude top choices, oobabooga text-generation-webui PR #6335)",
-    },
-    StageMeta {
-        kind: StageKind::TopNSigma,
-        name: "top_n_sigma",
-        aliases: &["top-n-sigma", "topnsigma", "top_nsigma"],
-        params: &[float_param!(
-            "n",
-            "-1.0",
-            None,
-            None,
-            "a finite number (n <= 0 disables)",
-            "keep logits >= max - n * std (std over finite logits)"
-        )],
-        effects: fx(true, false, false, false),
-        needs_history: false,
-        needs_randomness: false,
-        device_hook: false,
-        noop_rule: "n <= 0",
-        source: "llama.cpp top-n-sigma (Tang et al. 2024)",
-    },
-    StageMeta {
-        kind: StageKind::Mirostat,
-        name: "mirostat",
-        aliases: &["mirostat_v1", "mirostat1"],
-        params: &[
-            float_param!(
-                "tau",
-                "5.0",
-                Some(0.0),
-                None,
-                "a finite number >= 0",
-                "target surprise, bits"
-            ),
-            float_param!(
-                "eta",
-                "0.1",
-                Some(0.0),
-                None,
-                "a finite number >= 0",
-                "learning rate of mu"
-            ),
-            int_param!(
-                "m",
-                "100",
-                Some(1.0),
-                None,
-                "an integer >= 1",
-                "tokens used to estimate the Zipf exponent"
-            ),
-        ],
-        effects: fx(false, true, true, true),
-        needs_history: false,
-        needs_randomness: true,
-        device_hook: false,
-        noop_rule: "never a no-op",
-        source: "llama.cpp mirostat (Basu et al. 2021, algorithm 1)",
-    },
-    StageMeta {
-        kind: StageKind::MirostatV2,
-        name: "mirostat_v2",
-        aliases: &["mirostat-v2", "mirostatv2", "mirostat2"],
-        params: &[
-            float_param!(
-                "tau",
-                "5.0",
-                Some(0.0),
-                None,
-                "a finite number >= 0",
-                "target surprise, bits"
-            ),
-            float_param!(
-                "eta",
-                "0.1",
-                Some(0.0),
-                None,
-                "a finite number >= 0",
-                "learning rate of mu"
-            ),
-        ],
-        effects: fx(false, true, true, true),
-        needs_history: false,
-        needs_randomness: true,
-        device_hook: false,
-        noop_rule: "never a no-op",
-        source: "llama.cpp mirostat v2 (Basu et al. 2021, algorithm 2)",
-    },
-    StageMeta {
-        kind: StageKind::Penalties,
-        name: "penalties",
-        aliases: &["penalty", "repetition_penalty"],
-        params: &[
-            int_param!(
-                "last_n",
-                "64",
-                Some(0.0),
-                None,
-                "an integer >= 0 (0 disables)",
-                "window: the last N history tokens count"
-            ),
-            float_param!(
-                "repeat",
-                "1.0",
-                Some(f64::MIN_POSITIVE),
-                None,
-                "a finite number > 0",
-                "repetition penalty: positive logits divided, negative multiplied"
-            ),
-            float_param!(
-                "frequency",
-                "0.0",
-                None,
-                None,
-                "a finite number",
-                "subtracted once per occurrence in the window"
-            ),
-            float_param!(
-                "presence",
-                "0.0",
-                None,
-                None,
-                "a finite number",
-                "subtracted once if present in the window"
-            ),
-            SCOPE,
-        ],
-        effects: fx(true, false, false, false),
-        needs_history: true,
-        needs_randomness: false,
-        device_hook: true,
-        noop_rule: "last_n == 0, or repeat == 1 and frequency == 0 and presence == 0",
-        source: "llama.cpp penalties (CTRL, Keskar et al. 2019 for repetition; OpenAI for frequency/presence)",
-    },
-    StageMeta {
-        kind: StageKind::Dry,
-        name: "dry",
-        aliases: &[],
-        params: &[
-            float_param!(
-                "multiplier",
-                "0.0",
-                Some(0.0),
-                None,
-                "a finite number >= 0 (0 disables)",
-                "penalty scale"
-            ),
-            float_param!(
-                "base",
-                "1.75",
-                Some(1.0),
-                None,
-                "a finite number >= 1",
-                "penalty grows as base^(match length - allowed_length)"
-            ),
-            int_param!(
-                "allowed_length",
-                "2",
-                Some(0.0),
-                None,
-                "an integer >= 0",
-                "repeats up to this length are free"
-            ),
-            int_param!(
-                "last_n",
-                "64",
-                Some(0.0),
-                None,
-                "an integer >= 0 (0 disables)",
-                "window of history tokens scanned"
-            ),
-            ParamMeta {
-                name: "seq_breakers",
-                aliases: &["sequence_breakers"],
-                kind: ParamKind::TokenSequences,
-                default: "[]",
-                min: None,
-                max: None,
-                range: "a list of non-empty token-id lists",
-                doc: "token sequences that end a repeat (first token = head, rest = tail)",
-            },
-            SCOPE,
-        ],
-        effects: fx(true, false, false, false),
-        needs_history: true,
-        needs_randomness: false,
-        device_hook: false,
-        noop_rule: "multiplier == 0 or last_n == 0",
-        source: "llama.cpp DRY (p-e-w, oobabooga text-generation-webui PR #5677)",
-    },
-    StageMeta {
-        kind: StageKind::LogitBias,
-        name: "logit_bias",
-        aliases: &["logit-bias", "bias"],
-        params: &[ParamMeta {
-            name: "bias",
-            aliases: &["biases"],
-            kind: ParamKind::TokenBiases,
-            default: "{}",
-            min: None,
-            max: None,
-            range: "token id -> a finite number or -inf (ban)",
-            doc: "added to the token's logit",
-        }],
-        effects: fx(true, false, false, false),
-        needs_history: false,
-        needs_randomness: false,
-        device_hook: true,
-        noop_rule: "no biases",
-        source: "llama.cpp logit-bias / OpenAI logit_bias",
-    },
-    StageMeta {
-        kind: StageKind::NoRepeatNgram,
-        name: "no_repeat_ngram",
-        aliases: &["no-repeat-ngram", "no_repeat_ngram_size"],
-        params: &[
-            int_param!(
-                "n",
-                "0",
-                Some(0.0),
-                None,
-                "an integer >= 0 (0 disables)",
-                "n-gram size that may not repeat"
-            ),
-            SCOPE,
-        ],
-        effects: fx(true, false, false, false),
-        needs_history: true,
-        needs_randomness: false,
-        device_hook: false,
-        noop_rule: "n == 0",
-        source: "Hugging Face transformers NoRepeatNGramLogitsProcessor",
-    },
-];
 
 impl StageKind {
-    /// Every built-in kind, in a fixed order.
-    pub const ALL: [StageKind; 15] = [
-        StageKind::Greedy,
-        StageKind::Dist,
-        StageKind::TopK,
-        StageKind::TopP,
-        StageKind::MinP,
-        StageKind::Typical,
-        StageKind::Temperature,
-        StageKind::Xtc,
-        StageKind::TopNSigma,
-        StageKind::Mirostat,
-        StageKind::MirostatV2,
-        StageKind::Penalties,
-        StageKind::Dry,
-        StageKind::LogitBias,
-        StageKind::NoRepeatNgram,
-    ];
-
-    /// This kind's static metadata.
-    pub fn meta(self) -> &'static StageMeta {
-        let m = &METAS[self as usize];
-        debug_assert_eq!(m.kind, self);
-        m
-    }
-
     /// Canonical name.
     pub fn name(self) -> &'static str {
         self.meta().name
@@ -621,22 +315,14 @@ impl StageKind {
         })
     }
 
-    /// llama.cpp's `--sampling-seq` letters: `e` penalties, `d` dry,
+    /// llama.cpp's `--sampling-seq` letters (`e` penalties, `d` dry,
     /// `s` top_n_sigma, `k` top_k, `y` typical, `p` top_p, `m` min_p,
-    /// `x` xtc, `t` temperature.
+    /// `x` xtc, `t` temperature), from each stage's metadata.
     pub fn from_seq_char(c: char) -> Option<StageKind> {
-        Some(match c.to_ascii_lowercase() {
-            'e' => StageKind::Penalties,
-            'd' => StageKind::Dry,
-            's' => StageKind::TopNSigma,
-            'k' => StageKind::TopK,
-            'y' => StageKind::Typical,
-            'p' => StageKind::TopP,
-            'm' => StageKind::MinP,
-            'x' => StageKind::Xtc,
-            't' => StageKind::Temperature,
-            _ => return None,
-        })
+        let c = c.to_ascii_lowercase();
+        Self::ALL
+            .into_iter()
+            .find(|k| k.meta().seq_letter == Some(c))
     }
 
     /// Every name and alias, for "did you mean" suggestions.
@@ -647,18 +333,8 @@ impl StageKind {
     }
 }
 
-fn normalize_name(s: &str) -> String {
+pub(crate) fn normalize_name(s: &str) -> String {
     s.trim().to_ascii_lowercase().replace('-', "_")
-}
-
-impl StageMeta {
-    /// The parameter called `name` (or an alias of it).
-    pub fn param(&self, name: &str) -> Option<&'static ParamMeta> {
-        let params: &'static [ParamMeta] = METAS[self.kind as usize].params;
-        params
-            .iter()
-            .find(|p| p.name == name || p.aliases.contains(&name))
-    }
 }
 
 #[cfg(test)]

@@ -159,10 +159,8 @@ pub fn plan(stages: &[PlanStage], vocab: usize, policy: OffloadPolicy) -> Plan {
         .is_some_and(|&i| stages[i].spec.as_ref().is_some_and(|s| s.selects()));
     let min_k = device
         .iter()
-        .filter_map(|&i| match stages[i].spec {
-            Some(StageSpec::TopK { k }) if k > 0 => Some((k as u64).min(vocab as u64) as usize),
-            _ => None,
-        })
+        .filter_map(|&i| stages[i].spec.as_ref()?.survivors())
+        .map(|k| k.min(vocab))
         .min();
     let readback = if selects_on_device {
         Readback::TokenIds

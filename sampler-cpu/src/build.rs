@@ -3,13 +3,6 @@
 use sampler_core::{Chain, ChainSpec, ParamError, Sampler, StageSpec};
 use thiserror::Error;
 
-use crate::stages::{
-    dist::Dist, dry::Dry, greedy::Greedy, logit_bias::LogitBias, min_p::MinP, mirostat::Mirostat,
-    mirostat_v2::MirostatV2, no_repeat_ngram::NoRepeatNgram, penalties::Penalties,
-    temperature::Temperature, top_k::TopK, top_n_sigma::TopNSigma, top_p::TopP, typical::Typical,
-    xtc::Xtc,
-};
-
 /// A chain could not be built: the stage at `index` (position in
 /// [`ChainSpec::stages`]) has an invalid parameter.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -22,59 +15,23 @@ pub struct ChainBuildError {
     pub source: ParamError,
 }
 
-/// Build the CPU implementation of one stage, after validating its
-/// parameters ([`StageSpec::validate`]).
-///
-/// # Errors
-/// The [`ParamError`] naming the stage, the parameter, the value and the range.
-pub fn build_stage(spec: &StageSpec) -> Result<Box<dyn Sampler>, ParamError> {
-    spec.validate()?;
-    Ok(match spec.clone() {
-        StageSpec::Greedy => Box::new(Greedy),
-        StageSpec::Dist => Box::new(Dist),
-        StageSpec::TopK { k } => Box::new(TopK::new(k)),
-        StageSpec::TopP { p, min_keep } => Box::new(TopP::new(p, min_keep)),
-        StageSpec::MinP { p, min_keep } => Box::new(MinP::new(p, min_keep)),
-        StageSpec::Typical { p, min_keep } => Box::new(Typical::new(p, min_keep)),
-        StageSpec::Temperature {
-            t,
-            dynatemp_range,
-            dynatemp_exponent,
-        } => Box::new(Temperature::new(t, dynatemp_range, dynatemp_exponent)),
-        StageSpec::Xtc {
-            probability,
-            threshold,
-            min_keep,
-        } => Box::new(Xtc::new(probability, threshold, min_keep)),
-        StageSpec::TopNSigma { n } => Box::new(TopNSigma::new(n)),
-        StageSpec::Mirostat { tau, eta, m } => Box::new(Mirostat::new(tau, eta, m)),
-        StageSpec::MirostatV2 { tau, eta } => Box::new(MirostatV2::new(tau, eta)),
-        StageSpec::Penalties {
-            last_n,
-            repeat,
-            frequency,
-            presence,
-            scope,
-        } => Box::new(Penalties::new(last_n, repeat, frequency, presence, scope)),
-        StageSpec::Dry {
-            multiplier,
-            base,
-            allowed_length,
-            last_n,
-            seq_breakers,
-            scope,
-        } => Box::new(Dry::new(
-            multiplier,
-            base,
-            allowed_length,
-            last_n,
-            seq_breakers,
-            scope,
-        )),
-        StageSpec::LogitBias { bias } => Box::new(LogitBias::new(bias)),
-        StageSpec::NoRepeatNgram { n, scope } => Box::new(NoRepeatNgram::new(n, scope)),
-    })
+macro_rules! cpu_builder {
+    ($( ($Var:ident $module:ident [$($field:ident)*] $device:ident) )*) => {
+        /// Build the CPU implementation of one stage, after validating its
+        /// parameters ([`StageSpec::validate`]). Generated from the stage
+        /// registry: each variant maps to `stages::<module>::<Variant>::new`.
+        ///
+        /// # Errors
+        /// The [`ParamError`] naming the stage, the parameter, the value and the range.
+        pub fn build_stage(spec: &StageSpec) -> Result<Box<dyn Sampler>, ParamError> {
+            spec.validate()?;
+            Ok(match spec.clone() {
+                $( StageSpec::$Var { $($field),* } => Box::new(crate::stages::$module::$Var::new($($field),*)), )*
+            })
+        }
+    };
 }
+sampler_core::for_each_stage!(cpu_builder);
 
 /// Build a [`Chain`] of CPU stages from a spec, validating every stage.
 /// `spec.seed == None` draws a seed from the OS.
@@ -171,7 +128,20 @@ mod tests {
                 scope: sampler_core::HistoryScope::Output,
             },
         ];
-        for s in specs {
+        let defaults = sampler_core::StageKind::ALL
+            .into_iter()
+            .map(sampler_core::StageSpec::default_for);
+        let extra = [
+            StageSpec::Epsilon {
+                epsilon: 0.02,
+                min_keep: 2,
+            },
+            StageSpec::Eta {
+                epsilon: 0.01,
+                min_keep: 0,
+            },
+        ];
+        for s in specs.into_iter().chain(extra).chain(defaults) {
             let stage = build_stage(&s).unwrap();
             assert_eq!(stage.spec().as_ref(), Some(&s));
             assert_eq!(stage.name(), s.name());

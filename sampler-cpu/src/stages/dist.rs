@@ -14,6 +14,13 @@ use sampler_core::{Candidates, SampleError, Sampler, StageContext, StageSpec, To
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Dist;
 
+impl Dist {
+    /// The stage (it has no parameters).
+    pub fn new() -> Self {
+        Self
+    }
+}
+
 impl Sampler for Dist {
     fn name(&self) -> &str {
         "dist"

@@ -13,6 +13,13 @@ use sampler_core::{Candidates, SampleError, Sampler, StageContext, StageSpec};
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Greedy;
 
+impl Greedy {
+    /// The stage (it has no parameters).
+    pub fn new() -> Self {
+        Self
+    }
+}
+
 impl Sampler for Greedy {
     fn name(&self) -> &str {
         "greedy"

@@ -1,8 +1,13 @@
-//! One stage per file. Each type implements [`sampler_core::Sampler`] and
-//! reports its [`sampler_core::StageSpec`].
+//! One stage per file. Each type is named like its [`sampler_core::StageSpec`]
+//! variant, implements [`sampler_core::Sampler`], reports its spec, and has a
+//! `new(fields...)` taking the variant's fields in declaration order: the
+//! builder (`build_stage`) is generated from the stage registry
+//! ([`sampler_core::for_each_stage!`]).
 
 pub mod dist;
 pub mod dry;
+pub mod epsilon;
+pub mod eta;
 pub mod greedy;
 pub mod logit_bias;
 pub mod min_p;
@@ -19,6 +24,8 @@ pub mod xtc;
 
 pub use dist::{Dist, dist_select};
 pub use dry::Dry;
+pub use epsilon::Epsilon;
+pub use eta::Eta;
 pub use greedy::Greedy;
 pub use logit_bias::LogitBias;
 pub use min_p::MinP;

@@ -1,0 +1,978 @@
+//! The stage registry: every built-in stage declared once, with its
+//! parameters (type, default, valid range, meaning), its no-op rule, its
+//! static metadata and its place in llama.cpp's order.
+//!
+//! `define_stages!` turns the table below into [`StageKind`] (and
+//! `StageKind::ALL`), [`StageSpec`] (the declarative stage, serde-tagged by
+//! its canonical name), `StageKind::meta`, `StageSpec::{kind, is_noop,
+//! validate, params, set_param, default_for, survivors}`, and the exported
+//! [`for_each_stage!`](crate::for_each_stage) macro through which
+//! `sampler-cpu` generates its stage builder and `sampler-backend` its
+//! device-stage builder. Nothing else lists the stages.
+//!
+//! Adding a stage: one entry here, the CPU file
+//! `sampler-cpu/src/stages/<module>.rs` (a type named like the variant with
+//! `new(fields in declaration order)`), and, with `device: yes`, the device
+//! file `sampler-backend/src/stages/<module>.rs` (a type named like the
+//! variant with `new(stage_index, specs)`), each declared in its crate's
+//! `stages/mod.rs`.
+
+use std::fmt::Display;
+
+use crate::meta::{DeviceEffects, Effects, ParamField, ParamMeta, ParamValue, SetParamError};
+use crate::{HistoryScope, ParamError, StageMeta, TokenId};
+
+/// `Ok` when `ok`, else the value as shown in the error.
+fn num<T: Display>(v: &T, ok: bool) -> Result<(), String> {
+    if ok { Ok(()) } else { Err(v.to_string()) }
+}
+
+fn any<T>(_: &T) -> Result<(), String> {
+    Ok(())
+}
+
+fn finite_ge0(x: &f32) -> Result<(), String> {
+    num(x, x.is_finite() && *x >= 0.0)
+}
+
+fn unit_interval(x: &f32) -> Result<(), String> {
+    num(x, (0.0..=1.0).contains(x))
+}
+
+fn finite(x: &f32) -> Result<(), String> {
+    num(x, x.is_finite())
+}
+
+fn scope_default() -> HistoryScope {
+    HistoryScope::PromptAndOutput
+}
+
+macro_rules! effects {
+    ($($e:ident),*) => {{
+        #[allow(unused_mut)]
+        let mut fx = Effects { logits: false, candidates: false, probs: false, selects: false };
+        $( fx.$e = true; )*
+        fx
+    }};
+}
+
+macro_rules! device_effects {
+    ($($e:ident),*) => {{
+        #[allow(unused_mut)]
+        let mut fx = DeviceEffects { masks_removed: false, narrows: false };
+        $( fx.$e = true; )*
+        fx
+    }};
+}
+
+/// What a stage needs besides the row.
+struct Needs {
+    history: bool,
+    randomness: bool,
+}
+
+macro_rules! needs {
+    ($($n:ident),*) => {{
+        #[allow(unused_mut)]
+        let mut needs = Needs { history: false, randomness: false };
+        $( needs.$n = true; )*
+        needs
+    }};
+}
+
+macro_rules! device_flag {
+    (yes) => {
+        true
+    };
+    (no) => {
+        false
+    };
+}
+
+/// Builds the `StageSpec` enum: a unit variant for a stage without
+/// parameters (`StageSpec::Greedy`), a struct variant otherwise.
+macro_rules! stage_enum {
+    (@acc [$($acc:tt)*]) => {
+        /// One stage with its parameters. Serialises with a `"type"` tag
+        /// holding the canonical stage name (tokenizers-style), so a chain
+        /// round-trips through JSON. Parameters, defaults and ranges are the
+        /// stage registry's (`docs/config.md` lists them); semantics in
+        /// `docs/semantics.md`.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum StageSpec {
+            $($acc)*
+        }
+    };
+    (@acc [$($acc:tt)*] [ [$($vdoc:literal)*] $Var:ident [] ] $($rest:tt)*) => {
+        stage_enum! { @acc [$($acc)* $(#[doc = $vdoc])* $Var,] $($rest)* }
+    };
+    (@acc [$($acc:tt)*] [ [$($vdoc:literal)*] $Var:ident [$( [ [$($fdoc:literal)*] $field:ident : $ty:ty ] )+] ] $($rest:tt)*) => {
+        stage_enum! { @acc [$($acc)* $(#[doc = $vdoc])* $Var { $( $(#[doc = $fdoc])* $field: $ty ),+ },] $($rest)* }
+    };
+}
+
+macro_rules! define_stages {
+    (
+        $d:tt
+        $(
+            $(#[doc = $vdoc:literal])*
+            $Var:ident ($module:ident) {
+                name: $name:literal,
+                aliases: [$($alias:literal),* $(,)?],
+                params: [$(
+                    $(#[doc = $fdoc:literal])*
+                    $field:ident : $ty:ty = $default:expr => {
+                        aliases: [$($palias:literal),* $(,)?],
+                        min: $min:expr,
+                        max: $max:expr,
+                        valid: $valid:expr,
+                        range: $range:literal,
+                        doc: $pdoc:literal $(,)?
+                    }
+                ),* $(,)?],
+                effects: [$($effect:ident),* $(,)?],
+                needs: [$($need:ident),* $(,)?],
+                device: $device:ident [$($deffect:ident),* $(,)?],
+                noop: $noop:expr,
+                noop_rule: $rule:literal,
+                survivors: $survivors:expr,
+                order: $order:literal,
+                seq: $seq:expr,
+                source: $source:literal $(,)?
+            }
+        )*
+    ) => {
+        /// Every built-in stage kind (generated by the stage registry).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum StageKind {
+            $( $(#[doc = $vdoc])* $Var, )*
+        }
+
+        impl StageKind {
+            /// How many built-in kinds there are.
+            pub const COUNT: usize = [$(stringify!($Var)),*].len();
+            /// Every built-in kind, in registry order.
+            pub const ALL: [StageKind; Self::COUNT] = [$(StageKind::$Var),*];
+
+            /// This kind's static metadata.
+            pub fn meta(self) -> &'static StageMeta {
+                match self {
+                    $(
+                        StageKind::$Var => {
+                            static META: StageMeta = StageMeta {
+                                kind: StageKind::$Var,
+                                name: $name,
+                                aliases: &[$($alias),*],
+                                params: &[$(
+                                    ParamMeta {
+                                        name: stringify!($field),
+                                        aliases: &[$($palias),*],
+                                        kind: <$ty as ParamField>::KIND,
+                                        default: || {
+                                            let v: $ty = $default;
+                                            v.to_value()
+                                        },
+                                        min: $min,
+                                        max: $max,
+                                        range: $range,
+                                        doc: $pdoc,
+                                    }
+                                ),*],
+                                effects: effects!($($effect),*),
+                                needs_history: needs!($($need),*).history,
+                                needs_randomness: needs!($($need),*).randomness,
+                                device_hook: device_flag!($device),
+                                device_effects: device_effects!($($deffect),*),
+                                noop_rule: $rule,
+                                source: $source,
+                                order: $order,
+                                seq_letter: $seq,
+                            };
+                            &META
+                        }
+                    )*
+                }
+            }
+        }
+
+        stage_enum! {
+            @acc []
+            $( [ [$($vdoc)*] $Var [$( [ [$($fdoc)*] $field : $ty ] )*] ] )*
+        }
+
+        impl StageSpec {
+            /// The stage's kind.
+            pub fn kind(&self) -> StageKind {
+                match self {
+                    $( StageSpec::$Var { .. } => StageKind::$Var, )*
+                }
+            }
+
+            /// A stage of `kind` with every parameter at its registry default
+            /// (llama.cpp's `common_params_sampling` values where llama.cpp has
+            /// the stage).
+            pub fn default_for(kind: StageKind) -> StageSpec {
+                match kind {
+                    $( StageKind::$Var => StageSpec::$Var { $( $field: $default ),* }, )*
+                }
+            }
+
+            /// Whether these parameters make the stage a no-op (llama.cpp's
+            /// "empty sampler" rules; the rule in words is
+            /// [`StageMeta::noop_rule`]). A no-op stage is skipped and never
+            /// breaks a device prefix.
+            #[allow(unused_variables)]
+            pub fn is_noop(&self) -> bool {
+                match self {
+                    $( StageSpec::$Var { $($field),* } => $noop, )*
+                }
+            }
+
+            /// The most candidates this stage can leave by its parameters
+            /// alone (`top_k`'s `k`), or `None` when it depends on the row.
+            #[allow(unused_variables)]
+            pub fn survivors(&self) -> Option<usize> {
+                match self {
+                    $( StageSpec::$Var { $($field),* } => $survivors, )*
+                }
+            }
+
+            /// Check every parameter against its documented range.
+            ///
+            /// # Errors
+            /// The first [`ParamError`] found: stage, parameter, value and range.
+            #[allow(unused_variables)]
+            pub fn validate(&self) -> Result<(), ParamError> {
+                match self {
+                    $(
+                        StageSpec::$Var { $($field),* } => {
+                            $(
+                                let check: fn(&$ty) -> Result<(), String> = $valid;
+                                check($field).map_err(|value| ParamError {
+                                    stage: $name,
+                                    param: stringify!($field),
+                                    value,
+                                    expected: $range.to_string(),
+                                })?;
+                            )*
+                            Ok(())
+                        }
+                    )*
+                }
+            }
+
+            /// Every parameter as `(ParamMeta::name, value)`, in metadata order.
+            pub fn params(&self) -> Vec<(&'static str, ParamValue)> {
+                match self {
+                    $( StageSpec::$Var { $($field),* } => vec![$( (stringify!($field), $field.to_value()) ),*], )*
+                }
+            }
+
+            /// Set the parameter `name` (a canonical [`ParamMeta::name`]).
+            ///
+            /// # Errors
+            /// [`SetParamError::Unknown`] when the stage has no such parameter,
+            /// [`SetParamError::WrongKind`] when the value's variant does not
+            /// match its kind, [`SetParamError::Range`] when it does not fit the
+            /// field (a negative count).
+            #[allow(unused_variables)]
+            pub fn set_param(&mut self, name: &str, value: ParamValue) -> Result<(), SetParamError> {
+                match self {
+                    $(
+                        StageSpec::$Var { $($field),* } => {
+                            $(
+                                if name == stringify!($field) {
+                                    *$field = <$ty as ParamField>::from_value(value)?;
+                                    return Ok(());
+                                }
+                            )*
+                            Err(SetParamError::Unknown)
+                        }
+                    )*
+                }
+            }
+        }
+
+        /// Calls `$callback! { (Variant module [fields...] yes|no) ... }` once
+        /// with every registered stage: its [`StageSpec`] variant, its module
+        /// name in `sampler-cpu` / `sampler-backend`, its fields in declaration
+        /// order, and whether it has a device recipe. The CPU and device
+        /// builders are generated through it.
+        #[macro_export]
+        macro_rules! for_each_stage {
+            ($d callback:ident) => {
+                $d callback! { $( ($Var $module [$($field)*] $device) )* }
+            };
+        }
+    };
+}
+
+define_stages! {
+    $
+    /// Argmax (first maximum; ties to the lowest id).
+    Greedy(greedy) {
+        name: "greedy",
+        aliases: ["argmax"],
+        params: [],
+        effects: [selects],
+        needs: [],
+        device: yes [],
+        noop: false,
+        noop_rule: "never a no-op",
+        survivors: None,
+        order: 130,
+        seq: None,
+        source: "llama.cpp greedy; ties go to the lowest token id (vLLM, TensorRT-LLM)",
+    }
+    /// Draw from the softmax of the current candidates.
+    Dist(dist) {
+        name: "dist",
+        aliases: ["sample", "random"],
+        params: [],
+        effects: [probs, selects],
+        needs: [randomness],
+        device: yes [],
+        noop: false,
+        noop_rule: "never a no-op",
+        survivors: None,
+        order: 140,
+        seq: None,
+        source: "llama.cpp dist (softmax, inverse CDF); canonical ascending-id order and counter-based uniforms, so every device draws the same token",
+    }
+    /// Keep the `k` highest logits; `k <= 0` is a no-op.
+    TopK(top_k) {
+        name: "top_k",
+        aliases: ["top-k", "topk"],
+        params: [
+            /// Candidates kept.
+            k: i64 = 40 => {
+                aliases: [], min: None, max: None, valid: any,
+                range: "an integer (k <= 0 disables)",
+                doc: "number of highest-logit candidates kept",
+            },
+        ],
+        effects: [candidates],
+        needs: [],
+        device: yes [narrows],
+        noop: *k <= 0,
+        noop_rule: "k <= 0",
+        survivors: if *k > 0 { usize::try_from(*k).ok() } else { None },
+        order: 50,
+        seq: Some('k'),
+        source: "llama.cpp top-k; boundary ties go to the lowest token id",
+    }
+    /// Nucleus sampling; `p >= 1` is a no-op.
+    TopP(top_p) {
+        name: "top_p",
+        aliases: ["top-p", "topp", "nucleus"],
+        params: [
+            /// Mass kept, in `[0, 1]`.
+            p: f32 = 0.95 => {
+                aliases: [], min: Some(0.0), max: Some(1.0), valid: unit_interval,
+                range: "a number in [0, 1]",
+                doc: "cumulative probability mass to keep (inclusive of the crossing token)",
+            },
+            /// Minimum candidates kept.
+            min_keep: usize = 0 => {
+                aliases: [], min: Some(0.0), max: None, valid: any,
+                range: "an integer >= 0",
+                doc: "never keep fewer than this many candidates (0 and 1 both mean at least one)",
+            },
+        ],
+        effects: [candidates, probs],
+        needs: [],
+        device: yes [masks_removed],
+        noop: *p >= 1.0,
+        noop_rule: "p >= 1",
+        survivors: None,
+        order: 70,
+        seq: Some('p'),
+        source: "llama.cpp top-p (Holtzman et al. 2019, nucleus sampling)",
+    }
+    /// Min-p; `p <= 0` is a no-op.
+    MinP(min_p) {
+        name: "min_p",
+        aliases: ["min-p", "minp"],
+        params: [
+            /// Fraction of the top probability, `>= 0`.
+            p: f32 = 0.05 => {
+                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                range: "a finite number >= 0 (p >= 1 keeps only the maximum)",
+                doc: "keep tokens whose probability is at least p times the top probability",
+            },
+            /// Minimum candidates kept.
+            min_keep: usize = 0 => {
+                aliases: [], min: Some(0.0), max: None, valid: any,
+                range: "an integer >= 0",
+                doc: "never keep fewer than this many candidates (0 and 1 both mean at least one)",
+            },
+        ],
+        effects: [candidates],
+        needs: [],
+        device: yes [masks_removed],
+        noop: *p <= 0.0,
+        noop_rule: "p <= 0",
+        survivors: None,
+        order: 80,
+        seq: Some('m'),
+        source: "llama.cpp min-p (threshold max_logit + ln p, inclusive)",
+    }
+    /// Locally typical sampling; `p >= 1` is a no-op.
+    Typical(typical) {
+        name: "typical",
+        aliases: ["typ_p", "typ-p", "typp", "typ", "typical_p", "typical-p"],
+        params: [
+            /// Mass kept, in `[0, 1]`.
+            p: f32 = 1.0 => {
+                aliases: [], min: Some(0.0), max: Some(1.0), valid: unit_interval,
+                range: "a number in [0, 1]",
+                doc: "probability mass of the most typical tokens to keep",
+            },
+            /// Minimum candidates kept.
+            min_keep: usize = 0 => {
+                aliases: [], min: Some(0.0), max: None, valid: any,
+                range: "an integer >= 0",
+                doc: "never keep fewer than this many candidates (0 and 1 both mean at least one)",
+            },
+        ],
+        effects: [candidates, probs],
+        needs: [],
+        device: no [],
+        noop: *p >= 1.0,
+        noop_rule: "p >= 1",
+        survivors: None,
+        order: 60,
+        seq: Some('y'),
+        source: "llama.cpp typical (Meister et al. 2022, locally typical sampling)",
+    }
+    /// Temperature with optional dynamic range.
+    Temperature(temperature) {
+        name: "temperature",
+        aliases: ["temp", "temp_ext", "temp-ext"],
+        params: [
+            /// Temperature, `>= 0`; below [`GREEDY_TEMPERATURE`](crate::GREEDY_TEMPERATURE) greedy.
+            t: f32 = 0.8 => {
+                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                range: "a finite number >= 0 (t < 1e-5 means greedy)",
+                doc: "divide logits by t",
+            },
+            /// Dynamic-temperature half range, `>= 0`.
+            dynatemp_range: f32 = 0.0 => {
+                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                range: "a finite number >= 0",
+                doc: "dynamic temperature: t varies in [t - range, t + range] with the entropy",
+            },
+            /// Dynamic-temperature exponent, `>= 0`.
+            dynatemp_exponent: f32 = 1.0 => {
+                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                range: "a finite number >= 0",
+                doc: "dynamic temperature exponent on the normalised entropy",
+            },
+        ],
+        effects: [logits],
+        needs: [],
+        device: yes [],
+        noop: *t == 1.0 && *dynatemp_range <= 0.0,
+        noop_rule: "t == 1 and dynatemp_range == 0",
+        survivors: None,
+        order: 100,
+        seq: Some('t'),
+        source: "llama.cpp temp / temp-ext (dynamic temperature, Zhu et al. 2024); greedy below 1e-5 (vLLM)",
+    }
+    /// Exclude top choices.
+    Xtc(xtc) {
+        name: "xtc",
+        aliases: [],
+        params: [
+            /// Chance to act, `[0, 1]`.
+            probability: f32 = 0.0 => {
+                aliases: [], min: Some(0.0), max: Some(1.0), valid: unit_interval,
+                range: "a number in [0, 1]",
+                doc: "chance that XTC acts at a step",
+            },
+            /// Top-choice threshold, `[0, 1]`; above 0.5 disables.
+            threshold: f32 = 0.1 => {
+                aliases: [], min: Some(0.0), max: Some(1.0), valid: unit_interval,
+                range: "a number in [0, 1] (above 0.5 disables)",
+                doc: "tokens with p >= threshold are 'top choices'",
+            },
+            /// Minimum candidates kept.
+            min_keep: usize = 0 => {
+                aliases: [], min: Some(0.0), max: None, valid: any,
+                range: "an integer >= 0",
+                doc: "never keep fewer than this many candidates (0 and 1 both mean at least one)",
+            },
+        ],
+        effects: [candidates, probs],
+        needs: [randomness],
+        device: no [],
+        noop: *probability <= 0.0 || *threshold > 0.5,
+        noop_rule: "probability <= 0 or threshold > 0.5",
+        survivors: None,
+        order: 90,
+        seq: Some('x'),
+        source: "llama.cpp xtc (exclude top choices, oobabooga text-generation-webui PR #6335)",
+    }
+    /// Top-n-sigma; `n <= 0` is a no-op.
+    TopNSigma(top_n_sigma) {
+        name: "top_n_sigma",
+        aliases: ["top-n-sigma", "topnsigma", "top_nsigma"],
+        params: [
+            /// Standard deviations below the max that survive.
+            n: f32 = -1.0 => {
+                aliases: [], min: None, max: None, valid: finite,
+                range: "a finite number (n <= 0 disables)",
+                doc: "keep logits >= max - n * std (std over finite logits)",
+            },
+        ],
+        effects: [logits],
+        needs: [],
+        device: no [],
+        noop: *n <= 0.0,
+        noop_rule: "n <= 0",
+        survivors: None,
+        order: 40,
+        seq: Some('s'),
+        source: "llama.cpp top-n-sigma (Tang et al. 2024)",
+    }
+    /// Mirostat v1; selects a token.
+    Mirostat(mirostat) {
+        name: "mirostat",
+        aliases: ["mirostat_v1", "mirostat1"],
+        params: [
+            /// Target surprise (bits).
+            tau: f32 = 5.0 => {
+                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                range: "a finite number >= 0",
+                doc: "target surprise, bits",
+            },
+            /// Learning rate.
+            eta: f32 = 0.1 => {
+                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                range: "a finite number >= 0",
+                doc: "learning rate of mu",
+            },
+            /// Tokens used to estimate the Zipf exponent.
+            m: usize = 100 => {
+                aliases: [], min: Some(1.0), max: None, valid: |m: &usize| num(m, *m >= 1),
+                range: "an integer >= 1",
+                doc: "tokens used to estimate the Zipf exponent",
+            },
+        ],
+        effects: [candidates, probs, selects],
+        needs: [randomness],
+        device: no [],
+        noop: false,
+        noop_rule: "never a no-op",
+        survivors: None,
+        order: 110,
+        seq: None,
+        source: "llama.cpp mirostat (Basu et al. 2021, algorithm 1)",
+    }
+    /// Mirostat v2; selects a token.
+    MirostatV2(mirostat_v2) {
+        name: "mirostat_v2",
+        aliases: ["mirostat-v2", "mirostatv2", "mirostat2"],
+        params: [
+            /// Target surprise (bits).
+            tau: f32 = 5.0 => {
+                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                range: "a finite number >= 0",
+                doc: "target surprise, bits",
+            },
+            /// Learning rate.
+            eta: f32 = 0.1 => {
+                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                range: "a finite number >= 0",
+                doc: "learning rate of mu",
+            },
+        ],
+        effects: [candidates, probs, selects],
+        needs: [randomness],
+        device: no [],
+        noop: false,
+        noop_rule: "never a no-op",
+        survivors: None,
+        order: 120,
+        seq: None,
+        source: "llama.cpp mirostat v2 (Basu et al. 2021, algorithm 2)",
+    }
+    /// Repetition / frequency / presence penalties over the last `last_n` history tokens.
+    Penalties(penalties) {
+        name: "penalties",
+        aliases: ["penalty", "repetition_penalty"],
+        params: [
+            /// Window size; 0 disables.
+            last_n: usize = 64 => {
+                aliases: [], min: Some(0.0), max: None, valid: any,
+                range: "an integer >= 0 (0 disables)",
+                doc: "window: the last N history tokens count",
+            },
+            /// Repetition penalty, `> 0` (1 = off).
+            repeat: f32 = 1.0 => {
+                aliases: [], min: Some(f64::MIN_POSITIVE), max: None,
+                valid: |r: &f32| num(r, r.is_finite() && *r > 0.0 && (1.0 / *r).is_finite()),
+                range: "a finite number > 0",
+                doc: "repetition penalty: positive logits divided, negative multiplied",
+            },
+            /// Frequency penalty (per occurrence).
+            frequency: f32 = 0.0 => {
+                aliases: [], min: None, max: None, valid: finite,
+                range: "a finite number",
+                doc: "subtracted once per occurrence in the window",
+            },
+            /// Presence penalty (once).
+            presence: f32 = 0.0 => {
+                aliases: [], min: None, max: None, valid: finite,
+                range: "a finite number",
+                doc: "subtracted once if present in the window",
+            },
+            /// History scope.
+            scope: HistoryScope = scope_default() => {
+                aliases: [], min: None, max: None, valid: any,
+                range: "\"prompt_and_output\" or \"output\"",
+                doc: "which accepted tokens count as history: prompt and generated tokens (llama.cpp server), or generated tokens only",
+            },
+        ],
+        effects: [logits],
+        needs: [history],
+        device: yes [],
+        noop: *last_n == 0 || (*repeat == 1.0 && *frequency == 0.0 && *presence == 0.0),
+        noop_rule: "last_n == 0, or repeat == 1 and frequency == 0 and presence == 0",
+        survivors: None,
+        order: 10,
+        seq: Some('e'),
+        source: "llama.cpp penalties (CTRL, Keskar et al. 2019 for repetition; OpenAI for frequency/presence)",
+    }
+    /// DRY n-gram repetition penalty.
+    Dry(dry) {
+        name: "dry",
+        aliases: [],
+        params: [
+            /// Penalty scale; 0 disables.
+            multiplier: f32 = 0.0 => {
+                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                range: "a finite number >= 0 (0 disables)",
+                doc: "penalty scale",
+            },
+            /// Exponential base, `>= 1`.
+            base: f32 = 1.75 => {
+                aliases: [], min: Some(1.0), max: None,
+                valid: |b: &f32| num(b, b.is_finite() && *b >= 1.0),
+                range: "a finite number >= 1",
+                doc: "penalty grows as base^(match length - allowed_length)",
+            },
+            /// Free repeat length.
+            allowed_length: usize = 2 => {
+                aliases: [], min: Some(0.0), max: None, valid: any,
+                range: "an integer >= 0",
+                doc: "repeats up to this length are free",
+            },
+            /// Window; 0 disables.
+            last_n: usize = 64 => {
+                aliases: [], min: Some(0.0), max: None, valid: any,
+                range: "an integer >= 0 (0 disables)",
+                doc: "window of history tokens scanned",
+            },
+            /// Sequence breakers as token-id sequences.
+            seq_breakers: Vec<Vec<TokenId>> = Vec::new() => {
+                aliases: ["sequence_breakers"], min: None, max: None,
+                valid: |s: &Vec<Vec<TokenId>>| if s.iter().any(|b| b.is_empty()) { Err("[]".into()) } else { Ok(()) },
+                range: "a list of non-empty token-id lists",
+                doc: "token sequences that end a repeat (first token = head, rest = tail)",
+            },
+            /// History scope.
+            scope: HistoryScope = scope_default() => {
+                aliases: [], min: None, max: None, valid: any,
+                range: "\"prompt_and_output\" or \"output\"",
+                doc: "which accepted tokens count as history: prompt and generated tokens (llama.cpp server), or generated tokens only",
+            },
+        ],
+        effects: [logits],
+        needs: [history],
+        device: no [],
+        noop: *multiplier == 0.0 || *last_n == 0,
+        noop_rule: "multiplier == 0 or last_n == 0",
+        survivors: None,
+        order: 30,
+        seq: Some('d'),
+        source: "llama.cpp DRY (p-e-w, oobabooga text-generation-webui PR #5677)",
+    }
+    /// Additive logit bias per token (`-inf` bans).
+    LogitBias(logit_bias) {
+        name: "logit_bias",
+        aliases: ["logit-bias", "bias"],
+        params: [
+            /// `(token, bias)` pairs.
+            bias: Vec<(TokenId, f32)> = Vec::new() => {
+                aliases: ["biases"], min: None, max: None,
+                valid: |b: &Vec<(TokenId, f32)>| match b.iter().find(|(_, x)| !(x.is_finite() || *x == f32::NEG_INFINITY)) {
+                    Some((t, x)) => Err(format!("{{{t}: {x}}}")),
+                    None => Ok(()),
+                },
+                range: "token id -> a finite number or -inf (ban)",
+                doc: "added to the token's logit",
+            },
+        ],
+        effects: [logits],
+        needs: [],
+        device: yes [],
+        noop: bias.is_empty(),
+        noop_rule: "no biases",
+        survivors: None,
+        order: 0,
+        seq: None,
+        source: "llama.cpp logit-bias / OpenAI logit_bias",
+    }
+    /// Ban tokens that would complete an n-gram already in the history.
+    NoRepeatNgram(no_repeat_ngram) {
+        name: "no_repeat_ngram",
+        aliases: ["no-repeat-ngram", "no_repeat_ngram_size"],
+        params: [
+            /// n-gram size; 0 disables.
+            n: usize = 0 => {
+                aliases: [], min: Some(0.0), max: None, valid: any,
+                range: "an integer >= 0 (0 disables)",
+                doc: "n-gram size that may not repeat",
+            },
+            /// History scope.
+            scope: HistoryScope = scope_default() => {
+                aliases: [], min: None, max: None, valid: any,
+                range: "\"prompt_and_output\" or \"output\"",
+                doc: "which accepted tokens count as history: prompt and generated tokens (llama.cpp server), or generated tokens only",
+            },
+        ],
+        effects: [logits],
+        needs: [history],
+        device: no [],
+        noop: *n == 0,
+        noop_rule: "n == 0",
+        survivors: None,
+        order: 20,
+        seq: None,
+        source: "Hugging Face transformers NoRepeatNGramLogitsProcessor",
+    }
+    /// Epsilon sampling: drop tokens whose probability is below `epsilon`.
+    Epsilon(epsilon) {
+        name: "epsilon",
+        aliases: ["epsilon_cutoff", "epsilon-cutoff"],
+        params: [
+            /// Probability cutoff, in `[0, 1)`; 0 disables.
+            epsilon: f32 = 0.0 => {
+                aliases: ["epsilon_cutoff"], min: Some(0.0), max: Some(1.0),
+                valid: |e: &f32| num(e, (0.0..1.0).contains(e)),
+                range: "a number in [0, 1) (0 disables)",
+                doc: "tokens whose probability is below epsilon are removed",
+            },
+            /// Minimum candidates kept (with every token tied with the last one kept).
+            min_keep: usize = 0 => {
+                aliases: ["min_tokens_to_keep"], min: Some(0.0), max: None, valid: any,
+                range: "an integer >= 0",
+                doc: "never keep fewer than this many candidates, plus ties with the last (0 and 1 both mean at least one)",
+            },
+        ],
+        effects: [candidates, probs],
+        needs: [],
+        device: yes [masks_removed],
+        noop: *epsilon <= 0.0,
+        noop_rule: "epsilon <= 0",
+        survivors: None,
+        order: 82,
+        seq: None,
+        source: "Hugging Face transformers EpsilonLogitsWarper (Hewitt et al. 2022, truncation sampling)",
+    }
+    /// Eta sampling: an entropy-dependent probability cutoff.
+    Eta(eta) {
+        name: "eta",
+        aliases: ["eta_cutoff", "eta-cutoff"],
+        params: [
+            /// The epsilon of eta sampling, in `[0, 1)`; 0 disables.
+            epsilon: f32 = 0.0 => {
+                aliases: ["eta_cutoff"], min: Some(0.0), max: Some(1.0),
+                valid: |e: &f32| num(e, (0.0..1.0).contains(e)),
+                range: "a number in [0, 1) (0 disables)",
+                doc: "tokens with probability below min(epsilon, sqrt(epsilon) * exp(-entropy)) are removed (entropy in nats)",
+            },
+            /// Minimum candidates kept (with every token tied with the last one kept).
+            min_keep: usize = 0 => {
+                aliases: ["min_tokens_to_keep"], min: Some(0.0), max: None, valid: any,
+                range: "an integer >= 0",
+                doc: "never keep fewer than this many candidates, plus ties with the last (0 and 1 both mean at least one)",
+            },
+        ],
+        effects: [candidates, probs],
+        needs: [],
+        device: yes [masks_removed],
+        noop: *epsilon <= 0.0,
+        noop_rule: "epsilon <= 0",
+        survivors: None,
+        order: 84,
+        seq: None,
+        source: "Hugging Face transformers EtaLogitsWarper (Hewitt et al. 2022, truncation sampling)",
+    }
+}
+
+// Serde: `{"type": "<canonical name>", <param>: <value>, ...}`. Missing
+// parameters take the registry default; unknown keys are errors.
+
+impl serde::Serialize for StageSpec {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let params = self.params();
+        let mut map = serializer.serialize_map(Some(params.len() + 1))?;
+        map.serialize_entry("type", self.name())?;
+        for (name, value) in &params {
+            match value {
+                ParamValue::Int(i) => map.serialize_entry(name, i)?,
+                ParamValue::Float(x) => map.serialize_entry(name, x)?,
+                ParamValue::Scope(s) => map.serialize_entry(name, s)?,
+                ParamValue::Seqs(s) => map.serialize_entry(name, s)?,
+                ParamValue::Biases(b) => map.serialize_entry(name, b)?,
+            }
+        }
+        map.end()
+    }
+}
+
+/// Any self-describing value, for [`StageSpec`]'s `Deserialize`.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Raw {
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Null(()),
+    List(Vec<Raw>),
+}
+
+impl Raw {
+    fn into_value(self, kind: crate::ParamKind) -> Option<ParamValue> {
+        use crate::ParamKind as K;
+        fn token(r: &Raw) -> Option<TokenId> {
+            match r {
+                Raw::Int(i) => TokenId::try_from(*i).ok(),
+                _ => None,
+            }
+        }
+        fn float(r: &Raw) -> Option<f32> {
+            match r {
+                Raw::Int(i) => Some(*i as f32),
+                Raw::Float(x) => Some(*x as f32),
+                // serde_json writes non-finite floats as null; -inf is the only
+                // non-finite value a parameter can hold (a logit_bias ban).
+                Raw::Null(()) => Some(f32::NEG_INFINITY),
+                _ => None,
+            }
+        }
+        match (kind, self) {
+            (K::Int, Raw::Int(i)) => Some(ParamValue::Int(i)),
+            (K::Float, r) => float(&r).map(ParamValue::Float),
+            (K::Enum(_), Raw::Str(s)) => HistoryScope::from_word(&s).map(ParamValue::Scope),
+            (K::TokenSequences, Raw::List(seqs)) => seqs
+                .iter()
+                .map(|s| match s {
+                    Raw::List(ids) => ids.iter().map(token).collect::<Option<Vec<_>>>(),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()
+                .map(ParamValue::Seqs),
+            (K::TokenBiases, Raw::List(pairs)) => pairs
+                .iter()
+                .map(|p| match p {
+                    Raw::List(two) if two.len() == 2 => Some((token(&two[0])?, float(&two[1])?)),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()
+                .map(ParamValue::Biases),
+            _ => None,
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for StageSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut map: std::collections::BTreeMap<String, Raw> =
+            serde::Deserialize::deserialize(deserializer)?;
+        let ty = match map.remove("type") {
+            Some(Raw::Str(s)) => s,
+            _ => return Err(D::Error::missing_field("type")),
+        };
+        let kind = StageKind::ALL
+            .into_iter()
+            .find(|k| k.name() == ty)
+            .ok_or_else(|| D::Error::unknown_variant(&ty, &[]))?;
+        let meta = kind.meta();
+        let mut spec = StageSpec::default_for(kind);
+        for (key, raw) in map {
+            let pm = meta
+                .param(&key)
+                .ok_or_else(|| D::Error::unknown_field(&key, &[]))?;
+            let value = raw.into_value(pm.kind).ok_or_else(|| {
+                D::Error::custom(format!("{}.{}: expected {}", meta.name, pm.name, pm.range))
+            })?;
+            spec.set_param(pm.name, value).map_err(|_| {
+                D::Error::custom(format!("{}.{}: expected {}", meta.name, pm.name, pm.range))
+            })?;
+        }
+        Ok(spec)
+    }
+}
+
+impl StageSpec {
+    /// Canonical stage name.
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+
+    /// Whether the stage selects a token (greedy, dist, mirostat v1/v2).
+    pub fn selects(&self) -> bool {
+        self.kind().meta().effects.selects
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_default_is_valid_and_round_trips_by_name() {
+        for kind in StageKind::ALL {
+            let spec = StageSpec::default_for(kind);
+            spec.validate().expect("defaults are valid");
+            let meta = kind.meta();
+            let params = spec.params();
+            assert_eq!(params.len(), meta.params.len(), "{}", meta.name);
+            let mut copy = StageSpec::default_for(kind);
+            for ((name, value), pm) in params.into_iter().zip(meta.params) {
+                assert_eq!(name, pm.name);
+                assert_eq!(value, pm.default_value(), "{}.{name}", meta.name);
+                assert_eq!(copy.set_param(name, value), Ok(()));
+            }
+            assert_eq!(copy, spec);
+            assert_eq!(
+                copy.set_param("no_such_param", ParamValue::Int(1)),
+                Err(SetParamError::Unknown)
+            );
+        }
+    }
+
+    #[test]
+    fn orders_and_letters_are_unique() {
+        let mut orders: Vec<u32> = StageKind::ALL.iter().map(|k| k.meta().order).collect();
+        orders.sort_unstable();
+        orders.dedup();
+        assert_eq!(orders.len(), StageKind::ALL.len());
+        let letters: Vec<char> = StageKind::ALL
+            .iter()
+            .filter_map(|k| k.meta().seq_letter)
+            .collect();
+        assert_eq!(letters.len(), 9);
+        for c in letters {
+            assert_eq!(
+                StageKind::from_seq_char(c).and_then(|k| k.meta().seq_letter),
+                Some(c)
+            );
+        }
+    }
+}

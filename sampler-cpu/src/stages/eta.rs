@@ -1,0 +1,58 @@
+//! `eta`: eta sampling (truncation by an entropy-dependent cutoff).
+
+use sampler_core::{Candidates, SampleError, Sampler, StageContext, StageSpec};
+
+use super::epsilon::cut_below;
+
+/// Eta sampling with Hugging Face `EtaLogitsWarper` semantics (Hewitt et al.
+/// 2022): `p = softmax(logits)` over the current candidates, entropy
+/// `H = -sum p ln p` (nats, over `p > 0`), cutoff
+/// `eta = min(epsilon, sqrt(epsilon) * exp(-H))`; every candidate with
+/// `p < eta` is removed, except the `max(1, min_keep)` highest logits and
+/// their ties (as [`Epsilon`](super::Epsilon)). Order kept; not renormalised.
+///
+/// `epsilon <= 0` is a no-op.
+#[derive(Debug, Clone, Copy)]
+pub struct Eta {
+    epsilon: f32,
+    min_keep: usize,
+}
+
+impl Eta {
+    /// An eta stage; `epsilon` in `[0, 1)`, 0 disables it.
+    pub fn new(epsilon: f32, min_keep: usize) -> Self {
+        Self { epsilon, min_keep }
+    }
+}
+
+/// `min(epsilon, sqrt(epsilon) * exp(-H))` for normalised `probs`.
+pub(crate) fn eta_cutoff(epsilon: f32, probs: &[f32]) -> f32 {
+    let entropy: f32 = probs
+        .iter()
+        .filter(|&&p| p > 0.0)
+        .map(|&p| -p * p.ln())
+        .sum();
+    epsilon.min(epsilon.sqrt() * (-entropy).exp())
+}
+
+impl Sampler for Eta {
+    fn name(&self) -> &str {
+        "eta"
+    }
+    fn spec(&self) -> Option<StageSpec> {
+        Some(StageSpec::Eta {
+            epsilon: self.epsilon,
+            min_keep: self.min_keep,
+        })
+    }
+    fn apply(&mut self, row: &mut Candidates, _ctx: &StageContext) -> Result<(), SampleError> {
+        if self.epsilon.is_nan() || self.epsilon <= 0.0 {
+            return Ok(());
+        }
+        let epsilon = self.epsilon;
+        cut_below(row, self.min_keep, |probs| eta_cutoff(epsilon, probs))
+    }
+    fn box_clone(&self) -> Box<dyn Sampler> {
+        Box::new(*self)
+    }
+}
