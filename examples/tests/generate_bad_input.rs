@@ -9,10 +9,7 @@ use burn_tensor::Device;
 use sampler_examples::llama2::generate::encode_prompt;
 use sampler_examples::llama2::{Checkpoint, Llama2, Llama2Error, ModelFiles, Tokenizer};
 
-const MODEL_DIR: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/models/stories260K"
-);
+const MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/stories260K");
 const CKPT_BYTES: usize = 1_056_540;
 
 fn model_file(name: &str) -> PathBuf {

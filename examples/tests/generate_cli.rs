@@ -6,10 +6,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-const MODEL_DIR: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/models/stories260K"
-);
+const MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/stories260K");
 
 /// The devices to test: every backend compiled in (`compiled_devices`), or
 /// the comma-separated list in `SAMPLER_TEST_DEVICES` (e.g. to skip `vulkan`

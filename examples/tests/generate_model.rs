@@ -1,15 +1,12 @@
 //! The llama2.c loader, tokenizer and forward pass against stories260K's
-//! verification data (`../shared/models/stories260K/README.md`).
+//! verification data (`models/stories260K/README.md`).
 
 use std::path::{Path, PathBuf};
 
 use burn_tensor::{Device, Tensor};
 use sampler_examples::llama2::{BOS, Checkpoint, Llama2, ModelFiles, Tokenizer};
 
-const MODEL_DIR: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/models/stories260K"
-);
+const MODEL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/stories260K");
 
 fn model_dir() -> PathBuf {
     PathBuf::from(MODEL_DIR)

@@ -50,12 +50,13 @@ pub enum BackendError {
         source: sampler_core::ParamError,
     },
     /// The CPU chain of a row could not be built.
-    #[error("row {row}: the CPU chain could not be built: {message}")]
+    #[error("row {row}: the CPU chain could not be built: {source}")]
     Build {
         /// Row.
         row: usize,
-        /// The CPU builder's message.
-        message: String,
+        /// The CPU builder's error: the stage index and its parameter error.
+        #[source]
+        source: sampler_cpu::ChainBuildError,
     },
     /// The logits tensor does not have the `[batch, vocab]` shape the executor was built for.
     #[error("logits have shape {found:?}, expected [batch = {batch}, vocab = {vocab}]")]

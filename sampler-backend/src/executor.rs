@@ -124,10 +124,7 @@ impl Executor {
             .iter()
             .enumerate()
             .map(|(row, spec)| {
-                sampler_cpu::build_chain(spec).map_err(|e| BackendError::Build {
-                    row,
-                    message: e.to_string(),
-                })
+                sampler_cpu::build_chain(spec).map_err(|source| BackendError::Build { row, source })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let batch = rows.len();
@@ -183,33 +180,30 @@ impl Executor {
                 stages.push(st);
             }
         }
-        // Per-row survivors after the device top_k stages.
+        // Per-row survivors after the device stages that narrow the width
+        // (metadata `device_effects.narrows`, count from `StageSpec::survivors`).
         let mut row_keep = vec![vocab; batch];
         let mut w = vocab;
         for &i in &plan.device {
-            if let StageSpec::TopK { .. } = rows[0].stages[i] {
-                let kmax = rows
-                    .iter()
-                    .map(|r| match r.stages[i] {
-                        StageSpec::TopK { k } => effective_k(k, w),
-                        _ => w,
-                    })
-                    .max()
-                    .unwrap_or(w);
-                for (r, keep) in row_keep.iter_mut().enumerate() {
-                    if let StageSpec::TopK { k } = rows[r].stages[i] {
-                        *keep = (*keep).min(effective_k(k, w));
-                    }
-                }
-                w = kmax.max(1);
+            if !rows[0].stages[i].kind().meta().device_effects.narrows {
+                continue;
             }
+            let row_k = |r: &ChainSpec| {
+                r.stages[i]
+                    .survivors()
+                    .map_or(w, |k| effective_k(k as i64, w))
+            };
+            for (keep, r) in row_keep.iter_mut().zip(&rows) {
+                *keep = (*keep).min(row_k(r));
+            }
+            w = rows.iter().map(row_k).max().unwrap_or(w).max(1);
         }
-        let drop_masked = plan.device.iter().any(|&i| {
-            matches!(
-                rows[0].stages[i],
-                StageSpec::TopP { .. } | StageSpec::MinP { .. }
-            )
-        });
+        // A device stage that masks what the CPU removes: the host drops the
+        // `-inf` candidates it left, so both sides see the same set.
+        let drop_masked = plan
+            .device
+            .iter()
+            .any(|&i| rows[0].stages[i].kind().meta().device_effects.masks_removed);
         Ok(Self {
             device: device.clone(),
             batch,
@@ -244,16 +238,21 @@ impl Executor {
     }
 
     /// Feed prompt tokens of one row to its history-based stages (device
-    /// counts and CPU chain). Rows out of range are ignored; token ids
-    /// outside the vocabulary never reach the device.
-    pub fn accept_prompt(&mut self, row: usize, tokens: &[TokenId]) {
+    /// counts and CPU chain). Token ids outside the vocabulary never reach
+    /// the device.
+    ///
+    /// # Errors
+    /// [`BackendError::RowOutOfRange`] when `row >= batch` (nothing changes).
+    pub fn accept_prompt(&mut self, row: usize, tokens: &[TokenId]) -> Result<(), BackendError> {
+        let batch = self.batch;
         let Some(chain) = self.chains.get_mut(row) else {
-            return;
+            return Err(BackendError::RowOutOfRange { row, batch });
         };
         chain.accept_prompt(tokens);
         for st in &mut self.stages {
             st.accept_prompt(row, tokens);
         }
+        Ok(())
     }
 
     /// Forget every row's history and restart its step counter (a fixed seed
@@ -543,19 +542,28 @@ fn read_f32(d: &TensorData) -> Result<Vec<f32>, BackendError> {
 
 /// The spec the planner sees for a stage whose parameters differ per row:
 /// an active row's spec (the stage runs on the device for every row), and
-/// for `top_k` the batch's largest effective `k`.
+/// for a stage that narrows the width the row with the most survivors
+/// (a row without a bound counts as the full width).
 fn representative(specs: &[StageSpec], width: usize) -> StageSpec {
     let first_active = specs.iter().find(|s| !s.is_noop()).unwrap_or(&specs[0]);
-    if let StageSpec::TopK { .. } = first_active {
-        let k = specs
+    if first_active.kind().meta().device_effects.narrows {
+        let most = |s: &&StageSpec| {
+            s.survivors()
+                .map_or(width, |k| effective_k(k as i64, width))
+        };
+        if let Some(widest) = specs
             .iter()
-            .map(|s| match s {
-                StageSpec::TopK { k } => effective_k(*k, width),
-                _ => width,
-            })
-            .max()
-            .unwrap_or(width);
-        return StageSpec::TopK { k: k as i64 };
+            .filter(|s| s.kind() == first_active.kind())
+            .max_by_key(most)
+        {
+            let mut rep = widest.clone();
+            if widest.survivors().is_none() {
+                // A no-op row of a narrowing stage: the planner sees the full width.
+                rep = first_active.clone();
+                let _ = rep.set_param("k", sampler_core::ParamValue::Int(width as i64));
+            }
+            return rep;
+        }
     }
     first_active.clone()
 }

@@ -15,7 +15,7 @@
 //! let device = parse_device("flex").unwrap();
 //! let chain = ChainSpec::new(vec![StageSpec::TopK { k: 40 }, StageSpec::Dist], Some(42));
 //! let mut exec = Executor::new(vec![chain; 2], 8, &device, OffloadPolicy::Auto).unwrap();
-//! exec.accept_prompt(0, &[1, 2, 3]);          // history for penalties (state change)
+//! exec.accept_prompt(0, &[1, 2, 3]).unwrap(); // history for penalties (state change)
 //! let logits = Tensor::<2>::zeros([2, 8], &device); // [batch, vocab], from the model
 //! let out = exec.step(logits).unwrap();       // one batched pass + one readback
 //! // inside `step`:

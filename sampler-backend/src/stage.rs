@@ -2,7 +2,7 @@
 //! from stage to stage.
 
 use burn_tensor::{Bool, Device, Int, Tensor};
-use sampler_core::{StageSpec, TokenId};
+use sampler_core::{StageKind, StageSpec, TokenId};
 
 /// What a stage's `init` learns about the step it will join.
 #[derive(Debug, Clone)]
@@ -96,21 +96,27 @@ pub trait DeviceStage: Send {
     fn reset(&mut self) {}
 }
 
-/// Build the device stage for chain position `stage_index` from the per-row
-/// specs (`specs[row]`, all of the same kind). `None` when the kind has no
-/// device recipe (typical, xtc, mirostat, dry, ...).
-pub fn build_device_stage(stage_index: usize, specs: &[StageSpec]) -> Option<Box<dyn DeviceStage>> {
-    use crate::stages::*;
-    let first = specs.first()?;
-    Some(match first {
-        StageSpec::Greedy => Box::new(greedy::Greedy::new()),
-        StageSpec::Dist => Box::new(dist::Dist::new(stage_index)),
-        StageSpec::TopK { .. } => Box::new(top_k::TopK::new(specs)),
-        StageSpec::TopP { .. } => Box::new(top_p::TopP::new(specs)),
-        StageSpec::MinP { .. } => Box::new(min_p::MinP::new(specs)),
-        StageSpec::Temperature { .. } => Box::new(temperature::Temperature::new(specs)),
-        StageSpec::Penalties { .. } => Box::new(penalties::Penalties::new(specs)),
-        StageSpec::LogitBias { .. } => Box::new(logit_bias::LogitBias::new(specs)),
-        _ => return None,
-    })
+macro_rules! device_builder {
+    (@one yes $Var:ident $module:ident $stage_index:ident $specs:ident) => {
+        Some(Box::new(crate::stages::$module::$Var::new($stage_index, $specs)))
+    };
+    (@one no $Var:ident $module:ident $stage_index:ident $specs:ident) => {
+        None
+    };
+    ($( ($Var:ident $module:ident [$($field:ident)*] $device:ident) )*) => {
+        /// Build the device stage for chain position `stage_index` from the
+        /// per-row specs (`specs[row]`; rows whose spec is of another kind
+        /// are no-op rows). `None` when the kind has no device recipe (its
+        /// metadata's `device_hook` is false: typical, xtc, mirostat, dry,
+        /// ...). Generated from the stage registry.
+        pub fn build_device_stage(
+            stage_index: usize,
+            specs: &[StageSpec],
+        ) -> Option<Box<dyn DeviceStage>> {
+            match specs.iter().find(|s| !s.is_noop()).or(specs.first())?.kind() {
+                $( StageKind::$Var => device_builder!(@one $device $Var $module stage_index specs), )*
+            }
+        }
+    };
 }
+sampler_core::for_each_stage!(device_builder);

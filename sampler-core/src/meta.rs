@@ -41,6 +41,8 @@ pub enum ParamKind {
 pub enum ParamValue {
     /// [`ParamKind::Int`].
     Int(i64),
+    /// [`ParamKind::Int`] above `i64::MAX` (a count read from JSON).
+    UInt(u64),
     /// [`ParamKind::Float`].
     Float(f32),
     /// [`ParamKind::Enum`] (the history scope).
@@ -68,6 +70,7 @@ impl ParamValue {
         }
         match self {
             ParamValue::Int(i) => i.to_string(),
+            ParamValue::UInt(u) => u.to_string(),
             ParamValue::Float(x) => float(*x),
             ParamValue::Scope(s) => format!("\"{}\"", s.word()),
             ParamValue::Seqs(seqs) => {
@@ -139,6 +142,7 @@ impl ParamField for i64 {
     fn from_value(v: ParamValue) -> Result<Self, SetParamError> {
         match v {
             ParamValue::Int(i) => Ok(i),
+            ParamValue::UInt(_) => Err(SetParamError::Range),
             _ => Err(SetParamError::WrongKind),
         }
     }
@@ -152,6 +156,7 @@ impl ParamField for usize {
     fn from_value(v: ParamValue) -> Result<Self, SetParamError> {
         match v {
             ParamValue::Int(i) => usize::try_from(i).map_err(|_| SetParamError::Range),
+            ParamValue::UInt(u) => usize::try_from(u).map_err(|_| SetParamError::Range),
             _ => Err(SetParamError::WrongKind),
         }
     }
@@ -218,6 +223,8 @@ pub struct ParamMeta {
     pub name: &'static str,
     /// Other accepted key names.
     pub aliases: &'static [&'static str],
+    /// Whether the tagged JSON form must give it (no serde default).
+    pub required: bool,
     /// Value type.
     pub kind: ParamKind,
     /// The default value (the same one `StageSpec::default_for` and serde use).

@@ -123,6 +123,7 @@ macro_rules! define_stages {
                     $(#[doc = $fdoc:literal])*
                     $field:ident : $ty:ty = $default:expr => {
                         aliases: [$($palias:literal),* $(,)?],
+                        required: $required:literal,
                         min: $min:expr,
                         max: $max:expr,
                         valid: $valid:expr,
@@ -167,6 +168,7 @@ macro_rules! define_stages {
                                     ParamMeta {
                                         name: stringify!($field),
                                         aliases: &[$($palias),*],
+                                        required: $required,
                                         kind: <$ty as ParamField>::KIND,
                                         default: || {
                                             let v: $ty = $default;
@@ -293,6 +295,18 @@ macro_rules! define_stages {
             }
         }
 
+        impl serde::Serialize for StageSpec {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                use serde::ser::SerializeMap;
+                let mut map = serializer.serialize_map(None)?;
+                map.serialize_entry("type", self.name())?;
+                match self {
+                    $( StageSpec::$Var { $($field),* } => { $( map.serialize_entry(stringify!($field), $field)?; )* } )*
+                }
+                map.end()
+            }
+        }
+
         /// Calls `$callback! { (Variant module [fields...] yes|no) ... }` once
         /// with every registered stage: its [`StageSpec`] variant, its module
         /// name in `sampler-cpu` / `sampler-backend`, its fields in declaration
@@ -346,7 +360,7 @@ define_stages! {
         params: [
             /// Candidates kept.
             k: i64 = 40 => {
-                aliases: [], min: None, max: None, valid: any,
+                aliases: [], required: true, min: None, max: None, valid: any,
                 range: "an integer (k <= 0 disables)",
                 doc: "number of highest-logit candidates kept",
             },
@@ -368,13 +382,13 @@ define_stages! {
         params: [
             /// Mass kept, in `[0, 1]`.
             p: f32 = 0.95 => {
-                aliases: [], min: Some(0.0), max: Some(1.0), valid: unit_interval,
+                aliases: [], required: true, min: Some(0.0), max: Some(1.0), valid: unit_interval,
                 range: "a number in [0, 1]",
                 doc: "cumulative probability mass to keep (inclusive of the crossing token)",
             },
             /// Minimum candidates kept.
             min_keep: usize = 0 => {
-                aliases: [], min: Some(0.0), max: None, valid: any,
+                aliases: [], required: false, min: Some(0.0), max: None, valid: any,
                 range: "an integer >= 0",
                 doc: "never keep fewer than this many candidates (0 and 1 both mean at least one)",
             },
@@ -396,13 +410,13 @@ define_stages! {
         params: [
             /// Fraction of the top probability, `>= 0`.
             p: f32 = 0.05 => {
-                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                aliases: [], required: true, min: Some(0.0), max: None, valid: finite_ge0,
                 range: "a finite number >= 0 (p >= 1 keeps only the maximum)",
                 doc: "keep tokens whose probability is at least p times the top probability",
             },
             /// Minimum candidates kept.
             min_keep: usize = 0 => {
-                aliases: [], min: Some(0.0), max: None, valid: any,
+                aliases: [], required: false, min: Some(0.0), max: None, valid: any,
                 range: "an integer >= 0",
                 doc: "never keep fewer than this many candidates (0 and 1 both mean at least one)",
             },
@@ -424,13 +438,13 @@ define_stages! {
         params: [
             /// Mass kept, in `[0, 1]`.
             p: f32 = 1.0 => {
-                aliases: [], min: Some(0.0), max: Some(1.0), valid: unit_interval,
+                aliases: [], required: true, min: Some(0.0), max: Some(1.0), valid: unit_interval,
                 range: "a number in [0, 1]",
                 doc: "probability mass of the most typical tokens to keep",
             },
             /// Minimum candidates kept.
             min_keep: usize = 0 => {
-                aliases: [], min: Some(0.0), max: None, valid: any,
+                aliases: [], required: false, min: Some(0.0), max: None, valid: any,
                 range: "an integer >= 0",
                 doc: "never keep fewer than this many candidates (0 and 1 both mean at least one)",
             },
@@ -452,19 +466,19 @@ define_stages! {
         params: [
             /// Temperature, `>= 0`; below [`GREEDY_TEMPERATURE`](crate::GREEDY_TEMPERATURE) greedy.
             t: f32 = 0.8 => {
-                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                aliases: [], required: true, min: Some(0.0), max: None, valid: finite_ge0,
                 range: "a finite number >= 0 (t < 1e-5 means greedy)",
                 doc: "divide logits by t",
             },
             /// Dynamic-temperature half range, `>= 0`.
             dynatemp_range: f32 = 0.0 => {
-                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                aliases: [], required: false, min: Some(0.0), max: None, valid: finite_ge0,
                 range: "a finite number >= 0",
                 doc: "dynamic temperature: t varies in [t - range, t + range] with the entropy",
             },
             /// Dynamic-temperature exponent, `>= 0`.
             dynatemp_exponent: f32 = 1.0 => {
-                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                aliases: [], required: false, min: Some(0.0), max: None, valid: finite_ge0,
                 range: "a finite number >= 0",
                 doc: "dynamic temperature exponent on the normalised entropy",
             },
@@ -486,19 +500,19 @@ define_stages! {
         params: [
             /// Chance to act, `[0, 1]`.
             probability: f32 = 0.0 => {
-                aliases: [], min: Some(0.0), max: Some(1.0), valid: unit_interval,
+                aliases: [], required: true, min: Some(0.0), max: Some(1.0), valid: unit_interval,
                 range: "a number in [0, 1]",
                 doc: "chance that XTC acts at a step",
             },
             /// Top-choice threshold, `[0, 1]`; above 0.5 disables.
             threshold: f32 = 0.1 => {
-                aliases: [], min: Some(0.0), max: Some(1.0), valid: unit_interval,
+                aliases: [], required: true, min: Some(0.0), max: Some(1.0), valid: unit_interval,
                 range: "a number in [0, 1] (above 0.5 disables)",
                 doc: "tokens with p >= threshold are 'top choices'",
             },
             /// Minimum candidates kept.
             min_keep: usize = 0 => {
-                aliases: [], min: Some(0.0), max: None, valid: any,
+                aliases: [], required: false, min: Some(0.0), max: None, valid: any,
                 range: "an integer >= 0",
                 doc: "never keep fewer than this many candidates (0 and 1 both mean at least one)",
             },
@@ -520,7 +534,7 @@ define_stages! {
         params: [
             /// Standard deviations below the max that survive.
             n: f32 = -1.0 => {
-                aliases: [], min: None, max: None, valid: finite,
+                aliases: [], required: true, min: None, max: None, valid: finite,
                 range: "a finite number (n <= 0 disables)",
                 doc: "keep logits >= max - n * std (std over finite logits)",
             },
@@ -542,19 +556,19 @@ define_stages! {
         params: [
             /// Target surprise (bits).
             tau: f32 = 5.0 => {
-                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                aliases: [], required: true, min: Some(0.0), max: None, valid: finite_ge0,
                 range: "a finite number >= 0",
                 doc: "target surprise, bits",
             },
             /// Learning rate.
             eta: f32 = 0.1 => {
-                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                aliases: [], required: true, min: Some(0.0), max: None, valid: finite_ge0,
                 range: "a finite number >= 0",
                 doc: "learning rate of mu",
             },
             /// Tokens used to estimate the Zipf exponent.
             m: usize = 100 => {
-                aliases: [], min: Some(1.0), max: None, valid: |m: &usize| num(m, *m >= 1),
+                aliases: [], required: false, min: Some(1.0), max: None, valid: |m: &usize| num(m, *m >= 1),
                 range: "an integer >= 1",
                 doc: "tokens used to estimate the Zipf exponent",
             },
@@ -576,13 +590,13 @@ define_stages! {
         params: [
             /// Target surprise (bits).
             tau: f32 = 5.0 => {
-                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                aliases: [], required: true, min: Some(0.0), max: None, valid: finite_ge0,
                 range: "a finite number >= 0",
                 doc: "target surprise, bits",
             },
             /// Learning rate.
             eta: f32 = 0.1 => {
-                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                aliases: [], required: true, min: Some(0.0), max: None, valid: finite_ge0,
                 range: "a finite number >= 0",
                 doc: "learning rate of mu",
             },
@@ -604,32 +618,32 @@ define_stages! {
         params: [
             /// Window size; 0 disables.
             last_n: usize = 64 => {
-                aliases: [], min: Some(0.0), max: None, valid: any,
+                aliases: [], required: true, min: Some(0.0), max: None, valid: any,
                 range: "an integer >= 0 (0 disables)",
                 doc: "window: the last N history tokens count",
             },
             /// Repetition penalty, `> 0` (1 = off).
             repeat: f32 = 1.0 => {
-                aliases: [], min: Some(f64::MIN_POSITIVE), max: None,
+                aliases: [], required: false, min: Some(f64::MIN_POSITIVE), max: None,
                 valid: |r: &f32| num(r, r.is_finite() && *r > 0.0 && (1.0 / *r).is_finite()),
                 range: "a finite number > 0",
                 doc: "repetition penalty: positive logits divided, negative multiplied",
             },
             /// Frequency penalty (per occurrence).
             frequency: f32 = 0.0 => {
-                aliases: [], min: None, max: None, valid: finite,
+                aliases: [], required: false, min: None, max: None, valid: finite,
                 range: "a finite number",
                 doc: "subtracted once per occurrence in the window",
             },
             /// Presence penalty (once).
             presence: f32 = 0.0 => {
-                aliases: [], min: None, max: None, valid: finite,
+                aliases: [], required: false, min: None, max: None, valid: finite,
                 range: "a finite number",
                 doc: "subtracted once if present in the window",
             },
             /// History scope.
             scope: HistoryScope = scope_default() => {
-                aliases: [], min: None, max: None, valid: any,
+                aliases: [], required: false, min: None, max: None, valid: any,
                 range: "\"prompt_and_output\" or \"output\"",
                 doc: "which accepted tokens count as history: prompt and generated tokens (llama.cpp server), or generated tokens only",
             },
@@ -651,39 +665,39 @@ define_stages! {
         params: [
             /// Penalty scale; 0 disables.
             multiplier: f32 = 0.0 => {
-                aliases: [], min: Some(0.0), max: None, valid: finite_ge0,
+                aliases: [], required: true, min: Some(0.0), max: None, valid: finite_ge0,
                 range: "a finite number >= 0 (0 disables)",
                 doc: "penalty scale",
             },
             /// Exponential base, `>= 1`.
             base: f32 = 1.75 => {
-                aliases: [], min: Some(1.0), max: None,
+                aliases: [], required: false, min: Some(1.0), max: None,
                 valid: |b: &f32| num(b, b.is_finite() && *b >= 1.0),
                 range: "a finite number >= 1",
                 doc: "penalty grows as base^(match length - allowed_length)",
             },
             /// Free repeat length.
             allowed_length: usize = 2 => {
-                aliases: [], min: Some(0.0), max: None, valid: any,
+                aliases: [], required: false, min: Some(0.0), max: None, valid: any,
                 range: "an integer >= 0",
                 doc: "repeats up to this length are free",
             },
             /// Window; 0 disables.
             last_n: usize = 64 => {
-                aliases: [], min: Some(0.0), max: None, valid: any,
+                aliases: [], required: false, min: Some(0.0), max: None, valid: any,
                 range: "an integer >= 0 (0 disables)",
                 doc: "window of history tokens scanned",
             },
             /// Sequence breakers as token-id sequences.
             seq_breakers: Vec<Vec<TokenId>> = Vec::new() => {
-                aliases: ["sequence_breakers"], min: None, max: None,
+                aliases: ["sequence_breakers"], required: false, min: None, max: None,
                 valid: |s: &Vec<Vec<TokenId>>| if s.iter().any(|b| b.is_empty()) { Err("[]".into()) } else { Ok(()) },
                 range: "a list of non-empty token-id lists",
                 doc: "token sequences that end a repeat (first token = head, rest = tail)",
             },
             /// History scope.
             scope: HistoryScope = scope_default() => {
-                aliases: [], min: None, max: None, valid: any,
+                aliases: [], required: false, min: None, max: None, valid: any,
                 range: "\"prompt_and_output\" or \"output\"",
                 doc: "which accepted tokens count as history: prompt and generated tokens (llama.cpp server), or generated tokens only",
             },
@@ -705,7 +719,7 @@ define_stages! {
         params: [
             /// `(token, bias)` pairs.
             bias: Vec<(TokenId, f32)> = Vec::new() => {
-                aliases: ["biases"], min: None, max: None,
+                aliases: ["biases"], required: true, min: None, max: None,
                 valid: |b: &Vec<(TokenId, f32)>| match b.iter().find(|(_, x)| !(x.is_finite() || *x == f32::NEG_INFINITY)) {
                     Some((t, x)) => Err(format!("{{{t}: {x}}}")),
                     None => Ok(()),
@@ -731,13 +745,13 @@ define_stages! {
         params: [
             /// n-gram size; 0 disables.
             n: usize = 0 => {
-                aliases: [], min: Some(0.0), max: None, valid: any,
+                aliases: [], required: true, min: Some(0.0), max: None, valid: any,
                 range: "an integer >= 0 (0 disables)",
                 doc: "n-gram size that may not repeat",
             },
             /// History scope.
             scope: HistoryScope = scope_default() => {
-                aliases: [], min: None, max: None, valid: any,
+                aliases: [], required: false, min: None, max: None, valid: any,
                 range: "\"prompt_and_output\" or \"output\"",
                 doc: "which accepted tokens count as history: prompt and generated tokens (llama.cpp server), or generated tokens only",
             },
@@ -759,14 +773,14 @@ define_stages! {
         params: [
             /// Probability cutoff, in `[0, 1)`; 0 disables.
             epsilon: f32 = 0.0 => {
-                aliases: ["epsilon_cutoff"], min: Some(0.0), max: Some(1.0),
+                aliases: ["epsilon_cutoff"], required: true, min: Some(0.0), max: Some(1.0),
                 valid: |e: &f32| num(e, (0.0..1.0).contains(e)),
                 range: "a number in [0, 1) (0 disables)",
                 doc: "tokens whose probability is below epsilon are removed",
             },
             /// Minimum candidates kept (with every token tied with the last one kept).
             min_keep: usize = 0 => {
-                aliases: ["min_tokens_to_keep"], min: Some(0.0), max: None, valid: any,
+                aliases: ["min_tokens_to_keep"], required: false, min: Some(0.0), max: None, valid: any,
                 range: "an integer >= 0",
                 doc: "never keep fewer than this many candidates, plus ties with the last (0 and 1 both mean at least one)",
             },
@@ -788,14 +802,14 @@ define_stages! {
         params: [
             /// The epsilon of eta sampling, in `[0, 1)`; 0 disables.
             epsilon: f32 = 0.0 => {
-                aliases: ["eta_cutoff"], min: Some(0.0), max: Some(1.0),
+                aliases: ["eta_cutoff"], required: true, min: Some(0.0), max: Some(1.0),
                 valid: |e: &f32| num(e, (0.0..1.0).contains(e)),
                 range: "a number in [0, 1) (0 disables)",
                 doc: "tokens with probability below min(epsilon, sqrt(epsilon) * exp(-entropy)) are removed (entropy in nats)",
             },
             /// Minimum candidates kept (with every token tied with the last one kept).
             min_keep: usize = 0 => {
-                aliases: ["min_tokens_to_keep"], min: Some(0.0), max: None, valid: any,
+                aliases: ["min_tokens_to_keep"], required: false, min: Some(0.0), max: None, valid: any,
                 range: "an integer >= 0",
                 doc: "never keep fewer than this many candidates, plus ties with the last (0 and 1 both mean at least one)",
             },
@@ -812,33 +826,16 @@ define_stages! {
     }
 }
 
-// Serde: `{"type": "<canonical name>", <param>: <value>, ...}`. Missing
-// parameters take the registry default; unknown keys are errors.
-
-impl serde::Serialize for StageSpec {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let params = self.params();
-        let mut map = serializer.serialize_map(Some(params.len() + 1))?;
-        map.serialize_entry("type", self.name())?;
-        for (name, value) in &params {
-            match value {
-                ParamValue::Int(i) => map.serialize_entry(name, i)?,
-                ParamValue::Float(x) => map.serialize_entry(name, x)?,
-                ParamValue::Scope(s) => map.serialize_entry(name, s)?,
-                ParamValue::Seqs(s) => map.serialize_entry(name, s)?,
-                ParamValue::Biases(b) => map.serialize_entry(name, b)?,
-            }
-        }
-        map.end()
-    }
-}
+// Serde: `{"type": "<canonical name>", <param>: <value>, ...}`. Required
+// parameters (`ParamMeta::required`) must be present; the others take the
+// registry default when missing; unknown keys are errors.
 
 /// Any self-describing value, for [`StageSpec`]'s `Deserialize`.
 #[derive(serde::Deserialize)]
 #[serde(untagged)]
 enum Raw {
     Int(i64),
+    UInt(u64),
     Float(f64),
     Str(String),
     Null(()),
@@ -857,6 +854,7 @@ impl Raw {
         fn float(r: &Raw) -> Option<f32> {
             match r {
                 Raw::Int(i) => Some(*i as f32),
+                Raw::UInt(u) => Some(*u as f32),
                 Raw::Float(x) => Some(*x as f32),
                 // serde_json writes non-finite floats as null; -inf is the only
                 // non-finite value a parameter can hold (a logit_bias ban).
@@ -866,6 +864,7 @@ impl Raw {
         }
         match (kind, self) {
             (K::Int, Raw::Int(i)) => Some(ParamValue::Int(i)),
+            (K::Int, Raw::UInt(u)) => Some(ParamValue::UInt(u)),
             (K::Float, r) => float(&r).map(ParamValue::Float),
             (K::Enum(_), Raw::Str(s)) => HistoryScope::from_word(&s).map(ParamValue::Scope),
             (K::TokenSequences, Raw::List(seqs)) => seqs
@@ -903,6 +902,14 @@ impl<'de> serde::Deserialize<'de> for StageSpec {
             .find(|k| k.name() == ty)
             .ok_or_else(|| D::Error::unknown_variant(&ty, &[]))?;
         let meta = kind.meta();
+        if let Some(pm) = meta.params.iter().find(|pm| {
+            pm.required
+                && !map
+                    .keys()
+                    .any(|k| meta.param(k).is_some_and(|p| p.name == pm.name))
+        }) {
+            return Err(D::Error::missing_field(pm.name));
+        }
         let mut spec = StageSpec::default_for(kind);
         for (key, raw) in map {
             let pm = meta

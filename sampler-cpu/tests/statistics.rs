@@ -227,6 +227,30 @@ fn top_p_matches_renormalised() {
 }
 
 #[test]
+fn epsilon_matches_renormalised() {
+    assert_fits(
+        "epsilon(0.02)",
+        vec![StageSpec::Epsilon {
+            epsilon: 0.02,
+            min_keep: 1,
+        }],
+        21,
+    );
+}
+
+#[test]
+fn eta_matches_renormalised() {
+    assert_fits(
+        "eta(0.05)",
+        vec![StageSpec::Eta {
+            epsilon: 0.05,
+            min_keep: 0,
+        }],
+        22,
+    );
+}
+
+#[test]
 fn min_p_matches_renormalised() {
     assert_fits(
         "min_p(0.2)",

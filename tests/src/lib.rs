@@ -1,21 +1,17 @@
 //! conformance helpers
 //!
 //! Shared by the conformance tests: locating and loading the reference data
-//! in `../shared/reference/` (beside the repository in CI).
+//! in `tests/data/` (llama.cpp golden cases, checked into the repository).
 
 use std::path::{Path, PathBuf};
 
-/// Path of the golden llama.cpp cases (`llama_cpp_cases.json`), relative to
-/// this crate: `<repo>/../shared/reference/llama_cpp_cases.json`.
-pub const LLAMA_CPP_CASES: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/reference/llama_cpp_cases.json"
-);
+/// Path of the golden llama.cpp cases: `tests/data/llama_cpp_cases.json`.
+pub const LLAMA_CPP_CASES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/llama_cpp_cases.json");
 
-/// The path of a file under `../shared/reference/`.
+/// The path of a file under `tests/data/`.
 pub fn reference_path(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/reference")
+        .join("data")
         .join(name)
 }
 
@@ -23,12 +19,12 @@ pub fn reference_path(name: &str) -> PathBuf {
 ///
 /// # Panics
 /// With a message naming the path when the file is absent or not valid JSON
-/// (the tests need the `shared/` checkout beside the repository).
+/// (a damaged checkout).
 pub fn load_reference_json(path: &str) -> serde_json::Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
         panic!(
-            "cannot read the reference file {path}: {e}. The conformance tests need the \
-             shared/ directory checked out beside the repository (../shared/reference/)."
+            "cannot read the reference file {path}: {e}. It is part of the repository \
+             (tests/data/); restore it with git."
         )
     });
     serde_json::from_str(&text)

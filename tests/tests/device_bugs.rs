@@ -469,8 +469,8 @@ fn penalties_counts_follow_the_window(d: &Device, _: &str) {
         let spec = chain(stages.clone(), 9);
         let mut ex = Executor::new(vec![spec.clone()], v, d, OffloadPolicy::Auto).unwrap();
         let mut cpu = sampler_cpu::build_chain(&spec).unwrap();
-        ex.accept_prompt(0, &[5, 6]);
-        ex.accept_prompt(0, &[7, 5]);
+        ex.accept_prompt(0, &[5, 6]).expect("row 0");
+        ex.accept_prompt(0, &[7, 5]).expect("row 0");
         cpu.accept_prompt(&[5, 6, 7, 5]);
         for step in 0..12 {
             let row: Vec<f32> = logits

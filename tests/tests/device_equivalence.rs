@@ -55,6 +55,14 @@ fn stage_for(kind: u8, r: &mut impl FnMut() -> u32, vocab: usize) -> S {
                 HistoryScope::Output
             },
         },
+        5 => S::Epsilon {
+            epsilon: [0.0f32, 0.01, 0.05, 0.2, 0.6][(r() % 5) as usize],
+            min_keep: [0usize, 0, 1, 3][(r() % 4) as usize],
+        },
+        6 => S::Eta {
+            epsilon: [0.0f32, 0.001, 0.02, 0.2, 0.9][(r() % 5) as usize],
+            min_keep: [0usize, 0, 2][(r() % 3) as usize],
+        },
         _ => {
             let n = r() % 3;
             S::LogitBias {
@@ -83,7 +91,7 @@ fn case(few_shapes: bool) -> BoxedStrategy<Case> {
         (1usize..4, prop_oneof![4 => 2usize..40, 1 => 257usize..420]).boxed()
     };
     (
-        prop::collection::vec(0u8..6, 0..4),
+        prop::collection::vec(0u8..8, 0..4),
         0u8..3,
         shape,
         any::<u64>(),

@@ -16,10 +16,7 @@ use sampler_core::{Candidates, ChainSpec, HistoryScope, OffloadPolicy, StageSpec
 use serde_json::Value;
 
 fn cases() -> Option<Value> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/reference/llama_cpp_cases.json"
-    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/llama_cpp_cases.json");
     match std::fs::read_to_string(path) {
         Ok(s) => serde_json::from_str(&s).ok(),
         Err(e) => {
@@ -79,7 +76,7 @@ fn run_filter(
     let v = logits.len();
     let spec = ChainSpec::new(stages, Some(0));
     let mut ex = Executor::new(vec![spec], v, d, OffloadPolicy::Auto).expect("executor");
-    ex.accept_prompt(0, history);
+    ex.accept_prompt(0, history).expect("row 0 exists");
     let out = ex
         .filter(device_support::upload(logits, 1, v, d))
         .expect("filter");

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p sampler-examples --bin generate -- \
-//!     --model ../shared/models/stories260K --prompt "Once upon a time" -n 200 \
+//!     --model models/stories260K --prompt "Once upon a time" -n 200 \
 //!     --samplers "top_k;temperature;top_p;dist" --top-k 40 --temp 0.8 --seed 42 --stats
 //! ```
 //!
@@ -29,11 +29,8 @@ const DEFAULT_SAMPLERS: &str = "top_k;top_p;min_p;temperature;dist";
 
 /// Where `--model` points when it is not given (tried in order).
 const DEFAULT_MODEL_DIRS: [&str; 2] = [
-    "../shared/models/stories260K",
-    concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/models/stories260K"
-    ),
+    "models/stories260K",
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../models/stories260K"),
 ];
 
 /// Generate text with a llama2.c checkpoint on burn; the sampler chain runs on
@@ -43,7 +40,7 @@ const DEFAULT_MODEL_DIRS: [&str; 2] = [
 struct Args {
     /// Model: a directory with a llama2.c checkpoint (*.bin) and its tokenizer
     /// (tokenizer.bin or tok*.bin), or the checkpoint file itself.
-    /// Default: ../shared/models/stories260K when it exists.
+    /// Default: the repository's models/stories260K.
     #[arg(long, value_name = "DIR|FILE")]
     model: Option<PathBuf>,
     /// Tokenizer file (llama2.c .bin format); default: found beside the checkpoint.

@@ -156,7 +156,7 @@ pub fn generate(
         .copied()
         .filter(|&t| t != BOS)
         .collect();
-    executor.accept_prompt(0, &history);
+    executor.accept_prompt(0, &history)?;
 
     let mut cache = model.new_cache();
     let t0 = Instant::now();

@@ -7,7 +7,7 @@
 //! * [`ModelFiles`]: find the checkpoint and tokenizer in a model directory.
 //!
 //! The format and the verification data are described in
-//! `../shared/models/stories260K/README.md`; `docs/generate.md` shows the CLI.
+//! `models/stories260K/README.md`; `docs/generate.md` shows the CLI.
 
 use std::path::{Path, PathBuf};
 

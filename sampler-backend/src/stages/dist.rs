@@ -17,7 +17,7 @@
 //! such draws.
 
 use burn_tensor::{Int, Tensor};
-use sampler_core::rng;
+use sampler_core::{StageSpec, rng};
 
 use crate::ops::{self, DIST_BLOCK, PAIRWISE_MAX, wide};
 use crate::readback::CODE_ALL_MASKED;
@@ -33,7 +33,7 @@ pub struct Dist {
 
 impl Dist {
     /// `stage_index`: this stage's position in the chain (its RNG lane).
-    pub fn new(stage_index: usize) -> Self {
+    pub fn new(stage_index: usize, _specs: &[StageSpec]) -> Self {
         Self {
             stage_index,
             uniforms: None,

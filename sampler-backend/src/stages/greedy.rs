@@ -2,6 +2,8 @@
 //! (vLLM / TensorRT-LLM rule, DESIGN.md), mapped through `ids` after a
 //! device `top_k` (llama.cpp returned the position instead: bug_cases §12).
 
+use sampler_core::StageSpec;
+
 use crate::ops;
 use crate::stage::{DeviceStage, InitContext, StepData};
 
@@ -11,7 +13,7 @@ pub struct Greedy;
 
 impl Greedy {
     /// A greedy stage (no parameters).
-    pub fn new() -> Self {
+    pub fn new(_stage_index: usize, _specs: &[StageSpec]) -> Self {
         Self
     }
 }

@@ -22,7 +22,7 @@ pub struct LogitBias {
 
 impl LogitBias {
     /// From the per-row specs (`StageSpec::LogitBias`).
-    pub fn new(specs: &[StageSpec]) -> Self {
+    pub fn new(_stage_index: usize, specs: &[StageSpec]) -> Self {
         let rows = specs
             .iter()
             .map(|s| match s {

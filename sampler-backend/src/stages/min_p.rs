@@ -22,7 +22,7 @@ pub struct MinP {
 
 impl MinP {
     /// From the per-row specs (`StageSpec::MinP`).
-    pub fn new(specs: &[StageSpec]) -> Self {
+    pub fn new(_stage_index: usize, specs: &[StageSpec]) -> Self {
         let mut ps = Vec::new();
         let mut keeps = Vec::new();
         for s in specs {

@@ -42,7 +42,7 @@ pub struct Penalties {
 
 impl Penalties {
     /// From the per-row specs (`StageSpec::Penalties`). No-op rows get neutral parameters.
-    pub fn new(specs: &[StageSpec]) -> Self {
+    pub fn new(_stage_index: usize, specs: &[StageSpec]) -> Self {
         let rows = specs
             .iter()
             .map(|s| match s {

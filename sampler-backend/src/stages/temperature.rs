@@ -38,7 +38,7 @@ pub struct Temperature {
 
 impl Temperature {
     /// From the per-row specs (`StageSpec::Temperature`).
-    pub fn new(specs: &[StageSpec]) -> Self {
+    pub fn new(_stage_index: usize, specs: &[StageSpec]) -> Self {
         let rows = specs
             .iter()
             .map(|s| match s {

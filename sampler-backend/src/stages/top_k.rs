@@ -23,7 +23,7 @@ pub struct TopK {
 
 impl TopK {
     /// From the per-row specs (`StageSpec::TopK`).
-    pub fn new(specs: &[StageSpec]) -> Self {
+    pub fn new(_stage_index: usize, specs: &[StageSpec]) -> Self {
         let ks = specs
             .iter()
             .map(|s| match s {

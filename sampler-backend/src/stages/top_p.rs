@@ -37,7 +37,7 @@ pub struct TopP {
 
 impl TopP {
     /// From the per-row specs (`StageSpec::TopP`).
-    pub fn new(specs: &[StageSpec]) -> Self {
+    pub fn new(_stage_index: usize, specs: &[StageSpec]) -> Self {
         let mut ps = Vec::new();
         let mut keeps = Vec::new();
         for s in specs {

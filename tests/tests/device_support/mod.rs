@@ -83,7 +83,7 @@ pub fn device_step(
 ) -> (StepOutput, Executor) {
     let mut ex = Executor::new(rows.to_vec(), v, device, policy).expect("executor");
     for (r, p) in prompts.iter().enumerate() {
-        ex.accept_prompt(r, p);
+        ex.accept_prompt(r, p).expect("row in range");
     }
     let out = ex
         .step(upload(logits, rows.len(), v, device))
