@@ -59,7 +59,9 @@ pub use params::default_stage;
 pub use sampler_core::{ChainSpec, HistoryScope, OffloadPolicy, StageKind, StageSpec};
 
 /// Device names accepted in `[device] kind`, optionally followed by
-/// `:index` (`cuda:1`). `cpu` is sampler-cpu alone (no burn); the others are
+/// `:index` (`cuda:1`; GPU backends only). `cpu` is the whole chain on the
+/// host with sampler-cpu, nothing offloaded (a burn app keeps its logits on
+/// `flex`, see `sampler_backend::resolve_device`); the others are
 /// sampler-backend's burn backends (whether one is compiled in is checked
 /// when the chain is built, not here).
 pub const KNOWN_DEVICES: [&str; 6] = ["cpu", "flex", "ndarray", "wgpu", "vulkan", "cuda"];
@@ -73,7 +75,9 @@ pub(crate) fn check_device(name: &str) -> Result<String, String> {
         Some((b, i)) => (b, Some(i)),
         None => (name, None),
     };
-    let index_ok = index.is_none_or(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
+    let indexed = matches!(base, "wgpu" | "vulkan" | "cuda");
+    let index_ok =
+        index.is_none_or(|i| indexed && !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
     if KNOWN_DEVICES.contains(&base) && index_ok {
         Ok(name.to_string())
     } else {

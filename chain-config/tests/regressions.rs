@@ -306,3 +306,18 @@ fn toml_seed_minus_zero_is_zero() {
         "{e:?}"
     );
 }
+
+/// `cpu`, `flex` and `ndarray` have no device index: `cpu:7` or `flex:0` is
+/// refused by the loader, not later by the backend.
+#[test]
+fn device_index_only_on_gpu_backends() {
+    for kind in ["cpu:7", "flex:0", "ndarray:1"] {
+        let text = format!("samplers = \"greedy\"\n[device]\nkind = \"{kind}\"\n");
+        let e = ChainConfig::from_toml_str(&text).expect_err(kind);
+        assert!(e.to_string().contains("`device.kind`"), "{kind}: {e}");
+    }
+    for kind in ["cuda:1", "wgpu:0", "vulkan:2", "cpu", "flex"] {
+        let text = format!("samplers = \"greedy\"\n[device]\nkind = \"{kind}\"\n");
+        assert!(ChainConfig::from_toml_str(&text).is_ok(), "{kind}");
+    }
+}

@@ -32,11 +32,31 @@ fn unknown(given: &str, reason: impl Into<String>) -> BackendError {
     }
 }
 
+/// The device and offload policy for a `[device] kind` / `--device` name: the
+/// one place that gives `cpu` its meaning. `cpu` is the whole chain on the
+/// host with sampler-cpu (logits on `flex`, [`OffloadPolicy::Off`] whatever
+/// `policy` says); any other name is [`parse_device`] with `policy` unchanged.
+///
+/// # Errors
+/// As [`parse_device`].
+pub fn resolve_device(
+    name: &str,
+    policy: sampler_core::OffloadPolicy,
+) -> Result<(Device, sampler_core::OffloadPolicy), BackendError> {
+    if name.trim().eq_ignore_ascii_case("cpu") {
+        Ok((parse_device("flex")?, sampler_core::OffloadPolicy::Off))
+    } else {
+        Ok((parse_device(name)?, policy))
+    }
+}
+
 /// Parse a device string into a burn [`Device`].
 ///
 /// Accepted (case-insensitive, surrounding spaces ignored): `flex`, `ndarray`,
-/// `wgpu`, `wgpu:N`, `vulkan`, `vulkan:N`, `cuda`, `cuda:N`. Also `cpu` as an
-/// alias of `flex`.
+/// `wgpu`, `wgpu:N`, `vulkan`, `vulkan:N`, `cuda`, `cuda:N`. `cpu` gives
+/// `flex`, the device that holds the logits when the chain runs on the host:
+/// `cpu` means "sampler-cpu only, nothing offloaded", which
+/// [`resolve_device`] applies to the offload policy too.
 ///
 /// # Errors
 /// [`BackendError::UnknownDevice`] for an unknown name, a bad index, or a

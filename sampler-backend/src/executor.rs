@@ -142,6 +142,7 @@ impl Executor {
             let active = specs.iter().any(|s| !s.is_noop());
             let rep = representative(&specs, width);
             let mut device_ok = false;
+            let mut answer = Ok(());
             let mut stage = None;
             if active && prefix_alive && rep.kind().meta().device_hook {
                 if let Some(mut st) = build_device_stage(i, &specs) {
@@ -152,7 +153,8 @@ impl Executor {
                         has_ids,
                         device: device.clone(),
                     };
-                    device_ok = st.init(&ctx);
+                    answer = st.init(&ctx);
+                    device_ok = answer.is_ok();
                     if device_ok {
                         let w = st.out_width(width);
                         if w != width {
@@ -169,7 +171,7 @@ impl Executor {
             plan_stages.push(PlanStage {
                 name: rep.name().to_string(),
                 spec: Some(if active { rep } else { specs[0].clone() }),
-                device_ok,
+                device: answer,
             });
             built.push(stage);
         }

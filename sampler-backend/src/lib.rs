@@ -48,7 +48,7 @@ pub mod stages;
 
 pub use burn_tensor;
 pub use burn_tensor::{Device, Tensor, TensorData};
-pub use device::{compiled_devices, parse_device};
+pub use device::{compiled_devices, parse_device, resolve_device};
 pub use error::BackendError;
 pub use executor::{Executor, FilterOutput, StepOutput};
 pub use stage::{DeviceStage, InitContext, RowState, StepData, build_device_stage};

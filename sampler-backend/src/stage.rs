@@ -2,7 +2,7 @@
 //! from stage to stage.
 
 use burn_tensor::{Bool, Device, Int, Tensor};
-use sampler_core::{StageKind, StageSpec, TokenId};
+use sampler_core::{DeviceRefusal, StageKind, StageSpec, TokenId};
 
 /// What a stage's `init` learns about the step it will join.
 #[derive(Debug, Clone)]
@@ -76,10 +76,13 @@ impl StepData {
 pub trait DeviceStage: Send {
     /// Canonical stage name.
     fn name(&self) -> &'static str;
-    /// Allocate state and upload per-row parameters; `false` if the device
-    /// recipe cannot honour these parameters here (the planner then keeps this
-    /// stage and everything after it on the host).
-    fn init(&mut self, ctx: &InitContext) -> bool;
+    /// Allocate state and upload per-row parameters.
+    ///
+    /// # Errors
+    /// Why the device recipe cannot honour these parameters here
+    /// ([`DeviceRefusal`]); the planner then keeps this stage and everything
+    /// after it on the host and `plan` shows the reason.
+    fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal>;
     /// Upload per-step host data (uniforms, history deltas) before `apply`.
     fn set_input(&mut self, _rows: &[RowState]) {}
     /// Append this stage's tensor ops to the step.

@@ -32,7 +32,7 @@ pub use error::{ParamError, SampleError};
 pub use meta::{
     DeviceEffects, Effects, ParamField, ParamKind, ParamMeta, ParamValue, SetParamError, StageMeta,
 };
-pub use plan::{OffloadPolicy, Plan, PlanStage, Readback};
+pub use plan::{DeviceRefusal, HostReason, OffloadPolicy, Plan, PlanStage, Readback};
 pub use registry::StageKind;
 pub use rng::RowRng;
 pub use sampler::{Sampler, StageContext, TokenOrigin};

@@ -7,6 +7,64 @@ use std::fmt;
 
 use crate::StageSpec;
 
+/// Why a device cannot run a stage that has a device recipe: the answer of
+/// the recipe's `init` (sampler-backend), shown by `plan`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceRefusal {
+    /// The step has no candidates (`width == 0`).
+    #[error("the row has no candidates")]
+    EmptyWidth,
+    /// A dense `[batch, vocab]` table would exceed the recipe's size limit.
+    #[error("a dense [batch, vocab] table of {entries} entries exceeds the limit of {limit}")]
+    TooLarge {
+        /// `batch * vocab`, saturated.
+        entries: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A parameter names a token outside the vocabulary: the host reports it
+    /// as that row's error.
+    #[error("row {row}: token id {token} is outside the vocabulary of {vocab}")]
+    TokenOutOfVocab {
+        /// Row.
+        row: usize,
+        /// The token id.
+        token: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+}
+
+/// Why the device prefix ends where it does (the first active stage left to
+/// the host), as [`Plan::host_reason`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostReason {
+    /// The offload policy caps the prefix.
+    Policy,
+    /// A custom stage (no built-in spec) runs on the host.
+    CustomStage,
+    /// The stage kind has no device recipe (its metadata's `device_hook`).
+    NoDeviceRecipe,
+    /// The device's `init` refused the stage.
+    Refused(DeviceRefusal),
+    /// A selecting stage with active stages after it.
+    SelectsBeforeEnd,
+}
+
+impl fmt::Display for HostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostReason::Policy => write!(f, "the offload policy caps the device prefix"),
+            HostReason::CustomStage => write!(f, "a custom stage runs on the host"),
+            HostReason::NoDeviceRecipe => write!(f, "the stage has no device recipe"),
+            HostReason::Refused(r) => write!(f, "the device refused it: {r}"),
+            HostReason::SelectsBeforeEnd => {
+                write!(f, "it selects a token but active stages follow it")
+            }
+        }
+    }
+}
+
 /// How much of a chain may run on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OffloadPolicy {
@@ -72,6 +130,9 @@ pub struct Plan {
     pub host_start: usize,
     /// What is read back per row.
     pub readback: Readback,
+    /// Why the first host stage is not on the device (`None` when the
+    /// whole chain is offloaded or empty).
+    pub host_reason: Option<HostReason>,
 }
 
 impl Plan {
@@ -102,6 +163,9 @@ impl fmt::Display for Plan {
         if !self.skipped.is_empty() {
             writeln!(f, "no-op stages:  {}", list(&self.skipped))?;
         }
+        if let (Some(reason), Some(name)) = (&self.host_reason, self.names.get(self.host_start)) {
+            writeln!(f, "host from:     {name} ({reason})")?;
+        }
         write!(
             f,
             "readback:      {} = {} bytes/row/step",
@@ -118,14 +182,15 @@ pub struct PlanStage {
     pub name: String,
     /// Built-in spec, or `None` for a custom (host-only) stage.
     pub spec: Option<StageSpec>,
-    /// The device's `init` answer for this stage (`false` when no hook exists).
-    pub device_ok: bool,
+    /// The device's `init` answer for this stage: `Ok` when the device runs
+    /// it, else why not ([`DeviceRefusal`]; ignored when no hook exists).
+    pub device: Result<(), DeviceRefusal>,
 }
 
 /// Plan a chain over a vocabulary of `vocab` tokens.
 ///
 /// The device prefix is the longest run of active stages from the start whose
-/// device hook exists and whose `init` succeeded (`device_ok`); no-op stages
+/// device hook exists and whose `init` succeeded (`device`); no-op stages
 /// are skipped and never break it. A selecting stage joins the prefix only if
 /// no active stage follows it. [`OffloadPolicy::Stages`] caps the prefix.
 pub fn plan(stages: &[PlanStage], vocab: usize, policy: OffloadPolicy) -> Plan {
@@ -140,13 +205,21 @@ pub fn plan(stages: &[PlanStage], vocab: usize, policy: OffloadPolicy) -> Plan {
     let skipped: Vec<usize> = (0..stages.len()).filter(|i| !active.contains(i)).collect();
 
     let mut device = Vec::new();
+    let mut host_reason = None;
     for (pos, &i) in active.iter().enumerate() {
         let st = &stages[i];
-        let Some(spec) = &st.spec else { break };
-        if device.len() >= cap || !spec.kind().meta().device_hook || !st.device_ok {
-            break;
-        }
-        if spec.selects() && pos + 1 != active.len() {
+        let why = match &st.spec {
+            None => Some(HostReason::CustomStage),
+            Some(_) if device.len() >= cap => Some(HostReason::Policy),
+            Some(spec) if !spec.kind().meta().device_hook => Some(HostReason::NoDeviceRecipe),
+            Some(_) if st.device.is_err() => st.device.clone().err().map(HostReason::Refused),
+            Some(spec) if spec.selects() && pos + 1 != active.len() => {
+                Some(HostReason::SelectsBeforeEnd)
+            }
+            Some(_) => None,
+        };
+        if why.is_some() {
+            host_reason = why;
             break;
         }
         device.push(i);
@@ -176,18 +249,19 @@ pub fn plan(stages: &[PlanStage], vocab: usize, policy: OffloadPolicy) -> Plan {
         skipped,
         host_start,
         readback,
+        host_reason,
     }
 }
 
 /// Plan stages given as specs, with a device that accepts every stage that
-/// has a device hook (`device_ok = meta.device_hook`).
+/// has a device hook.
 pub fn plan_specs(specs: &[StageSpec], vocab: usize, policy: OffloadPolicy) -> Plan {
     let stages: Vec<PlanStage> = specs
         .iter()
         .map(|s| PlanStage {
             name: s.name().to_string(),
             spec: Some(s.clone()),
-            device_ok: s.kind().meta().device_hook,
+            device: Ok(()),
         })
         .collect();
     plan(&stages, vocab, policy)

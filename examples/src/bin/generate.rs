@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use chain_config::{ChainConfig, ConfigError, DeviceConfig, LoadOptions};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use sampler_backend::{BackendError, Executor, parse_device};
+use sampler_backend::{BackendError, Executor};
 use sampler_core::{ChainSpec, OffloadPolicy, Plan, StageSpec};
 use sampler_examples::llama2::generate::{GenerateError, Generation, encode_prompt, generate};
 use sampler_examples::llama2::{Llama2, Llama2Error, ModelFiles};
@@ -292,11 +292,7 @@ fn model_path(a: &Args) -> Result<PathBuf, AppError> {
 
 /// The burn device and offload policy: `cpu` means flex with nothing offloaded.
 fn device_of(cfg: &DeviceConfig) -> Result<(burn_tensor::Device, OffloadPolicy), AppError> {
-    let name = cfg.device.trim().to_ascii_lowercase();
-    if name == "cpu" {
-        return Ok((parse_device("flex")?, OffloadPolicy::Off));
-    }
-    Ok((parse_device(&name)?, cfg.offload))
+    Ok(sampler_backend::resolve_device(&cfg.device, cfg.offload)?)
 }
 
 fn plan_json(plan: &Plan) -> serde_json::Value {
@@ -309,6 +305,7 @@ fn plan_json(plan: &Plan) -> serde_json::Value {
         "readback": plan.readback.to_string(),
         "bytes_per_row": plan.bytes_per_row(),
         "fully_offloaded": plan.fully_offloaded(),
+        "host_reason": plan.host_reason.as_ref().map(|r| r.to_string()),
     })
 }
 

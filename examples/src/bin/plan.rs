@@ -54,6 +54,7 @@ fn run(a: Args) -> Result<(), String> {
             "noop_stages": names(&plan.skipped),
             "readback": plan.readback.to_string(),
             "bytes_per_row": plan.bytes_per_row(),
+            "host_reason": plan.host_reason.as_ref().map(|r| r.to_string()),
             "vocab": a.vocab,
         });
         println!("{v:#}");

@@ -36,17 +36,11 @@ pub fn device_and_policy(
     offload: Option<&str>,
 ) -> CliResult<(String, sampler_backend::Device, OffloadPolicy)> {
     let name = device.unwrap_or(&cfg.device.device).to_string();
-    let mut policy = match offload {
+    let policy = match offload {
         Some(o) => parse_offload(o)?,
         None => cfg.device.offload,
     };
-    let backend = if name.trim().eq_ignore_ascii_case("cpu") {
-        policy = OffloadPolicy::Off;
-        "flex"
-    } else {
-        name.as_str()
-    };
-    let d = sampler_backend::parse_device(backend).map_err(|e| e.to_string())?;
+    let (d, policy) = sampler_backend::resolve_device(&name, policy).map_err(|e| e.to_string())?;
     Ok((name, d, policy))
 }
 

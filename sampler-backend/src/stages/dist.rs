@@ -21,6 +21,8 @@ use sampler_core::{StageSpec, rng};
 
 use crate::ops::{self, DIST_BLOCK, PAIRWISE_MAX, wide};
 use crate::readback::CODE_ALL_MASKED;
+use sampler_core::DeviceRefusal;
+
 use crate::stage::{DeviceStage, InitContext, RowState, StepData};
 
 /// Device `dist` (contract-7 uniforms, canonical ascending-id order).
@@ -46,9 +48,9 @@ impl DeviceStage for Dist {
     fn name(&self) -> &'static str {
         "dist"
     }
-    fn init(&mut self, ctx: &InitContext) -> bool {
+    fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal> {
         self.device = Some(ctx.device.clone());
-        true
+        Ok(())
     }
     fn set_input(&mut self, rows: &[RowState]) {
         let Some(device) = &self.device else { return };

@@ -8,6 +8,8 @@ use burn_tensor::{Bool, Int, Tensor};
 use sampler_core::StageSpec;
 
 use crate::ops::{self, wide};
+use sampler_core::DeviceRefusal;
+
 use crate::stage::{DeviceStage, InitContext, StepData};
 
 /// How the probability cutoff of a row is found.
@@ -51,7 +53,7 @@ impl ProbCut {
         self.name
     }
 
-    pub(crate) fn init(&mut self, ctx: &InitContext) -> bool {
+    pub(crate) fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal> {
         let n = ctx.width.max(1);
         let noop: Vec<bool> = self.eps.iter().map(|&e| e.is_nan() || e <= 0.0).collect();
         let eps: Vec<f32> = self
@@ -64,7 +66,7 @@ impl ProbCut {
         self.eps_t = Some(ops::col_f32(&eps, &ctx.device));
         self.noop = Some(ops::col_bool(&noop, &ctx.device));
         self.keep_row = Some(ops::col_int(&keep, &ctx.device));
-        true
+        Ok(())
     }
 
     pub(crate) fn apply(&self, data: &mut StepData) {
@@ -127,7 +129,7 @@ impl DeviceStage for Epsilon {
     fn name(&self) -> &'static str {
         self.0.name()
     }
-    fn init(&mut self, ctx: &InitContext) -> bool {
+    fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal> {
         self.0.init(ctx)
     }
     fn apply(&self, data: &mut StepData) {

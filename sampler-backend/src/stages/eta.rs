@@ -6,6 +6,8 @@
 use sampler_core::StageSpec;
 
 use super::epsilon::{Cutoff, ProbCut};
+use sampler_core::DeviceRefusal;
+
 use crate::stage::{DeviceStage, InitContext, StepData};
 
 /// Device eta sampling with per-row `epsilon` and `min_keep`.
@@ -30,7 +32,7 @@ impl DeviceStage for Eta {
     fn name(&self) -> &'static str {
         self.0.name()
     }
-    fn init(&mut self, ctx: &InitContext) -> bool {
+    fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal> {
         self.0.init(ctx)
     }
     fn apply(&self, data: &mut StepData) {

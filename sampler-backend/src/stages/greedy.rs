@@ -5,6 +5,8 @@
 use sampler_core::StageSpec;
 
 use crate::ops;
+use sampler_core::DeviceRefusal;
+
 use crate::stage::{DeviceStage, InitContext, StepData};
 
 /// Device greedy selection. All-`-inf` rows report `AllMasked`, like the CPU.
@@ -22,8 +24,8 @@ impl DeviceStage for Greedy {
     fn name(&self) -> &'static str {
         "greedy"
     }
-    fn init(&mut self, _ctx: &InitContext) -> bool {
-        true
+    fn init(&mut self, _ctx: &InitContext) -> Result<(), DeviceRefusal> {
+        Ok(())
     }
     fn apply(&self, data: &mut StepData) {
         let ids = data.token_ids();

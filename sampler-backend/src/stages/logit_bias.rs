@@ -11,6 +11,8 @@
 use burn_tensor::{Tensor, TensorData};
 use sampler_core::{StageSpec, TokenId};
 
+use sampler_core::DeviceRefusal;
+
 use crate::stage::{DeviceStage, InitContext, StepData};
 
 /// Device logit bias with per-row entries.
@@ -38,17 +40,27 @@ impl DeviceStage for LogitBias {
     fn name(&self) -> &'static str {
         "logit_bias"
     }
-    fn init(&mut self, ctx: &InitContext) -> bool {
+    fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal> {
         let (b, v) = (ctx.batch, ctx.vocab);
         // Dense bias up to 2^26 entries (256 MiB); larger batches keep the
         // stage on the host.
-        let Some(len) = b.checked_mul(v).filter(|&n| n <= 1 << 26) else {
-            return false;
+        const LIMIT: usize = 1 << 26;
+        let Some(len) = b.checked_mul(v).filter(|&n| n <= LIMIT) else {
+            return Err(DeviceRefusal::TooLarge {
+                entries: (b as u64).saturating_mul(v as u64),
+                limit: LIMIT as u64,
+            });
         };
         // Out-of-vocabulary tokens are a per-row error on the CPU: leave
         // this stage (and what follows) to the host so the row reports it.
-        if self.rows.iter().flatten().any(|&(t, _)| t as usize >= v) {
-            return false;
+        for (row, biases) in self.rows.iter().enumerate() {
+            if let Some(&(token, _)) = biases.iter().find(|&&(t, _)| t as usize >= v) {
+                return Err(DeviceRefusal::TokenOutOfVocab {
+                    row,
+                    token,
+                    vocab: v,
+                });
+            }
         }
         let mut dense = vec![0f32; len];
         for (r, row) in self.rows.iter().enumerate().take(b) {
@@ -62,7 +74,7 @@ impl DeviceStage for LogitBias {
             TensorData::new(dense, [b, v]),
             &ctx.device,
         ));
-        true
+        Ok(())
     }
     fn apply(&self, data: &mut StepData) {
         let Some(dense) = &self.dense else { return };

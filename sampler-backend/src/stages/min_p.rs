@@ -7,6 +7,8 @@ use burn_tensor::{Bool, Int, Tensor};
 use sampler_core::StageSpec;
 
 use crate::ops::{self, wide};
+use sampler_core::DeviceRefusal;
+
 use crate::stage::{DeviceStage, InitContext, StepData};
 
 /// Device min-p with per-row `p` and `min_keep`.
@@ -48,7 +50,7 @@ impl DeviceStage for MinP {
     fn name(&self) -> &'static str {
         "min_p"
     }
-    fn init(&mut self, ctx: &InitContext) -> bool {
+    fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal> {
         let n = ctx.width.max(1);
         let log_p: Vec<f32> = self
             .ps
@@ -61,7 +63,7 @@ impl DeviceStage for MinP {
         self.log_p = Some(ops::col_f32(&log_p, &ctx.device));
         self.noop = Some(ops::col_bool(&noop, &ctx.device));
         self.keep_row = Some(ops::col_int(&keep, &ctx.device));
-        true
+        Ok(())
     }
     fn apply(&self, data: &mut StepData) {
         let (Some(log_p), Some(noop), Some(keep_row)) = (&self.log_p, &self.noop, &self.keep_row)

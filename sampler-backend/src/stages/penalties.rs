@@ -15,6 +15,8 @@ use burn_tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
 use sampler_core::{HistoryScope, StageSpec, TokenId};
 
 use crate::ops::{self, wide};
+use sampler_core::DeviceRefusal;
+
 use crate::stage::{DeviceStage, InitContext, RowState, StepData};
 
 #[derive(Debug, Clone)]
@@ -130,7 +132,7 @@ impl DeviceStage for Penalties {
     fn name(&self) -> &'static str {
         "penalties"
     }
-    fn init(&mut self, ctx: &InitContext) -> bool {
+    fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal> {
         let d = &ctx.device;
         self.vocab = ctx.vocab;
         self.device = Some(d.clone());
@@ -145,7 +147,7 @@ impl DeviceStage for Penalties {
             row.pending = row.window.iter().map(|&t| (t, 1.0)).collect();
             row.pending.retain(|&(t, _)| (t as usize) < vocab);
         }
-        true
+        Ok(())
     }
     fn set_input(&mut self, _rows: &[RowState]) {
         self.flush();

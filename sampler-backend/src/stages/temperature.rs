@@ -15,6 +15,8 @@ use burn_tensor::{Bool, Tensor};
 use sampler_core::{GREEDY_TEMPERATURE, StageSpec};
 
 use crate::ops::{self, wide};
+use sampler_core::DeviceRefusal;
+
 use crate::stage::{DeviceStage, InitContext, StepData};
 
 #[derive(Debug, Clone, Copy)]
@@ -74,7 +76,7 @@ impl DeviceStage for Temperature {
     fn name(&self) -> &'static str {
         "temperature"
     }
-    fn init(&mut self, ctx: &InitContext) -> bool {
+    fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal> {
         let d = &ctx.device;
         let dynamic: Vec<bool> = self.rows.iter().map(|r| r.range > 0.0).collect();
         self.any_dynamic = dynamic.iter().any(|&x| x);
@@ -91,7 +93,7 @@ impl DeviceStage for Temperature {
         self.t_span = Some(ops::col_f32(&t_span, d));
         self.exponent = Some(ops::col_f32(&ex, d));
         self.dynamic = Some(ops::col_bool(&dynamic, d));
-        true
+        Ok(())
     }
     fn apply(&self, data: &mut StepData) {
         let (Some(t), Some(t_min), Some(t_span), Some(ex), Some(dynamic)) = (

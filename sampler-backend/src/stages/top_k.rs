@@ -11,6 +11,8 @@ use burn_tensor::{Int, Tensor};
 use sampler_core::StageSpec;
 
 use crate::ops;
+use sampler_core::DeviceRefusal;
+
 use crate::stage::{DeviceStage, InitContext, StepData};
 
 /// Device top-k with per-row `k`.
@@ -57,12 +59,16 @@ impl DeviceStage for TopK {
     fn name(&self) -> &'static str {
         "top_k"
     }
-    fn init(&mut self, ctx: &InitContext) -> bool {
+    fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal> {
         let eff = self.effective_k(ctx.width);
         self.k_max = eff.iter().copied().max().unwrap_or(0).max(1);
         let v: Vec<i64> = eff.iter().map(|&k| k as i64).collect();
         self.k_row = Some(ops::col_int(&v, &ctx.device));
-        ctx.width > 0
+        if ctx.width > 0 {
+            Ok(())
+        } else {
+            Err(DeviceRefusal::EmptyWidth)
+        }
     }
     fn out_width(&self, width: usize) -> usize {
         self.k_max.min(width).max(1)

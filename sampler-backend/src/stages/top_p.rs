@@ -17,6 +17,8 @@ use burn_tensor::{Bool, Int, Tensor};
 use sampler_core::StageSpec;
 
 use crate::ops::{self, PAIRWISE_MAX, wide};
+use sampler_core::DeviceRefusal;
+
 use crate::stage::{DeviceStage, InitContext, StepData};
 
 /// Iterations of the value bisection on full rows. Each halves the range of
@@ -63,7 +65,7 @@ impl DeviceStage for TopP {
     fn name(&self) -> &'static str {
         "top_p"
     }
-    fn init(&mut self, ctx: &InitContext) -> bool {
+    fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal> {
         let n = ctx.width.max(1);
         let p: Vec<f32> = self.ps.iter().map(|&p| p.clamp(0.0, 1.0)).collect();
         let noop: Vec<bool> = self.ps.iter().map(|&p| p >= 1.0).collect();
@@ -72,7 +74,7 @@ impl DeviceStage for TopP {
         self.p = Some(ops::col_f32(&p, &ctx.device));
         self.noop = Some(ops::col_bool(&noop, &ctx.device));
         self.keep_row = Some(ops::col_int(&keep, &ctx.device));
-        true
+        Ok(())
     }
     fn apply(&self, data: &mut StepData) {
         let (Some(p), Some(noop), Some(keep_row)) = (&self.p, &self.noop, &self.keep_row) else {
