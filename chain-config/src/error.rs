@@ -305,8 +305,8 @@ pub enum Diagnostic {
         /// Its value as written.
         value: String,
     },
-    /// Active stages follow the last selecting stage: they run after the
-    /// token is chosen and may discard the choice.
+    /// Active stages follow the last selecting stage: they are ignored (the
+    /// CPU and every device stop at the selecting stage).
     AfterSelection {
         /// Canonical names of those stages.
         stages: Vec<String>,
@@ -339,7 +339,7 @@ impl fmt::Display for Diagnostic {
             }
             Diagnostic::AfterSelection { stages } => write!(
                 f,
-                "stages after the last selecting stage ({}) run after the token is chosen; move them before `dist`/`greedy`",
+                "stages after the last selecting stage ({}) are ignored: the token is already chosen; move them before `dist`/`greedy`",
                 stages.join(", ")
             ),
         }

@@ -459,6 +459,7 @@ impl Executor {
             logits: clean,
             probs: None,
             ids: None,
+            order_ids: None,
             sampled: None,
             invalid: invalid.clone(),
             batch: b,

@@ -180,6 +180,19 @@ pub fn canonical_topk(
     k_row: &Tensor<2, Int>,
     k_max: usize,
 ) -> (Tensor<2>, Tensor<2, Int>) {
+    let (vals, pos, _) = canonical_topk_positions(logits, ids, k_row, k_max);
+    (vals, ids.clone().gather(1, pos))
+}
+
+/// As [`canonical_topk`], returning the chosen input positions `[B, K]`
+/// instead of their ids, and the live mask `[B, K]` (`j < k_row`): the
+/// positions past a row's own `k` are padding, not candidates.
+pub fn canonical_topk_positions(
+    logits: &Tensor<2>,
+    ids: &Tensor<2, Int>,
+    k_row: &Tensor<2, Int>,
+    k_max: usize,
+) -> (Tensor<2>, Tensor<2, Int>, Tensor<2, Bool>) {
     let [b, n] = logits.dims();
     let k = k_max.clamp(1, n);
     let device = logits.device();
@@ -204,8 +217,7 @@ pub fn canonical_topk(
     let p2s = p2.gather(1, src);
     let use_tie = j.clone().greater_equal(wide(count_gt, k));
     let pos = p1.mask_where(use_tie, p2s).clamp(0, n as i64 - 1);
-    let ids_out = ids.clone().gather(1, pos.clone());
-    let vals = logits.clone().gather(1, pos);
+    let vals = logits.clone().gather(1, pos.clone());
     let live = j.lower(wide(kr, k));
-    (mask_logits(vals, live), ids_out)
+    (mask_logits(vals, live.clone()), pos, live)
 }

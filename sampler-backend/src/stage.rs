@@ -41,7 +41,13 @@ pub struct StepData {
     /// Probabilities `[B, N]`, when a stage computed them (unused by the built-in stages).
     pub probs: Option<Tensor<2>>,
     /// Position -> token id `[B, N]`; `None` means position == token id.
+    /// Always inside the vocabulary (safe to gather and scatter with); at
+    /// padding positions (past a row's own `top_k`) it repeats a real id.
     pub ids: Option<Tensor<2, Int>>,
+    /// The ids that order candidates (ties to the lowest id) `[B, N]`: as
+    /// `ids`, but padding positions get `vocab + position`, so they rank after
+    /// every real candidate and never equal one. Set with `ids` by `top_k`.
+    pub order_ids: Option<Tensor<2, Int>>,
     /// The selected token id per row `[B]`, set by a selecting stage.
     pub sampled: Option<Tensor<1, Int>>,
     /// Per-row invalid mask `[B, 1]` (NaN / `+inf` in the input row). Stages
@@ -58,9 +64,11 @@ pub struct StepData {
 }
 
 impl StepData {
-    /// Token ids `[B, N]` of the current positions (`ids`, or `0..N`).
+    /// Token ids `[B, N]` of the current positions for ordering and
+    /// equality (`order_ids`, or `ids`, or `0..N`): padding positions rank
+    /// last and match no real token. Gather and scatter with `ids` instead.
     pub fn token_ids(&self) -> Tensor<2, Int> {
-        match &self.ids {
+        match self.order_ids.as_ref().or(self.ids.as_ref()) {
             Some(ids) => ids.clone(),
             None => crate::ops::positions(self.batch, self.width, &self.device),
         }

@@ -79,7 +79,8 @@ impl Candidates {
     ///
     /// # Errors
     /// [`SampleError::Shape`] if the lengths differ,
-    /// [`SampleError::TokenOutOfRange`] for an id `>= vocab_size`.
+    /// [`SampleError::TokenOutOfRange`] for an id `>= vocab_size`,
+    /// [`SampleError::DuplicateToken`] for an id listed twice.
     pub fn from_parts(
         ids: Vec<TokenId>,
         logits: Vec<f32>,
@@ -98,6 +99,13 @@ impl Candidates {
                 token: bad,
                 vocab: vocab_size,
             });
+        }
+        if !ids.windows(2).all(|w| w[0] < w[1]) {
+            let mut sorted = ids.clone();
+            sorted.sort_unstable();
+            if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+                return Err(SampleError::DuplicateToken { token: w[0] });
+            }
         }
         let n = ids.len();
         Ok(Self {

@@ -84,13 +84,25 @@ impl Chain {
         self.apply_from(0, row)
     }
 
+    /// Index one past the last active selecting stage, or the chain's length
+    /// when nothing selects: stages after the token is chosen are ignored
+    /// (on the CPU and on every device alike; the loaders warn about them).
+    pub fn end(&self) -> usize {
+        self.stages
+            .iter()
+            .rposition(|s| !s.is_noop() && s.selects())
+            .map_or(self.stages.len(), |i| i + 1)
+    }
+
     /// Apply stages `start..` only: the host suffix after a device prefix.
+    /// Stages after the last selecting stage are not run ([`Chain::end`]).
     ///
     /// # Errors
     /// As [`Chain::apply`].
     pub fn apply_from(&mut self, start: usize, row: &mut Candidates) -> Result<(), SampleError> {
         row.validate()?;
-        for (index, stage) in self.stages.iter_mut().enumerate().skip(start) {
+        let end = self.end();
+        for (index, stage) in self.stages.iter_mut().enumerate().take(end).skip(start) {
             if stage.is_noop() {
                 continue;
             }

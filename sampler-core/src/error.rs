@@ -77,6 +77,12 @@ pub enum SampleError {
         /// Vocabulary size.
         vocab: usize,
     },
+    /// A candidate set that lists a token twice (a set has distinct ids).
+    #[error("token id {token} appears twice in one candidate set")]
+    DuplicateToken {
+        /// The repeated id.
+        token: u32,
+    },
     /// Invalid stage parameter.
     #[error(transparent)]
     Param(#[from] ParamError),

@@ -124,7 +124,8 @@ pub struct Plan {
     pub device: Vec<usize>,
     /// Indices of active stages run on the host, in order.
     pub host: Vec<usize>,
-    /// Indices of no-op stages (dropped everywhere).
+    /// Indices of no-op stages and of stages after the last selecting stage
+    /// (dropped everywhere).
     pub skipped: Vec<usize>,
     /// The first stage index the host runs (`Chain::apply_from`).
     pub host_start: usize,
@@ -199,7 +200,13 @@ pub fn plan(stages: &[PlanStage], vocab: usize, policy: OffloadPolicy) -> Plan {
         OffloadPolicy::Off => 0,
         OffloadPolicy::Stages(n) => n,
     };
-    let active: Vec<usize> = (0..stages.len())
+    // Stages after the last active selecting stage never run (the token is
+    // already chosen): they are skipped like no-ops.
+    let end = stages
+        .iter()
+        .rposition(|s| s.spec.as_ref().is_some_and(|s| !s.is_noop() && s.selects()))
+        .map_or(stages.len(), |i| i + 1);
+    let active: Vec<usize> = (0..end)
         .filter(|&i| !stages[i].spec.as_ref().is_some_and(|s| s.is_noop()))
         .collect();
     let skipped: Vec<usize> = (0..stages.len()).filter(|i| !active.contains(i)).collect();

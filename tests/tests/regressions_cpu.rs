@@ -156,3 +156,13 @@ fn odd_rows_give_the_same_per_row_error_on_reference_and_fast_paths() {
         Err(E::Shape { .. })
     ));
 }
+
+/// A candidate set lists each token once: `from_parts` refuses a repeated id
+/// (a device readback with duplicates becomes that row's error, not a panic).
+#[test]
+fn candidates_from_parts_refuses_duplicate_ids() {
+    let e =
+        sampler_core::Candidates::from_parts(vec![1, 0, 1], vec![1.0, 0.5, 0.2], 4).unwrap_err();
+    assert_eq!(e, sampler_core::SampleError::DuplicateToken { token: 1 });
+    assert!(sampler_core::Candidates::from_parts(vec![2, 0, 1], vec![1.0, 0.5, 0.2], 4).is_ok());
+}

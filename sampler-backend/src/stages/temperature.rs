@@ -127,6 +127,11 @@ impl DeviceStage for Temperature {
                 .powf(ex.clone())
                 .mask_fill(ex.clone().equal_elem(0.0), 1.0);
             let t_dyn = t_min.clone().add(t_span.clone().mul(pow));
+            // As on the CPU: a dynamic temperature that overflows (inf, or
+            // inf * 0 = NaN for huge ranges) falls back to `t`.
+            let t_dyn = t_dyn
+                .clone()
+                .mask_where(t_dyn.is_finite().bool_not(), t.clone());
             let t_eff = t.clone().mask_where(dynamic.clone(), t_dyn);
             (t_eff, dynamic.clone().bool_and(few))
         } else {

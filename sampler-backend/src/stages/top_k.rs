@@ -76,10 +76,18 @@ impl DeviceStage for TopK {
     fn apply(&self, data: &mut StepData) {
         let Some(k_row) = &self.k_row else { return };
         let k = self.out_width(data.width);
-        let ids = data.token_ids();
-        let (vals, ids) = ops::canonical_topk(&data.logits, &ids, k_row, k);
+        let order = data.token_ids();
+        let (vals, pos, live) = ops::canonical_topk_positions(&data.logits, &order, k_row, k);
+        let index = match &data.ids {
+            Some(ids) => ids.clone().gather(1, pos.clone()),
+            None => pos.clone(),
+        };
+        // Padding (past the row's own k) ranks after every real candidate.
+        let pad = ops::positions(data.batch, k, &data.device).add_scalar(data.vocab as i64);
+        let order = order.gather(1, pos).mask_where(live.bool_not(), pad);
         data.logits = vals;
-        data.ids = Some(ids);
+        data.ids = Some(index);
+        data.order_ids = Some(order);
         data.probs = None;
         data.width = k;
     }

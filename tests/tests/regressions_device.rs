@@ -1,0 +1,162 @@
+//! Regressions found by hostile inputs on the device path, each named after
+//! the behaviour it pins; run on every compiled device.
+
+mod device_support;
+
+use device_support::{cpu_step, device_step};
+use sampler_backend::burn_tensor::Device;
+use sampler_core::{ChainSpec, OffloadPolicy, StageSpec as S};
+
+fn mirostat() -> S {
+    S::Mirostat {
+        tau: 3.0,
+        eta: 0.1,
+        m: 50,
+    }
+}
+
+fn greedy_temp() -> S {
+    S::Temperature {
+        t: 0.0,
+        dynatemp_range: 0.0,
+        dynatemp_exponent: 1.0,
+    }
+}
+
+/// `top_k -> temperature(0) -> top_k` with different `k` per row: each row
+/// gets its own candidates (no duplicated ids from a neighbour's padding), and
+/// a host `mirostat` after it samples instead of panicking.
+fn top_k_after_greedy_temperature_keeps_rows_apart(d: &Device, dev: &str) {
+    let rows = vec![
+        ChainSpec::new(
+            vec![
+                S::TopK { k: 3 },
+                greedy_temp(),
+                S::TopK { k: 3 },
+                mirostat(),
+            ],
+            Some(1),
+        ),
+        ChainSpec::new(
+            vec![
+                S::TopK { k: 4 },
+                greedy_temp(),
+                S::TopK { k: 3 },
+                mirostat(),
+            ],
+            Some(2),
+        ),
+    ];
+    let logits = [5.0, -3.0, 3.0, -10.0, 9.0, -9.0, 3.0, -7.0, 0.0, 4.0];
+    let cpu = cpu_step(&rows, &logits, 5, &[vec![], vec![]]);
+    for policy in [
+        OffloadPolicy::Auto,
+        OffloadPolicy::Stages(1),
+        OffloadPolicy::Stages(2),
+    ] {
+        let (out, _) = device_step(&rows, &logits, 5, d, policy, &[vec![], vec![]]);
+        assert_eq!(out.tokens, cpu, "{dev} {policy:?}");
+    }
+    // The filtered candidates themselves: distinct ids per row.
+    let filters = vec![
+        ChainSpec::new(
+            vec![S::TopK { k: 3 }, greedy_temp(), S::TopK { k: 3 }],
+            Some(1),
+        ),
+        ChainSpec::new(
+            vec![S::TopK { k: 4 }, greedy_temp(), S::TopK { k: 3 }],
+            Some(2),
+        ),
+    ];
+    let mut ex = sampler_backend::Executor::new(filters, 5, d, OffloadPolicy::Auto).unwrap();
+    let out = ex
+        .filter(device_support::upload(&logits, 2, 5, d))
+        .expect("filter");
+    for (r, row) in out.rows.iter().enumerate() {
+        let row = row.as_ref().expect("row");
+        let mut ids = row.ids().to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(
+            ids.len(),
+            row.len(),
+            "{dev} row {r}: duplicate ids {:?}",
+            row.ids()
+        );
+    }
+}
+
+/// Stages after the selecting stage are ignored on the CPU and the device
+/// alike, at every split point: `[top_k 1, dist, min_p 1.2]` samples as
+/// `[top_k 1, dist]`, and `[dist, top_p]` samples instead of failing.
+fn stages_after_the_selecting_stage_are_ignored(d: &Device, dev: &str) {
+    let cases = [
+        (
+            vec![
+                S::TopK { k: 1 },
+                S::Dist,
+                S::MinP {
+                    p: 1.2,
+                    min_keep: 0,
+                },
+            ],
+            vec![0.0, 1.0, 2.0],
+        ),
+        (
+            vec![
+                S::Dist,
+                S::TopP {
+                    p: 0.5,
+                    min_keep: 0,
+                },
+            ],
+            vec![0.5, 1.0, -1.0, 2.0],
+        ),
+    ];
+    for (stages, logits) in cases {
+        let v = logits.len();
+        let rows = vec![ChainSpec::new(stages.clone(), Some(7))];
+        let cpu = cpu_step(&rows, &logits, v, &[vec![]]);
+        assert!(cpu[0].is_ok(), "cpu {stages:?}: {:?}", cpu[0]);
+        let mut cut = stages.clone();
+        cut.truncate(stages.iter().rposition(|s| s.selects()).unwrap() + 1);
+        let plain = cpu_step(&[ChainSpec::new(cut, Some(7))], &logits, v, &[vec![]]);
+        assert_eq!(cpu, plain, "{stages:?}");
+        for policy in [
+            OffloadPolicy::Auto,
+            OffloadPolicy::Off,
+            OffloadPolicy::Stages(1),
+        ] {
+            let (out, _) = device_step(&rows, &logits, v, d, policy, &[vec![]]);
+            assert_eq!(out.tokens, cpu, "{dev} {policy:?} {stages:?}");
+        }
+    }
+}
+
+/// A dynamic temperature whose range overflows f32 (`t = range = exponent =
+/// 3e38`) falls back to `t` on the device as on the CPU, instead of NaN
+/// logits (which answered AllMasked).
+fn overflowing_dynamic_temperature_falls_back_to_t(d: &Device, dev: &str) {
+    let stages = vec![
+        S::Temperature {
+            t: 3e38,
+            dynatemp_range: 3e38,
+            dynatemp_exponent: 3e38,
+        },
+        S::Dist,
+    ];
+    let logits = vec![1.0, 2.0, 0.5, -1.0, 3.0];
+    for seed in 0..8 {
+        let rows = vec![ChainSpec::new(stages.clone(), Some(seed))];
+        let cpu = cpu_step(&rows, &logits, 5, &[vec![]]);
+        assert!(cpu[0].is_ok(), "cpu: {:?}", cpu[0]);
+        let (out, _) = device_step(&rows, &logits, 5, d, OffloadPolicy::Auto, &[vec![]]);
+        assert_eq!(out.tokens, cpu, "{dev} seed {seed}");
+    }
+}
+
+device_tests!(
+    overflowing_dynamic_temperature_falls_back_to_t,
+    top_k_after_greedy_temperature_keeps_rows_apart,
+    stages_after_the_selecting_stage_are_ignored
+);
