@@ -136,3 +136,49 @@ fn missing_config_names_the_file() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no/such/chain.toml"));
 }
+
+/// `plan` never allocates a `[batch, vocab]` table to print a plan: a
+/// 2^32-token vocabulary plans (the penalties stay on the host, with the
+/// reason shown), and sizes beyond the valid ranges are clear range errors.
+#[test]
+fn plan_huge_shapes_are_planned_or_refused_without_allocating() {
+    let out = run(
+        env!("CARGO_BIN_EXE_plan"),
+        &[
+            "--config",
+            "examples/chains/creative.toml",
+            "--vocab",
+            "4294967296",
+            "--batch",
+            "2",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "host from:     penalties (the device refused it: a dense [batch, vocab] table"
+        ),
+        "{text}"
+    );
+    for (flag, value, range) in [
+        ("--vocab", "18446744073709551615", "1..=4294967296"),
+        ("--vocab", "0", "1..=4294967296"),
+        ("--batch", "1000000000", "1..=65536"),
+    ] {
+        let out = run(
+            env!("CARGO_BIN_EXE_plan"),
+            &["--config", "examples/chains/creative.toml", flag, value],
+        );
+        assert!(!out.status.success(), "{flag} {value} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(range) && err.contains(flag),
+            "{flag} {value}: {err}"
+        );
+    }
+}

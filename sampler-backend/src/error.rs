@@ -27,6 +27,14 @@ pub enum BackendError {
     /// The vocabulary size is 0.
     #[error("the vocabulary is empty: nothing can be sampled")]
     EmptyVocab,
+    /// The vocabulary is larger than token ids can address (`u32`).
+    #[error(
+        "a vocabulary of {vocab} tokens is larger than token ids (u32) can address: at most 4294967296"
+    )]
+    VocabTooLarge {
+        /// The vocabulary size given.
+        vocab: usize,
+    },
     /// The per-row chains differ in their stage kinds or order.
     #[error(
         "row {row} has stages [{found}] but row 0 has [{expected}]: every row needs the same stage kinds in the same order"

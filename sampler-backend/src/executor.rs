@@ -105,6 +105,9 @@ impl Executor {
         if vocab == 0 {
             return Err(BackendError::EmptyVocab);
         }
+        if vocab as u64 > 1 << 32 {
+            return Err(BackendError::VocabTooLarge { vocab });
+        }
         for (row, spec) in rows.iter().enumerate() {
             spec.validate()
                 .map_err(|(stage, source)| BackendError::Param { row, stage, source })?;

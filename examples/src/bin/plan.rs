@@ -24,12 +24,12 @@ struct Args {
     /// Offload policy: auto, off, or a number of stages. Default: the config's.
     #[arg(long)]
     offload: Option<String>,
-    /// Vocabulary size the plan is made for.
-    #[arg(long, default_value_t = 32000)]
-    vocab: usize,
-    /// Rows per step.
-    #[arg(long, default_value_t = 1)]
-    batch: usize,
+    /// Vocabulary size the plan is made for, 1 to 4294967296 (token ids are u32).
+    #[arg(long, default_value_t = 32000, value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
+    vocab: u64,
+    /// Rows per step, 1 to 65536.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    batch: u64,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -39,8 +39,13 @@ fn run(a: Args) -> Result<(), String> {
     let cfg = sample_cli::load_config(&a.config)?;
     let (name, device, policy) =
         sample_cli::device_and_policy(&cfg, a.device.as_deref(), a.offload.as_deref())?;
-    let rows = vec![cfg.chain.clone(); a.batch.max(1)];
-    let ex = Executor::new(rows, a.vocab, &device, policy).map_err(|e| e.to_string())?;
+    // Both ranges are checked by clap; they fit usize on 64-bit targets.
+    let vocab =
+        usize::try_from(a.vocab).map_err(|_| format!("--vocab {} is too large here", a.vocab))?;
+    let batch =
+        usize::try_from(a.batch).map_err(|_| format!("--batch {} is too large here", a.batch))?;
+    let rows = vec![cfg.chain.clone(); batch];
+    let ex = Executor::new(rows, vocab, &device, policy).map_err(|e| e.to_string())?;
     let plan = ex.plan();
     if a.json {
         let names =

@@ -75,6 +75,20 @@ pub fn read_logits(path: &Path, name: Option<&str>) -> CliResult<Logits> {
     r.map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// Element size in bytes of a supported float dtype (`.npy` `f4`/`f8`/`f2`,
+/// safetensors `F32`/`F64`/`F16`/`BF16`).
+fn dtype_size(dtype: &str) -> CliResult<usize> {
+    match dtype {
+        "f4" | "F32" => Ok(4),
+        "f8" | "F64" => Ok(8),
+        "f2" | "F16" | "BF16" => Ok(2),
+        other => Err(format!(
+            "unsupported dtype {other} (use f32, f16, bf16 or f64)"
+        )),
+    }
+}
+
+/// Little-endian floats of `dtype` to `f32` (f16 and bf16 through `half`).
 fn to_f32(raw: &[u8], dtype: &str) -> CliResult<Vec<f32>> {
     Ok(match dtype {
         "f4" | "F32" => raw
@@ -87,11 +101,11 @@ fn to_f32(raw: &[u8], dtype: &str) -> CliResult<Vec<f32>> {
             .collect(),
         "f2" | "F16" => raw
             .chunks_exact(2)
-            .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
         "BF16" => raw
             .chunks_exact(2)
-            .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
         other => {
             return Err(format!(
@@ -101,57 +115,76 @@ fn to_f32(raw: &[u8], dtype: &str) -> CliResult<Vec<f32>> {
     })
 }
 
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h >> 15) << 31;
-    let exp = (h >> 10) & 0x1f;
-    let man = u32::from(h & 0x3ff);
-    let bits = match exp {
-        0 if man == 0 => sign,
-        0 => {
-            // Subnormal: normalise.
-            let mut m = man;
-            let mut e = 127 - 15 + 1;
-            while m & 0x400 == 0 {
-                m <<= 1;
-                e -= 1;
-            }
-            sign | ((e as u32) << 23) | ((m & 0x3ff) << 13)
-        }
-        0x1f => sign | 0x7f80_0000 | (man << 13),
-        _ => sign | ((u32::from(exp) + 127 - 15) << 23) | (man << 13),
+/// `[batch, vocab]` of a 1-D or 2-D shape, with at least one row and one
+/// token, and the byte size `batch * vocab * elem` checked against
+/// `available` before anything is allocated.
+fn shape2(shape: &[u64], elem: usize, available: usize) -> CliResult<(usize, usize)> {
+    let show = || {
+        let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+        format!("({})", dims.join(", "))
     };
-    f32::from_bits(bits)
-}
-
-fn shape2(shape: &[usize]) -> CliResult<(usize, usize)> {
-    match *shape {
-        [v] => Ok((1, v)),
-        [b, v] => Ok((b, v)),
-        _ => Err(format!(
-            "expected a 1-D or 2-D array of logits, got shape {shape:?}"
+    let (b, v) = match *shape {
+        [v] => (1, v),
+        [b, v] => (b, v),
+        _ => {
+            return Err(format!(
+                "expected a 1-D or 2-D array of logits [batch, vocab], got shape {}",
+                show()
+            ));
+        }
+    };
+    if b == 0 || v == 0 {
+        return Err(format!(
+            "shape {} is empty: at least one row [batch >= 1] of at least one logit [vocab >= 1] is needed",
+            show()
+        ));
+    }
+    let bytes = b
+        .checked_mul(v)
+        .and_then(|n| n.checked_mul(elem as u64))
+        .and_then(|n| usize::try_from(n).ok());
+    match bytes {
+        Some(n) if n == available => Ok((b as usize, v as usize)),
+        Some(n) => Err(format!(
+            "shape {} needs {n} bytes of data, the file has {available}",
+            show()
+        )),
+        None => Err(format!(
+            "shape {} is too large ({} x {} values of {elem} bytes overflow)",
+            show(),
+            b,
+            v
         )),
     }
 }
 
+/// Read a `.npy` file (format versions 1-3; little-endian f4/f8/f2; C order).
+///
+/// The header is parsed here rather than with npyz: npyz computes the
+/// element count of a hostile shape such as `(4294967296, 4294967296)`
+/// without an overflow check (a panic in debug builds); here every size is
+/// checked against the file before anything is allocated.
 fn read_npy(bytes: &[u8]) -> CliResult<Logits> {
-    if bytes.len() < 10 {
-        return Err("truncated .npy header".into());
-    }
-    let major = bytes[6];
-    let (hlen, start) = if major == 1 {
-        (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10)
-    } else {
-        if bytes.len() < 12 {
-            return Err("truncated .npy header".into());
+    let truncated = || format!("truncated .npy header ({} bytes)", bytes.len());
+    let major = *bytes.get(6).ok_or_else(truncated)?;
+    let (hlen, start) = match major {
+        1 => {
+            let b = bytes.get(8..10).ok_or_else(truncated)?;
+            (usize::from(u16::from_le_bytes([b[0], b[1]])), 10usize)
         }
-        (
-            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
-            12,
-        )
+        2 | 3 => {
+            let b = bytes.get(8..12).ok_or_else(truncated)?;
+            let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            (usize::try_from(n).map_err(|_| truncated())?, 12)
+        }
+        v => {
+            return Err(format!(
+                ".npy format version {v} is not supported (1, 2 or 3)"
+            ));
+        }
     };
-    let header = bytes
-        .get(start..start + hlen)
-        .ok_or("truncated .npy header")?;
+    let end = start.checked_add(hlen).ok_or_else(truncated)?;
+    let header = bytes.get(start..end).ok_or_else(truncated)?;
     let header = std::str::from_utf8(header).map_err(|_| "non-UTF-8 .npy header")?;
     let field = |key: &str| -> Option<&str> {
         let i = header.find(key)? + key.len();
@@ -162,11 +195,13 @@ fn read_npy(bytes: &[u8]) -> CliResult<Logits> {
     let descr: String = descr
         .chars()
         .take_while(|c| *c != '\'' && *c != '"')
+        .take(16)
         .collect();
     if descr.starts_with('>') {
         return Err(format!("big-endian .npy ({descr}) is not supported"));
     }
     let dtype = descr.trim_start_matches(['<', '|', '=']);
+    let elem = dtype_size(dtype)?;
     if field("fortran_order").is_some_and(|s| s.starts_with("True")) {
         return Err("Fortran-order .npy is not supported".into());
     }
@@ -176,64 +211,61 @@ fn read_npy(bytes: &[u8]) -> CliResult<Logits> {
         .chars()
         .take_while(|c| *c != ')')
         .collect();
-    let shape: Vec<usize> = inner
+    let shape: Vec<u64> = inner
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse().map_err(|_| format!("bad .npy shape {shape_txt}")))
+        .map(|s| {
+            s.parse().map_err(|_| {
+                let shown: String = s.chars().take(24).collect();
+                format!("bad .npy shape: dimension `{shown}` is not an integer >= 0")
+            })
+        })
         .collect::<CliResult<_>>()?;
-    let (batch, vocab) = shape2(&shape)?;
-    let data = to_f32(&bytes[start + hlen..], dtype)?;
-    if data.len() != batch * vocab {
-        return Err(format!("{} values for shape {shape:?}", data.len()));
-    }
+    let data = &bytes[end..];
+    let (batch, vocab) = shape2(&shape, elem, data.len())?;
+    let data = to_f32(data, dtype)?;
     Ok(Logits { batch, vocab, data })
 }
 
+/// Read a `.safetensors` file with the `safetensors` crate (which checks the
+/// header length, the offsets and that every byte of data belongs to a
+/// tensor): the tensor `name`, or the first (by name) 1-D or 2-D one.
 fn read_safetensors(bytes: &[u8], name: Option<&str>) -> CliResult<Logits> {
-    let n = bytes
-        .get(..8)
-        .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as usize)
-        .ok_or("not a .npy or .safetensors file")?;
-    let header = bytes.get(8..8 + n).ok_or("truncated safetensors header")?;
-    let header: serde_json::Value =
-        serde_json::from_slice(header).map_err(|e| format!("bad safetensors header: {e}"))?;
-    let obj = header.as_object().ok_or("bad safetensors header")?;
-    let pick = match name {
-        Some(n) => obj.get(n).map(|v| (n.to_string(), v)),
-        None => obj
-            .iter()
-            .find(|(k, v)| {
-                *k != "__metadata__" && v["shape"].as_array().is_some_and(|s| s.len() <= 2)
-            })
-            .map(|(k, v)| (k.clone(), v)),
+    use safetensors::{Dtype, SafeTensors};
+    let st = SafeTensors::deserialize(bytes)
+        .map_err(|e| format!("not a valid .safetensors file: {e}"))?;
+    let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+    names.sort();
+    let tname =
+        match name {
+            Some(n) => names.iter().find(|k| *k == n).cloned().ok_or_else(|| {
+                format!("no tensor named `{n}` (the file has: {})", names.join(", "))
+            })?,
+            None => names
+                .iter()
+                .find(|k| st.tensor(k).is_ok_and(|t| t.shape().len() <= 2))
+                .cloned()
+                .ok_or("no 1-D or 2-D logits tensor in the safetensors file (use --tensor NAME)")?,
+        };
+    let t = st
+        .tensor(&tname)
+        .map_err(|e| format!("tensor {tname}: {e}"))?;
+    let dtype = match t.dtype() {
+        Dtype::F32 => "F32",
+        Dtype::F64 => "F64",
+        Dtype::F16 => "F16",
+        Dtype::BF16 => "BF16",
+        other => {
+            return Err(format!(
+                "tensor {tname}: unsupported dtype {other:?} (use f32, f16, bf16 or f64)"
+            ));
+        }
     };
-    let (tname, t) = pick.ok_or("no logits tensor in the safetensors file (use --tensor NAME)")?;
-    let dtype = t["dtype"].as_str().ok_or("tensor without dtype")?;
-    let shape: Vec<usize> = t["shape"]
-        .as_array()
-        .ok_or("tensor without shape")?
-        .iter()
-        .map(|x| x.as_u64().unwrap_or(0) as usize)
-        .collect();
-    let offs = t["data_offsets"]
-        .as_array()
-        .ok_or("tensor without data_offsets")?;
-    let (a, b) = (
-        offs.first().and_then(|x| x.as_u64()).unwrap_or(0) as usize,
-        offs.get(1).and_then(|x| x.as_u64()).unwrap_or(0) as usize,
-    );
-    let raw = bytes
-        .get(8 + n + a..8 + n + b)
-        .ok_or(format!("tensor {tname}: data outside the file"))?;
-    let (batch, vocab) = shape2(&shape)?;
-    let data = to_f32(raw, dtype)?;
-    if data.len() != batch * vocab {
-        return Err(format!(
-            "tensor {tname}: {} values for shape {shape:?}",
-            data.len()
-        ));
-    }
+    let shape: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
+    let (batch, vocab) = shape2(&shape, dtype_size(dtype)?, t.data().len())
+        .map_err(|e| format!("tensor {tname}: {e}"))?;
+    let data = to_f32(t.data(), dtype)?;
     Ok(Logits { batch, vocab, data })
 }
 
@@ -258,7 +290,7 @@ mod tests {
         let l = read_npy(&b).unwrap();
         assert_eq!((l.batch, l.vocab), (2, 3));
         assert_eq!(l.data[5], 6.0);
-        assert_eq!(f16_to_f32(0x3c00), 1.0);
-        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(to_f32(&0x3c00u16.to_le_bytes(), "f2").unwrap(), [1.0]);
+        assert_eq!(to_f32(&0xc000u16.to_le_bytes(), "F16").unwrap(), [-2.0]);
     }
 }

@@ -133,6 +133,16 @@ impl DeviceStage for Penalties {
         "penalties"
     }
     fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal> {
+        // The count table is a dense f32 [batch, vocab]: up to 2^28 entries
+        // (1 GiB); larger shapes keep the stage on the host.
+        const LIMIT: u64 = 1 << 28;
+        let entries = (ctx.batch as u64).saturating_mul(ctx.vocab as u64);
+        if entries > LIMIT {
+            return Err(DeviceRefusal::TooLarge {
+                entries,
+                limit: LIMIT,
+            });
+        }
         let d = &ctx.device;
         self.vocab = ctx.vocab;
         self.device = Some(d.clone());
