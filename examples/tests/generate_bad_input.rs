@@ -136,6 +136,20 @@ fn tokenizer_vocab_mismatch_names_both_sizes() {
     assert!(Tokenizer::from_bytes(Path::new("t.bin"), &[], 512).is_err());
 }
 
+/// A tokenizer header claiming `max_token_length = i32::MAX` is refused (it
+/// would size a 4 GiB buffer), naming the file and the valid range.
+#[test]
+fn tokenizer_max_token_length_beyond_the_file_is_refused() {
+    let mut tok = tok_bytes();
+    tok[..4].copy_from_slice(&i32::MAX.to_le_bytes());
+    let e = Tokenizer::from_bytes(Path::new("tok512.bin"), &tok, 512).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("tok512.bin") && msg.contains("max_token_length = 2147483647"),
+        "{msg}"
+    );
+}
+
 #[test]
 fn prompt_longer_than_context_and_positions_past_it() {
     let (ckpt, tok) = ModelFiles::locate(Path::new(MODEL_DIR), None)

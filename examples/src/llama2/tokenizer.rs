@@ -83,10 +83,13 @@ impl Tokenizer {
         let max_len = read_u32(&mut pos)
             .map(i32::from_le_bytes)
             .ok_or_else(|| bad(0, "file shorter than its 4-byte header".into()))?;
-        if max_len <= 0 {
+        if max_len <= 0 || max_len as usize > bytes.len() {
             return Err(bad(
                 0,
-                format!("max_token_length = {max_len}, expected > 0"),
+                format!(
+                    "max_token_length = {max_len}, expected 1 to the file size ({} bytes)",
+                    bytes.len()
+                ),
             ));
         }
         let mut pieces = Vec::with_capacity(vocab_size);
@@ -203,9 +206,99 @@ impl Tokenizer {
         }
     }
 
-    /// Merge adjacent pairs in `tokens[first..]` greedily by score.
+    /// Merge adjacent pairs in `tokens[first..]` greedily by score: at each
+    /// step the pair with the highest score (ties: the leftmost) is merged,
+    /// as llama2.c does, in O(n log n) with a heap of candidate pairs over a
+    /// linked list (llama2.c rescans every pair per merge: O(n^2)).
     fn merge(&self, tokens: &mut Vec<TokenId>, first: usize) {
-        let mut joined = Vec::with_capacity(2 * self.max_token_length.max(8));
+        use std::cmp::{Ordering, Reverse};
+        use std::collections::BinaryHeap;
+
+        /// A candidate merge: higher score first, then the leftmost node.
+        #[derive(PartialEq)]
+        struct Cand {
+            score: f32,
+            left: Reverse<usize>,
+            versions: (u32, u32),
+            right: usize,
+            id: TokenId,
+        }
+        impl Eq for Cand {}
+        impl PartialOrd for Cand {
+            fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+        impl Ord for Cand {
+            fn cmp(&self, other: &Self) -> Ordering {
+                self.score
+                    .total_cmp(&other.score)
+                    .then(self.left.cmp(&other.left))
+            }
+        }
+
+        let toks = &mut tokens[first..];
+        let n = toks.len();
+        if n < 2 {
+            return;
+        }
+        let mut next: Vec<usize> = (1..=n).collect(); // n = none
+        let mut prev: Vec<usize> = (0..n).map(|i| i.wrapping_sub(1)).collect();
+        let mut version = vec![0u32; n];
+        let mut alive = vec![true; n];
+        let mut joined = Vec::with_capacity(2 * self.max_token_length.clamp(8, 1 << 16));
+        let mut heap = BinaryHeap::new();
+        let mut push = |heap: &mut BinaryHeap<Cand>, toks: &[TokenId], version: &[u32], i: usize, j: usize| {
+            joined.clear();
+            joined.extend_from_slice(&self.pieces[toks[i] as usize]);
+            joined.extend_from_slice(&self.pieces[toks[j] as usize]);
+            if let Some(&id) = self.lookup.get(&joined) {
+                heap.push(Cand {
+                    score: self.scores[id as usize],
+                    left: Reverse(i),
+                    versions: (version[i], version[j]),
+                    right: j,
+                    id,
+                });
+            }
+        };
+        for i in 0..n - 1 {
+            push(&mut heap, toks, &version, i, i + 1);
+        }
+        while let Some(c) = heap.pop() {
+            let (i, j) = (c.left.0, c.right);
+            if !alive[i] || !alive[j] || next[i] != j || (version[i], version[j]) != c.versions {
+                continue; // stale: one side was merged since
+            }
+            toks[i] = c.id;
+            version[i] += 1;
+            alive[j] = false;
+            next[i] = next[j];
+            if next[j] < n {
+                prev[next[j]] = i;
+            }
+            if prev[i] < n {
+                push(&mut heap, toks, &version, prev[i], i);
+            }
+            if next[i] < n {
+                push(&mut heap, toks, &version, i, next[i]);
+            }
+        }
+        let mut w = 0;
+        for r in 0..n {
+            if alive[r] {
+                toks[w] = toks[r];
+                w += 1;
+            }
+        }
+        tokens.truncate(first + w);
+    }
+
+    /// llama2.c's merge loop as written (rescan every pair per merge), the
+    /// reference the heap version is tested against.
+    #[cfg(test)]
+    fn merge_naive(&self, tokens: &mut Vec<TokenId>, first: usize) {
+        let mut joined = Vec::new();
         loop {
             let mut best: Option<(f32, usize, TokenId)> = None;
             for i in first..tokens.len().saturating_sub(1) {
@@ -273,3 +366,46 @@ static BYTES: [u8; 256] = {
     }
     t
 };
+
+#[cfg(test)]
+mod merge_tests {
+    use super::*;
+
+    /// The heap merge gives llama2.c's tokens (the naive rescan) on the
+    /// shipped tokenizer, for assorted and random texts.
+    #[test]
+    fn heap_merge_equals_the_rescan() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/stories260K/tok512.bin");
+        let tok = Tokenizer::read(path, 512).expect("tokenizer");
+        let mut texts: Vec<String> = [
+            "Once upon a time, there was a little girl named Lily.",
+            "aaaaaaaaaaaaaaaaaaaaaaaa bbbbbbbb  the the the",
+            "Ünïcödé ✓ 日本語 and emoji 🦀🦀",
+            "",
+            " ",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut x = 0x2545_f491_u32;
+        for len in [3usize, 17, 64, 300] {
+            let t: String = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    b" etaoinshrdlu.,"[x as usize % 15] as char
+                })
+                .collect();
+            texts.push(t);
+        }
+        for t in texts {
+            let mut a = Vec::new();
+            tok.push_text(&t, &mut a);
+            let mut b = a.clone();
+            tok.merge(&mut a, 0);
+            tok.merge_naive(&mut b, 0);
+            assert_eq!(a, b, "{t:?}");
+        }
+    }
+}
