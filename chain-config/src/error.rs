@@ -258,6 +258,34 @@ impl ConfigError {
         }
     }
 
+    /// This error with its location set by `locate` when it has none yet:
+    /// loaders find locations only for the input that failed, so a large
+    /// valid input costs no location lookups.
+    pub(crate) fn located(mut self, locate: impl FnOnce() -> Option<Location>) -> Self {
+        match &mut self {
+            ConfigError::Syntax { location, .. }
+            | ConfigError::Schema { location, .. }
+            | ConfigError::UnknownStage { location, .. }
+            | ConfigError::UnknownKey { location, .. }
+            | ConfigError::MissingKey { location, .. }
+            | ConfigError::WrongType { location, .. }
+            | ConfigError::OutOfRange { location, .. }
+            | ConfigError::DuplicateKey { location, .. }
+            | ConfigError::DuplicateStage { location, .. }
+            | ConfigError::EmptyChain { location }
+            | ConfigError::NoSelectingStage { location, .. }
+            | ConfigError::MissingOrder { location, .. }
+            | ConfigError::UnlistedStage { location, .. }
+            | ConfigError::Conflict { location, .. } => {
+                if location.is_none() {
+                    *location = locate();
+                }
+            }
+            ConfigError::UnknownSeqLetter { .. } | ConfigError::Io { .. } => {}
+        }
+        self
+    }
+
     /// The "did you mean" suggestion, when the error has one.
     pub fn suggestion(&self) -> Option<&str> {
         match self {

@@ -332,18 +332,19 @@ pub(crate) fn check_field_type(text: &str, key: &str, v: &Value) -> Result<(), C
     if v.is_null() {
         return Ok(());
     }
-    let location = locate(text, &[Step::Key(key)]);
+    // Located only when the value is refused (a lookup scans the text).
+    let location = || locate(text, &[Step::Key(key)]);
     let wrong = |found: String, expected: &str| ConfigError::WrongType {
         path: key.to_string(),
         found,
         expected: expected.to_string(),
-        location,
+        location: location(),
     };
     let out_of_range = |value: String| ConfigError::OutOfRange {
         path: key.to_string(),
         value,
         expected: range.to_string(),
-        location,
+        location: location(),
     };
     match kind {
         FieldKind::Float => match f32_of(v) {
@@ -361,7 +362,7 @@ pub(crate) fn check_field_type(text: &str, key: &str, v: &Value) -> Result<(), C
             Value::Bool(_) => Ok(()),
             other => Err(wrong(found_of(other), range)),
         },
-        FieldKind::Seqs => check_token_seqs(key, v, location),
+        FieldKind::Seqs => check_token_seqs(key, v, None).map_err(|e| e.located(location)),
         FieldKind::Bias => {
             let Value::Object(map) = v else {
                 return Err(wrong(
@@ -371,7 +372,7 @@ pub(crate) fn check_field_type(text: &str, key: &str, v: &Value) -> Result<(), C
             };
             for (token, bias) in map {
                 let path = format!("{key}.\"{token}\"");
-                let bloc = locate(text, &[Step::Key(key), Step::Key(token)]).or(location);
+                let bloc = || locate(text, &[Step::Key(key), Step::Key(token)]).or_else(location);
                 let ok_id = !token.is_empty()
                     && token.bytes().all(|b| b.is_ascii_digit())
                     && token.parse::<TokenId>().is_ok();
@@ -383,7 +384,7 @@ pub(crate) fn check_field_type(text: &str, key: &str, v: &Value) -> Result<(), C
                             "{} as the key, e.g. {{\"15043\": -1.5}}",
                             crate::json::TOKEN_RANGE
                         ),
-                        location: bloc,
+                        location: bloc(),
                     });
                 }
                 match f32_of(bias) {
@@ -393,7 +394,7 @@ pub(crate) fn check_field_type(text: &str, key: &str, v: &Value) -> Result<(), C
                             path,
                             value: num_text(bias),
                             expected: range.to_string(),
-                            location: bloc,
+                            location: bloc(),
                         });
                     }
                     Ok(None) => {
@@ -401,7 +402,7 @@ pub(crate) fn check_field_type(text: &str, key: &str, v: &Value) -> Result<(), C
                             path,
                             found: found_of(bias),
                             expected: "a finite number (JSON has no -inf: a bias of -100 or less bans the token in practice)".into(),
-                            location: bloc,
+                            location: bloc(),
                         });
                     }
                 }

@@ -470,14 +470,16 @@ pub(crate) fn load(text: &str) -> Result<ChainSpec, ConfigError> {
     };
     let mut stages = Vec::with_capacity(items.len());
     for (i, stage) in items.iter().enumerate() {
-        let stage_loc = locate(text, &[Step::Key("stages"), Step::Index(i)]);
+        // Locations are looked up only for an input that fails (each lookup
+        // scans the text).
+        let stage_loc = || locate(text, &[Step::Key("stages"), Step::Index(i)]);
         let key_loc = |key: &str| locate_stage_key(text, i, key);
         let Value::Object(obj) = stage else {
             return Err(ConfigError::WrongType {
                 path: format!("stages[{i}]"),
                 found: found_of(stage),
                 expected: "a stage object, e.g. {\"type\": \"top_k\", \"k\": 40}".into(),
-                location: stage_loc,
+                location: stage_loc(),
             });
         };
         let ty = match obj.get("type") {
@@ -493,7 +495,7 @@ pub(crate) fn load(text: &str) -> Result<ChainSpec, ConfigError> {
             None => {
                 return Err(ConfigError::MissingKey {
                     path: format!("stages[{i}].type"),
-                    location: stage_loc,
+                    location: stage_loc(),
                     help:
                         "every stage needs `\"type\": \"<stage name>\"`, e.g. `\"type\": \"top_k\"`"
                             .into(),
@@ -537,7 +539,8 @@ pub(crate) fn load(text: &str) -> Result<ChainSpec, ConfigError> {
                     location: key_loc(key),
                 });
             }
-            check_param(&format!("stages[{i}].{key}"), pm, v, key_loc(key))?;
+            check_param(&format!("stages[{i}].{key}"), pm, v, None)
+                .map_err(|e| e.located(|| key_loc(key)))?;
             canonical.insert(pm.name.into(), v.clone());
         }
         let spec: StageSpec = serde_json::from_value(Value::Object(canonical)).map_err(|e| {
@@ -548,13 +551,13 @@ pub(crate) fn load(text: &str) -> Result<ChainSpec, ConfigError> {
             {
                 Some((field, _)) => ConfigError::MissingKey {
                     path: format!("stages[{i}].{field}"),
-                    location: stage_loc,
+                    location: stage_loc(),
                     help: missing_help(kind, field),
                 },
                 None => ConfigError::Schema {
                     format: "JSON",
                     message: format!("`stages[{i}]`: {msg}"),
-                    location: stage_loc,
+                    location: stage_loc(),
                 },
             }
         })?;

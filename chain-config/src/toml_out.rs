@@ -56,11 +56,14 @@ pub(crate) fn to_toml(cfg: &ChainConfig) -> String {
             let _ = writeln!(out, "seed = \"{seed}\"");
         }
     }
-    let repeats_differ = chain.stages.iter().enumerate().any(|(i, a)| {
-        chain.stages[..i]
-            .iter()
-            .any(|b| b.kind() == a.kind() && b != a)
-    });
+    // A kind listed twice with different parameters needs `[[stage]]`
+    // tables. Equality is transitive, so comparing each stage with the first
+    // of its kind is enough (linear in the chain).
+    let mut first_of = std::collections::HashMap::new();
+    let repeats_differ = chain
+        .stages
+        .iter()
+        .any(|a| *first_of.entry(a.kind()).or_insert(a) != a);
     if !repeats_differ {
         let _ = writeln!(out, "samplers = {}", quote(&chain.chain_string()));
     }

@@ -248,20 +248,21 @@ impl Tokenizer {
         let mut alive = vec![true; n];
         let mut joined = Vec::with_capacity(2 * self.max_token_length.clamp(8, 1 << 16));
         let mut heap = BinaryHeap::new();
-        let mut push = |heap: &mut BinaryHeap<Cand>, toks: &[TokenId], version: &[u32], i: usize, j: usize| {
-            joined.clear();
-            joined.extend_from_slice(&self.pieces[toks[i] as usize]);
-            joined.extend_from_slice(&self.pieces[toks[j] as usize]);
-            if let Some(&id) = self.lookup.get(&joined) {
-                heap.push(Cand {
-                    score: self.scores[id as usize],
-                    left: Reverse(i),
-                    versions: (version[i], version[j]),
-                    right: j,
-                    id,
-                });
-            }
-        };
+        let mut push =
+            |heap: &mut BinaryHeap<Cand>, toks: &[TokenId], version: &[u32], i: usize, j: usize| {
+                joined.clear();
+                joined.extend_from_slice(&self.pieces[toks[i] as usize]);
+                joined.extend_from_slice(&self.pieces[toks[j] as usize]);
+                if let Some(&id) = self.lookup.get(&joined) {
+                    heap.push(Cand {
+                        score: self.scores[id as usize],
+                        left: Reverse(i),
+                        versions: (version[i], version[j]),
+                        right: j,
+                        id,
+                    });
+                }
+            };
         for i in 0..n - 1 {
             push(&mut heap, toks, &version, i, i + 1);
         }
@@ -375,7 +376,10 @@ mod merge_tests {
     /// shipped tokenizer, for assorted and random texts.
     #[test]
     fn heap_merge_equals_the_rescan() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/stories260K/tok512.bin");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../models/stories260K/tok512.bin"
+        );
         let tok = Tokenizer::read(path, 512).expect("tokenizer");
         let mut texts: Vec<String> = [
             "Once upon a time, there was a little girl named Lily.",
