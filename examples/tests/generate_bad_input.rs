@@ -302,3 +302,46 @@ fn cli_bad_chain_and_flags() {
         &["/no/such/chain.toml"],
     );
 }
+
+/// Negative and out-of-f32 numbers reach the range check (never clap's
+/// "unexpected argument '-1'", never `inf`), and `--param` sets any stage
+/// parameter by the registry's names.
+#[test]
+fn cli_numbers_and_params_by_name() {
+    assert_fails(&["--temp", "-1", "-n", "2"], &["`stage[3].t` = -1", ">= 0"]);
+    assert_fails(
+        &["--temp", "1e39", "-n", "2"],
+        &["`1e39` is beyond the f32 range"],
+    );
+    assert_fails(
+        &["--param", "epsilon.eps=1", "-n", "2"],
+        &["`epsilon` has no parameter `eps` (it has: epsilon, min_keep)"],
+    );
+    assert_fails(
+        &[
+            "--samplers",
+            "eta;dist",
+            "--param",
+            "eta.epsilon=2",
+            "-n",
+            "2",
+        ],
+        &["`stage[0].epsilon` = 2", "[0, 1)"],
+    );
+    let (ok, out, err) = generate(&[
+        "--samplers",
+        "epsilon;dist",
+        "--param",
+        "epsilon.epsilon=0.02",
+        "--param",
+        "epsilon.min_keep=2",
+        "-n",
+        "4",
+        "--seed",
+        "3",
+        "--json",
+        "--no-progress",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("\"tokens\""), "{out}");
+}

@@ -17,7 +17,9 @@ use chain_config::{ChainConfig, ConfigError, DeviceConfig, LoadOptions};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use sampler_backend::{BackendError, Executor};
-use sampler_core::{ChainSpec, OffloadPolicy, Plan, StageSpec};
+use sampler_core::{
+    ChainSpec, HistoryScope, OffloadPolicy, ParamKind, ParamValue, Plan, StageKind,
+};
 use sampler_examples::llama2::generate::{GenerateError, Generation, encode_prompt, generate};
 use sampler_examples::llama2::{Llama2, Llama2Error, ModelFiles};
 use serde_json::json;
@@ -70,29 +72,34 @@ struct Args {
     #[arg(long, value_name = "K", allow_negative_numbers = true)]
     top_k: Option<i64>,
     /// top_p: nucleus mass kept, in [0, 1] (1 disables).
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = parse_f32)]
     top_p: Option<f32>,
     /// min_p: fraction of the top probability, >= 0 (0 disables).
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = parse_f32)]
     min_p: Option<f32>,
     /// typical: locally typical mass, in [0, 1] (1 disables).
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = parse_f32)]
     typical: Option<f32>,
     /// temperature, >= 0 (0 = greedy, 1 disables).
-    #[arg(long, alias = "temperature", value_name = "T")]
+    #[arg(long, alias = "temperature", value_name = "T", allow_negative_numbers = true, value_parser = parse_f32)]
     temp: Option<f32>,
     /// penalties: repetition penalty, > 0 (1 disables).
-    #[arg(long, value_name = "R")]
+    #[arg(long, value_name = "R", allow_negative_numbers = true, value_parser = parse_f32)]
     repeat_penalty: Option<f32>,
     /// penalties: history window in tokens (0 disables).
     #[arg(long, value_name = "N")]
     repeat_last_n: Option<usize>,
     /// penalties: frequency penalty (per occurrence).
-    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    #[arg(long, value_name = "F", allow_negative_numbers = true, value_parser = parse_f32)]
     frequency_penalty: Option<f32>,
     /// penalties: presence penalty (once).
-    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    #[arg(long, value_name = "F", allow_negative_numbers = true, value_parser = parse_f32)]
     presence_penalty: Option<f32>,
+    /// Any stage parameter by the registry's names, `STAGE.PARAM=VALUE`
+    /// (repeatable), e.g. `--param epsilon.epsilon=0.02 --param dry.base=2`;
+    /// applied to every stage of that kind after the flags above.
+    #[arg(long, value_name = "STAGE.PARAM=VALUE", allow_hyphen_values = true)]
+    param: Vec<String>,
     /// Seed of the chain's counter-based randomness (same seed, same tokens on
     /// every device and split). Default: the config's seed, else random.
     #[arg(long)]
@@ -116,6 +123,21 @@ struct Args {
     /// Never show the progress bar (shown on stderr when stdout is not a terminal).
     #[arg(long)]
     no_progress: bool,
+}
+
+/// A float flag: any number that fits an `f32` (ranges are checked with the
+/// chain, naming the stage and parameter); `1e39` is refused as written,
+/// never read as `inf`.
+fn parse_f32(text: &str) -> Result<f32, String> {
+    let x: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number"))?;
+    let f = x as f32;
+    if x.is_finite() && f.is_infinite() {
+        return Err(format!("`{text}` is beyond the f32 range (about ±3.4e38)"));
+    }
+    Ok(f)
 }
 
 /// Everything `generate` can fail with; each names what the user can fix.
@@ -147,103 +169,123 @@ fn parse_offload(s: &str) -> Result<OffloadPolicy, AppError> {
     }
 }
 
-/// Apply the per-stage flags to every stage of the matching kind; returns
-/// warnings for flags whose stage is not in the chain.
-fn apply_overrides(chain: &mut ChainSpec, a: &Args) -> Vec<String> {
+/// Parse one `--param STAGE.PARAM=VALUE` by the stage registry: the stage
+/// and parameter names (aliases accepted) and the value's kind.
+fn parse_param(text: &str) -> Result<(StageKind, &'static str, ParamValue), AppError> {
+    let usage = |why: String| {
+        AppError::Usage(format!(
+            "--param {text}: {why} (expected STAGE.PARAM=VALUE, e.g. --param epsilon.epsilon=0.02)"
+        ))
+    };
+    let (key, value) = text.split_once('=').ok_or_else(|| usage("no `=`".into()))?;
+    let (stage, param) = key
+        .trim()
+        .split_once('.')
+        .ok_or_else(|| usage("no `.` between the stage and the parameter".into()))?;
+    let kind =
+        StageKind::from_name(stage).ok_or_else(|| usage(format!("unknown stage `{stage}`")))?;
+    let meta = kind.meta();
+    let pm = meta.param(param.trim()).ok_or_else(|| {
+        let names: Vec<&str> = meta.params.iter().map(|p| p.name).collect();
+        usage(format!(
+            "`{}` has no parameter `{param}` (it has: {})",
+            meta.name,
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            }
+        ))
+    })?;
+    let value = value.trim();
+    let bad = || usage(format!("`{value}` is not {}", pm.range));
+    let v = match pm.kind {
+        ParamKind::Int => ParamValue::Int(value.parse().map_err(|_| bad())?),
+        ParamKind::Float => {
+            let x: f32 = value.parse().map_err(|_| bad())?;
+            ParamValue::Float(x)
+        }
+        ParamKind::Enum(_) => ParamValue::Scope(HistoryScope::from_word(value).ok_or_else(bad)?),
+        ParamKind::TokenSequences | ParamKind::TokenBiases => {
+            return Err(usage(format!(
+                "`{}.{}` takes a list; set it in a --config TOML file",
+                meta.name, pm.name
+            )));
+        }
+    };
+    Ok((kind, pm.name, v))
+}
+
+/// Apply the per-stage flags (and every `--param`) to every stage of the
+/// matching kind, through the registry's parameter setter; returns warnings
+/// for flags whose stage is not in the chain.
+fn apply_overrides(chain: &mut ChainSpec, a: &Args) -> Result<Vec<String>, AppError> {
+    let f = |x: Option<f32>| x.map(ParamValue::Float);
+    let mut sets: Vec<(String, StageKind, &'static str, ParamValue)> = [
+        (
+            "--top-k",
+            StageKind::TopK,
+            "k",
+            a.top_k.map(ParamValue::Int),
+        ),
+        ("--top-p", StageKind::TopP, "p", f(a.top_p)),
+        ("--min-p", StageKind::MinP, "p", f(a.min_p)),
+        ("--typical", StageKind::Typical, "p", f(a.typical)),
+        ("--temp", StageKind::Temperature, "t", f(a.temp)),
+        (
+            "--repeat-penalty",
+            StageKind::Penalties,
+            "repeat",
+            f(a.repeat_penalty),
+        ),
+        (
+            "--repeat-last-n",
+            StageKind::Penalties,
+            "last_n",
+            a.repeat_last_n
+                .map(|n| ParamValue::Int(i64::try_from(n).unwrap_or(i64::MAX))),
+        ),
+        (
+            "--frequency-penalty",
+            StageKind::Penalties,
+            "frequency",
+            f(a.frequency_penalty),
+        ),
+        (
+            "--presence-penalty",
+            StageKind::Penalties,
+            "presence",
+            f(a.presence_penalty),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(flag, kind, name, v)| Some((flag.to_string(), kind, name, v?)))
+    .collect();
+    for text in &a.param {
+        let (kind, name, v) = parse_param(text)?;
+        sets.push((format!("--param {text}"), kind, name, v));
+    }
     let mut warnings = Vec::new();
-    let mut set = |flag: &str, stage: &str, f: &dyn Fn(&mut StageSpec) -> bool| {
+    for (flag, kind, name, value) in sets {
         let mut hit = false;
-        for s in chain.stages.iter_mut() {
-            hit |= f(s);
+        for s in chain.stages.iter_mut().filter(|s| s.kind() == kind) {
+            s.set_param(name, value.clone()).map_err(|_| {
+                AppError::Usage(format!(
+                    "{flag}: not a valid value for `{}.{name}` ({})",
+                    kind.name(),
+                    kind.meta().param(name).map_or("", |p| p.range)
+                ))
+            })?;
+            hit = true;
         }
         if !hit {
             warnings.push(format!(
-                "{flag} has no effect: the chain has no {stage} stage"
+                "{flag} has no effect: the chain has no {} stage",
+                kind.name()
             ));
         }
-    };
-    if let Some(v) = a.top_k {
-        set("--top-k", "top_k", &|s| match s {
-            StageSpec::TopK { k } => {
-                *k = v;
-                true
-            }
-            _ => false,
-        });
     }
-    if let Some(v) = a.top_p {
-        set("--top-p", "top_p", &|s| match s {
-            StageSpec::TopP { p, .. } => {
-                *p = v;
-                true
-            }
-            _ => false,
-        });
-    }
-    if let Some(v) = a.min_p {
-        set("--min-p", "min_p", &|s| match s {
-            StageSpec::MinP { p, .. } => {
-                *p = v;
-                true
-            }
-            _ => false,
-        });
-    }
-    if let Some(v) = a.typical {
-        set("--typical", "typical", &|s| match s {
-            StageSpec::Typical { p, .. } => {
-                *p = v;
-                true
-            }
-            _ => false,
-        });
-    }
-    if let Some(v) = a.temp {
-        set("--temp", "temperature", &|s| match s {
-            StageSpec::Temperature { t, .. } => {
-                *t = v;
-                true
-            }
-            _ => false,
-        });
-    }
-    if let Some(v) = a.repeat_penalty {
-        set("--repeat-penalty", "penalties", &|s| match s {
-            StageSpec::Penalties { repeat, .. } => {
-                *repeat = v;
-                true
-            }
-            _ => false,
-        });
-    }
-    if let Some(v) = a.repeat_last_n {
-        set("--repeat-last-n", "penalties", &|s| match s {
-            StageSpec::Penalties { last_n, .. } => {
-                *last_n = v;
-                true
-            }
-            _ => false,
-        });
-    }
-    if let Some(v) = a.frequency_penalty {
-        set("--frequency-penalty", "penalties", &|s| match s {
-            StageSpec::Penalties { frequency, .. } => {
-                *frequency = v;
-                true
-            }
-            _ => false,
-        });
-    }
-    if let Some(v) = a.presence_penalty {
-        set("--presence-penalty", "penalties", &|s| match s {
-            StageSpec::Penalties { presence, .. } => {
-                *presence = v;
-                true
-            }
-            _ => false,
-        });
-    }
-    warnings
+    Ok(warnings)
 }
 
 /// The chain: `--config` or `--samplers` (or the default), then the flags.
@@ -254,7 +296,7 @@ fn build_chain(a: &Args) -> Result<(ChainConfig, Vec<String>), AppError> {
         (None, None) => ChainConfig::from_chain_string(DEFAULT_SAMPLERS)?,
     };
     let mut chain = base.chain;
-    let warnings = apply_overrides(&mut chain, a);
+    let warnings = apply_overrides(&mut chain, a)?;
     if a.seed.is_some() {
         chain.seed = a.seed;
     }
