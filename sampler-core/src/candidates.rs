@@ -348,6 +348,33 @@ impl Candidates {
         Some(best)
     }
 
+    /// [`Candidates::argmax`] for a set that may not have been validated
+    /// (a stage applied outside a [`Chain`](crate::Chain)): one pass that also
+    /// refuses a NaN or `+inf` logit, so the answer is never a NaN candidate.
+    ///
+    /// # Errors
+    /// [`SampleError::EmptyRow`], [`SampleError::NanLogit`] /
+    /// [`SampleError::PosInfLogit`] with the candidate's position.
+    pub fn checked_argmax(&self) -> Result<usize, SampleError> {
+        if self.is_empty() {
+            return Err(SampleError::EmptyRow);
+        }
+        let mut best = 0;
+        for (i, &l) in self.logits.iter().enumerate() {
+            if l.is_nan() {
+                return Err(SampleError::NanLogit { index: i });
+            }
+            if l == f32::INFINITY {
+                return Err(SampleError::PosInfLogit { index: i });
+            }
+            let b = self.logits[best];
+            if l > b || (l == b && self.ids[i] < self.ids[best]) {
+                best = i;
+            }
+        }
+        Ok(best)
+    }
+
     /// The maximum logit (`-inf` for an empty set).
     pub fn max_logit(&self) -> f32 {
         if self.sorted && !self.is_empty() {

@@ -166,3 +166,68 @@ fn candidates_from_parts_refuses_duplicate_ids() {
     assert_eq!(e, sampler_core::SampleError::DuplicateToken { token: 1 });
     assert!(sampler_core::Candidates::from_parts(vec![2, 0, 1], vec![1.0, 0.5, 0.2], 4).is_ok());
 }
+
+/// XTC at threshold 0 never treats a banned (`-inf`) candidate as a top
+/// choice: it keeps the least likely drawable token instead of leaving only a
+/// banned one (which answered AllMasked).
+#[test]
+fn xtc_threshold_zero_never_keeps_only_a_banned_token() {
+    let spec = ChainSpec::new(
+        vec![
+            StageSpec::Xtc {
+                probability: 1.0,
+                threshold: 0.0,
+                min_keep: 0,
+            },
+            StageSpec::Dist,
+        ],
+        Some(3),
+    );
+    let logits = [2.0, f32::NEG_INFINITY, 1.0, 0.5, f32::NEG_INFINITY];
+    for seed in 0..8 {
+        let mut chain = build_chain(&ChainSpec { seed: Some(seed), ..spec.clone() }).unwrap();
+        let t = chain.sample(&mut Candidates::from_logits(&logits)).expect("a token");
+        assert_eq!(t, 3, "seed {seed}: the least likely finite token survives");
+    }
+}
+
+/// `greedy` and `dist_select` applied to a set that no chain validated
+/// refuse NaN and `+inf` with the candidate's position: never a NaN token,
+/// never "every candidate logit is -inf" for a `+inf` row.
+#[test]
+fn greedy_and_dist_outside_a_chain_refuse_nan_and_inf() {
+    use sampler_core::{SampleError, Sampler, StageContext, rng::RowRng};
+    let ctx = StageContext {
+        rng: RowRng {
+            seed: 1,
+            step: 0,
+            stage_index: 0,
+        },
+    };
+    let mut greedy = sampler_cpu::build_stage(&StageSpec::Greedy).unwrap();
+    let mut row = Candidates::from_logits(&[f32::NAN, 1.0, 2.0]);
+    assert_eq!(
+        greedy.apply(&mut row, &ctx),
+        Err(SampleError::NanLogit { index: 0 })
+    );
+    let mut row = Candidates::from_logits(&[0.0, f32::INFINITY]);
+    assert_eq!(
+        greedy.apply(&mut row, &ctx),
+        Err(SampleError::PosInfLogit { index: 1 })
+    );
+    let mut row = Candidates::from_logits(&[1.0, f32::NAN]);
+    assert_eq!(
+        sampler_cpu::dist_select(&mut row, 0.5),
+        Err(SampleError::NanLogit { index: 1 })
+    );
+    let mut row = Candidates::from_logits(&[f32::INFINITY, 0.0]);
+    assert_eq!(
+        sampler_cpu::dist_select(&mut row, 0.5),
+        Err(SampleError::PosInfLogit { index: 0 })
+    );
+    let mut row = Candidates::from_logits(&[f32::NEG_INFINITY; 3]);
+    assert_eq!(
+        sampler_cpu::dist_select(&mut row, 0.5),
+        Err(SampleError::AllMasked)
+    );
+}

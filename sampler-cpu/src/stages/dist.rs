@@ -51,14 +51,27 @@ impl Sampler for Dist {
 /// O(n + min(n log n, vocab)).
 ///
 /// # Errors
-/// [`SampleError::EmptyRow`] for an empty set, [`SampleError::AllMasked`]
-/// when no candidate has positive probability (every logit `-inf`).
+/// [`SampleError::EmptyRow`] for an empty set, [`SampleError::NanLogit`] /
+/// [`SampleError::PosInfLogit`] (position in the set) for an invalid logit,
+/// [`SampleError::AllMasked`] when no candidate has positive probability
+/// (every logit `-inf`).
 pub fn dist_select(row: &mut Candidates, u: f64) -> Result<usize, SampleError> {
     if row.is_empty() {
         return Err(SampleError::EmptyRow);
     }
-    let max = row.max_logit();
-    if max == f32::NEG_INFINITY || max.is_nan() {
+    // One pass finds the max and refuses NaN / +inf (a row that reached
+    // `dist_select` without a chain's validation).
+    let mut max = f32::NEG_INFINITY;
+    for (index, &l) in row.logits().iter().enumerate() {
+        if l.is_nan() {
+            return Err(SampleError::NanLogit { index });
+        }
+        if l == f32::INFINITY {
+            return Err(SampleError::PosInfLogit { index });
+        }
+        max = max.max(l);
+    }
+    if max == f32::NEG_INFINITY {
         return Err(SampleError::AllMasked);
     }
     let was_sorted = row.is_sorted();
@@ -68,8 +81,6 @@ pub fn dist_select(row: &mut Candidates, u: f64) -> Result<usize, SampleError> {
         let mut sum = 0.0f64;
         for (p, &l) in raw.probs.iter_mut().zip(raw.logits.iter()) {
             let e = (l - max).exp();
-            // NaN logits never reach a stage through a chain; be safe anyway.
-            let e = if e.is_nan() { 0.0 } else { e };
             *p = e;
             sum += f64::from(e);
         }

@@ -28,7 +28,13 @@ impl Sampler for Greedy {
         Some(StageSpec::Greedy)
     }
     fn apply(&mut self, row: &mut Candidates, _ctx: &StageContext) -> Result<(), SampleError> {
-        let best = row.argmax().ok_or(SampleError::EmptyRow)?;
+        // Sorted sets were ordered by an earlier stage of a validated row;
+        // anything else is checked in the same pass (NaN / +inf are errors).
+        let best = if row.is_sorted() {
+            row.argmax().ok_or(SampleError::EmptyRow)?
+        } else {
+            row.checked_argmax()?
+        };
         if row.logits()[best] == f32::NEG_INFINITY {
             return Err(SampleError::AllMasked);
         }

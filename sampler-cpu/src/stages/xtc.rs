@@ -59,7 +59,9 @@ impl Sampler for Xtc {
         let probs = row.probs().unwrap_or(&[]);
         let mut pos_last = 0;
         for (i, &p) in probs.iter().enumerate() {
-            if p >= self.threshold {
+            // A candidate of probability 0 (a banned, `-inf` logit) is never a
+            // top choice, even at threshold 0: XTC keeps a drawable token.
+            if p >= self.threshold && p > 0.0 {
                 pos_last = i;
             } else {
                 break;
