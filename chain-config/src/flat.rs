@@ -265,7 +265,7 @@ pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 30] = [
     (
         "repetition_penalty",
         FieldKind::Float,
-        "a finite number > 0 (1 = off)",
+        "a finite number >= 2.938736e-39 (> 0, and 1/repeat finite; 1 = off)",
     ),
     ("frequency_penalty", FieldKind::Float, "a number in [-2, 2]"),
     ("presence_penalty", FieldKind::Float, "a number in [-2, 2]"),

@@ -108,7 +108,7 @@ fn out_of_range_names_path_value_range_and_position() {
     );
     assert_eq!(
         msg("samplers = \"penalties;dist\"\n[penalties]\nrepeat = 0.0\n"),
-        "3:10: `penalties.repeat` = 0.0 is out of range: expected a finite number > 0"
+        "3:10: `penalties.repeat` = 0.0 is out of range: expected a finite number >= 2.938736e-39 (> 0, and 1/repeat finite)"
     );
     assert_eq!(
         msg("[[stage]]\ntype = \"mirostat\"\nm = 0\n"),

@@ -321,3 +321,14 @@ fn device_index_only_on_gpu_backends() {
         assert!(ChainConfig::from_toml_str(&text).is_ok(), "{kind}");
     }
 }
+
+/// `repeat = 1e-39` is finite and > 0, but its reciprocal is not: the error
+/// says the real rule (the smallest accepted value), not "a finite number > 0".
+#[test]
+fn repeat_below_the_reciprocal_limit_names_the_real_rule() {
+    let e = ChainConfig::from_toml_str("samplers = \"penalties;dist\"\n[penalties]\nrepeat = 1e-39\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(">= 2.938736e-39") && e.contains("1/repeat finite"), "{e}");
+    assert!(ChainConfig::from_toml_str("samplers = \"penalties;dist\"\n[penalties]\nrepeat = 2.94e-39\n").is_ok());
+}

@@ -624,9 +624,9 @@ define_stages! {
             },
             /// Repetition penalty, `> 0` (1 = off).
             repeat: f32 = 1.0 => {
-                aliases: [], required: false, min: Some(f64::MIN_POSITIVE), max: None,
+                aliases: [], required: false, min: Some(2.938736e-39), max: None,
                 valid: |r: &f32| num(r, r.is_finite() && *r > 0.0 && (1.0 / *r).is_finite()),
-                range: "a finite number > 0",
+                range: "a finite number >= 2.938736e-39 (> 0, and 1/repeat finite)",
                 doc: "repetition penalty: positive logits divided, negative multiplied",
             },
             /// Frequency penalty (per occurrence).
