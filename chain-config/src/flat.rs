@@ -373,8 +373,11 @@ pub(crate) fn check_field_type(text: &str, key: &str, v: &Value) -> Result<(), C
             for (token, bias) in map {
                 let path = format!("{key}.\"{token}\"");
                 let bloc = || locate(text, &[Step::Key(key), Step::Key(token)]).or_else(location);
+                // Decimal without leading zeros: serde reads `"007"` as no
+                // number at all, so refuse it here with the key's path.
                 let ok_id = !token.is_empty()
                     && token.bytes().all(|b| b.is_ascii_digit())
+                    && (token == "0" || !token.starts_with('0'))
                     && token.parse::<TokenId>().is_ok();
                 if !ok_id {
                     return Err(ConfigError::OutOfRange {
@@ -487,6 +490,7 @@ impl SamplingParams {
     pub fn from_json_str(text: &str) -> Result<Self, ConfigError> {
         let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| crate::json::schema_error(text, &e))?;
+        crate::json_dup::reject_duplicate_keys(text)?;
         let serde_json::Value::Object(map) = &value else {
             return Err(ConfigError::WrongType {
                 path: "(root)".into(),

@@ -110,6 +110,7 @@ impl GenerationConfig {
     /// occurrence in the text).
     pub fn from_json_str(text: &str) -> Result<Self, ConfigError> {
         let value: Value = serde_json::from_str(text).map_err(|e| schema_error(text, &e))?;
+        crate::json_dup::reject_duplicate_keys(text)?;
         let Value::Object(map) = &value else {
             return Err(ConfigError::WrongType {
                 path: "(root)".into(),

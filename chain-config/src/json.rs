@@ -429,6 +429,7 @@ fn missing_help(kind: StageKind, field: &str) -> String {
 
 pub(crate) fn load(text: &str) -> Result<ChainSpec, ConfigError> {
     let value: Value = serde_json::from_str(text).map_err(|e| schema_error(text, &e))?;
+    crate::json_dup::reject_duplicate_keys(text)?;
     let Value::Object(root) = &value else {
         return Err(ConfigError::WrongType {
             path: "(root)".into(),

@@ -44,6 +44,7 @@ mod error;
 mod flat;
 mod hf;
 mod json;
+mod json_dup;
 mod params;
 mod suggest;
 mod toml_in;

@@ -658,9 +658,20 @@ fn parse_float(
         expected: expected.to_string(),
         location: src.loc(&v.span()),
     };
+    // A number written finite but beyond f32 (`-1e39`) is out of range, not
+    // `-inf`: only `inf` / `-inf` written as such are infinite.
+    let fits = |x: f32, text: &str| {
+        if x.is_infinite() && !text.contains("inf") {
+            Err(bad())
+        } else {
+            Ok(x)
+        }
+    };
     match v.get_ref() {
-        DeValue::Float(f) => f.as_str().parse::<f32>().map_err(|_| bad()),
-        DeValue::Integer(i) if i.radix() == 10 => i.as_str().parse::<f32>().map_err(|_| bad()),
+        DeValue::Float(f) => fits(f.as_str().parse::<f32>().map_err(|_| bad())?, f.as_str()),
+        DeValue::Integer(i) if i.radix() == 10 => {
+            fits(i.as_str().parse::<f32>().map_err(|_| bad())?, i.as_str())
+        }
         DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix())
             .map(|n| n as f32)
             .map_err(|_| bad()),

@@ -326,9 +326,88 @@ fn device_index_only_on_gpu_backends() {
 /// says the real rule (the smallest accepted value), not "a finite number > 0".
 #[test]
 fn repeat_below_the_reciprocal_limit_names_the_real_rule() {
-    let e = ChainConfig::from_toml_str("samplers = \"penalties;dist\"\n[penalties]\nrepeat = 1e-39\n")
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains(">= 2.938736e-39") && e.contains("1/repeat finite"), "{e}");
-    assert!(ChainConfig::from_toml_str("samplers = \"penalties;dist\"\n[penalties]\nrepeat = 2.94e-39\n").is_ok());
+    let e =
+        ChainConfig::from_toml_str("samplers = \"penalties;dist\"\n[penalties]\nrepeat = 1e-39\n")
+            .unwrap_err()
+            .to_string();
+    assert!(
+        e.contains(">= 2.938736e-39") && e.contains("1/repeat finite"),
+        "{e}"
+    );
+    assert!(
+        ChainConfig::from_toml_str(
+            "samplers = \"penalties;dist\"\n[penalties]\nrepeat = 2.94e-39\n"
+        )
+        .is_ok()
+    );
+}
+
+/// TOML `logit_bias` of `-1e39` (finite as written, beyond f32) is out of
+/// range like `+1e39`, never silently a ban; `-inf` written as such bans.
+#[test]
+fn toml_bias_beyond_f32_is_out_of_range_not_a_ban() {
+    for b in ["-1e39", "1e39"] {
+        let text = format!("samplers = \"logit_bias;dist\"\n[logit_bias]\nbias = {{ 5 = {b} }}\n");
+        let e = ChainConfig::from_toml_str(&text).unwrap_err();
+        assert!(
+            matches!(e, ConfigError::OutOfRange { ref value, .. } if value == b),
+            "{b}: {e}"
+        );
+    }
+    let ok = ChainConfig::from_toml_str(
+        "samplers = \"logit_bias;dist\"\n[logit_bias]\nbias = { 5 = -inf }\n",
+    )
+    .unwrap();
+    assert_eq!(
+        ok.chain.stages[0],
+        chain_config::StageSpec::LogitBias {
+            bias: vec![(5, f32::NEG_INFINITY)]
+        }
+    );
+}
+
+/// A flat `logit_bias` key with a leading zero (`"007"`) is an out-of-range
+/// key naming its path, not "a JSON syntax error".
+#[test]
+fn flat_bias_key_with_leading_zero_names_the_key() {
+    let e = flat_err(r#"{"logit_bias": {"007": 1.0}}"#);
+    assert!(
+        matches!(e, ConfigError::OutOfRange { ref path, .. } if path == "logit_bias.\"007\""),
+        "{e}"
+    );
+    assert!(!e.to_string().contains("syntax"), "{e}");
+}
+
+/// A JSON key given twice is refused with its full path and location in
+/// every JSON front end (serde_json alone keeps the last one silently, or
+/// fails on the first with a type error).
+#[test]
+fn duplicate_json_keys_are_refused_everywhere() {
+    let e = json_err(r#"{"stages": [{"type": "top_k", "k": 3, "k": 4}, {"type": "dist"}]}"#);
+    assert!(
+        matches!(e, ConfigError::DuplicateKey { ref path, .. } if path == "stages[0].k"),
+        "{e}"
+    );
+    assert_eq!(e.location().map(|l| l.line), Some(1), "{e}");
+    let e = json_err(r#"{"seed": 1, "stages": [{"type": "dist"}], "seed": 2}"#);
+    assert!(
+        matches!(e, ConfigError::DuplicateKey { ref path, .. } if path == "seed"),
+        "{e}"
+    );
+    let e = flat_err("{\"top_p\": 0.5,\n \"top_p\": \"x\"}");
+    assert!(
+        matches!(e, ConfigError::DuplicateKey { ref path, .. } if path == "top_p"),
+        "{e}"
+    );
+    assert_eq!(e.location().map(|l| l.line), Some(2), "{e}");
+    let e = flat_err(r#"{"logit_bias": {"5": 1.0, "5": 2.0}}"#);
+    assert!(
+        matches!(e, ConfigError::DuplicateKey { ref path, .. } if path == "logit_bias.5"),
+        "{e}"
+    );
+    let e = hf_err(r#"{"temperature": 0.7, "temperature": 0.9}"#);
+    assert!(
+        matches!(e, ConfigError::DuplicateKey { ref path, .. } if path == "temperature"),
+        "{e}"
+    );
 }

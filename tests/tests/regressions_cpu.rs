@@ -185,8 +185,14 @@ fn xtc_threshold_zero_never_keeps_only_a_banned_token() {
     );
     let logits = [2.0, f32::NEG_INFINITY, 1.0, 0.5, f32::NEG_INFINITY];
     for seed in 0..8 {
-        let mut chain = build_chain(&ChainSpec { seed: Some(seed), ..spec.clone() }).unwrap();
-        let t = chain.sample(&mut Candidates::from_logits(&logits)).expect("a token");
+        let mut chain = build_chain(&ChainSpec {
+            seed: Some(seed),
+            ..spec.clone()
+        })
+        .unwrap();
+        let t = chain
+            .sample(&mut Candidates::from_logits(&logits))
+            .expect("a token");
         assert_eq!(t, 3, "seed {seed}: the least likely finite token survives");
     }
 }
