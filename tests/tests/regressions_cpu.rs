@@ -202,7 +202,7 @@ fn xtc_threshold_zero_never_keeps_only_a_banned_token() {
 /// never "every candidate logit is -inf" for a `+inf` row.
 #[test]
 fn greedy_and_dist_outside_a_chain_refuse_nan_and_inf() {
-    use sampler_core::{SampleError, Sampler, StageContext, rng::RowRng};
+    use sampler_core::{SampleError, StageContext, rng::RowRng};
     let ctx = StageContext {
         rng: RowRng {
             seed: 1,
