@@ -61,6 +61,14 @@ pub enum SampleError {
         /// `batch * vocab` (saturating).
         expected: usize,
     },
+    /// `batch * vocab` does not fit in memory's address space (`usize`).
+    #[error("the shape [batch = {batch}, vocab = {vocab}] overflows: batch * vocab is larger than usize")]
+    ShapeOverflow {
+        /// Declared batch size.
+        batch: usize,
+        /// Declared vocabulary size.
+        vocab: usize,
+    },
     /// The number of per-row chains does not match the batch size.
     #[error("{chains} chains were given for a batch of {batch} rows")]
     ChainCount {

@@ -9,8 +9,10 @@ fn check_shape(
     vocab: usize,
     chains: usize,
 ) -> Result<(), SampleError> {
-    let expected = batch.saturating_mul(vocab);
-    if batch.checked_mul(vocab) != Some(logits.len()) {
+    let Some(expected) = batch.checked_mul(vocab) else {
+        return Err(SampleError::ShapeOverflow { batch, vocab });
+    };
+    if expected != logits.len() {
         return Err(SampleError::Shape {
             len: logits.len(),
             batch,

@@ -153,7 +153,7 @@ fn odd_rows_give_the_same_per_row_error_on_reference_and_fast_paths() {
     ));
     assert!(matches!(
         sample_batch(&[0.0; 12], usize::MAX, 4, &mut chains),
-        Err(E::Shape { .. })
+        Err(E::ShapeOverflow { .. })
     ));
 }
 
@@ -236,4 +236,20 @@ fn greedy_and_dist_outside_a_chain_refuse_nan_and_inf() {
         sampler_cpu::dist_select(&mut row, 0.5),
         Err(SampleError::AllMasked)
     );
+}
+
+/// A `[batch, vocab]` whose product overflows is reported as such, not as
+/// "needs 18446744073709551615 values".
+#[test]
+fn batch_shape_overflow_is_named() {
+    let mut chains = vec![build_chain(&ChainSpec::new(vec![StageSpec::Greedy], Some(1))).unwrap(); 2];
+    let e = sample_batch(&[0.0; 4], 2, usize::MAX, &mut chains).unwrap_err();
+    assert_eq!(
+        e,
+        sampler_core::SampleError::ShapeOverflow {
+            batch: 2,
+            vocab: usize::MAX
+        }
+    );
+    assert!(e.to_string().contains("overflows"), "{e}");
 }
