@@ -62,7 +62,9 @@ pub enum SampleError {
         expected: usize,
     },
     /// `batch * vocab` does not fit in memory's address space (`usize`).
-    #[error("the shape [batch = {batch}, vocab = {vocab}] overflows: batch * vocab is larger than usize")]
+    #[error(
+        "the shape [batch = {batch}, vocab = {vocab}] overflows: batch * vocab is larger than usize"
+    )]
     ShapeOverflow {
         /// Declared batch size.
         batch: usize,

@@ -142,8 +142,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     /// Any valid stage on any row: no panic; a non-empty set stays non-empty
-    /// and keeps at least min(len, max(1, min_keep)); probabilities, when
-    /// normalised, sum to 1.
+    /// and keeps at least min(drawable, max(1, min_keep)) candidates, where
+    /// drawable counts the finite logits (a `-inf`, banned candidate is never
+    /// kept for min_keep; at least one candidate always stays); probabilities,
+    /// when normalised, sum to 1.
     #[test]
     fn single_stage_never_panics_or_empties(
         logits in prop::collection::vec(finite_logit(), 0..40),
@@ -159,7 +161,8 @@ proptest! {
         let n = row.len();
         let r = s.apply(&mut row, &ctx(seed));
         if r.is_ok() && n > 0 {
-            let floor = n.min(min_keep_of(&spec).max(1));
+            let drawable = logits.iter().filter(|l| l.is_finite()).count().max(1);
+            let floor = n.min(drawable).min(min_keep_of(&spec).max(1));
             prop_assert!(row.len() >= floor, "{spec:?}: {} < {floor}", row.len());
         }
         if row.is_normalized() {

@@ -242,7 +242,8 @@ fn greedy_and_dist_outside_a_chain_refuse_nan_and_inf() {
 /// "needs 18446744073709551615 values".
 #[test]
 fn batch_shape_overflow_is_named() {
-    let mut chains = vec![build_chain(&ChainSpec::new(vec![StageSpec::Greedy], Some(1))).unwrap(); 2];
+    let mut chains =
+        vec![build_chain(&ChainSpec::new(vec![StageSpec::Greedy], Some(1))).unwrap(); 2];
     let e = sample_batch(&[0.0; 4], 2, usize::MAX, &mut chains).unwrap_err();
     assert_eq!(
         e,

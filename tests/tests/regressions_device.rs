@@ -155,7 +155,63 @@ fn overflowing_dynamic_temperature_falls_back_to_t(d: &Device, dev: &str) {
     }
 }
 
+/// `min_keep` never keeps a `-inf` candidate, so a device filter that masks
+/// and a host that drops masked candidates see the CPU's set: the host stage
+/// after it (mirostat counts candidates, xtc drops top choices) agrees.
+fn min_keep_never_keeps_banned_candidates(d: &Device, dev: &str) {
+    let logits = vec![1.0, 2.0, f32::NEG_INFINITY, 0.5, f32::NEG_INFINITY];
+    let tails = [
+        S::Mirostat {
+            tau: 1.0,
+            eta: 0.1,
+            m: 10,
+        },
+        S::Xtc {
+            probability: 1.0,
+            threshold: 0.1,
+            min_keep: 0,
+        },
+    ];
+    let heads = [
+        S::MinP {
+            p: 1.2,
+            min_keep: 5,
+        },
+        S::TopP {
+            p: 0.5,
+            min_keep: 5,
+        },
+        S::Epsilon {
+            epsilon: 0.9,
+            min_keep: 5,
+        },
+    ];
+    for head in &heads {
+        for tail in &tails {
+            let mut stages = vec![head.clone(), tail.clone()];
+            if !tail.selects() {
+                stages.push(S::Dist);
+            }
+            for seed in 0..6 {
+                let rows = vec![ChainSpec::new(stages.clone(), Some(seed))];
+                let cpu = cpu_step(&rows, &logits, 5, &[vec![]]);
+                for policy in [OffloadPolicy::Auto, OffloadPolicy::Off] {
+                    let (out, _) = device_step(&rows, &logits, 5, d, policy, &[vec![]]);
+                    assert_eq!(out.tokens, cpu, "{dev} {policy:?} {stages:?} seed {seed}");
+                }
+            }
+        }
+    }
+    // The CPU set itself: three finite candidates, no banned one.
+    let mut chain =
+        sampler_cpu::build_chain(&ChainSpec::new(vec![heads[0].clone()], Some(1))).unwrap();
+    let mut row = sampler_core::Candidates::from_logits(&logits);
+    chain.apply(&mut row).unwrap();
+    assert_eq!(row.len(), 3, "{:?}", row.ids());
+}
+
 device_tests!(
+    min_keep_never_keeps_banned_candidates,
     overflowing_dynamic_temperature_falls_back_to_t,
     top_k_after_greedy_temperature_keeps_rows_apart,
     stages_after_the_selecting_stage_are_ignored

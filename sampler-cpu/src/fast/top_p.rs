@@ -182,7 +182,9 @@ fn head_cut(
         }
     }
     match keep {
-        Some(k) if k < row.len() => {
+        // A cut that reaches a `-inf` candidate (min_keep beyond the finite
+        // ones) is left to the reference, which never keeps one.
+        Some(k) if k < row.len() && out.logits[k - 1].is_finite() => {
             let cut = sorted[k - 1];
             out.by_id.extend(
                 keys.iter()

@@ -38,7 +38,9 @@ pub(crate) fn cut_below(
     row.softmax()?;
     let probs = row.probs().unwrap_or(&[]);
     let threshold = cutoff(probs);
-    let k = min_keep.clamp(1, row.len());
+    // `min_keep` counts drawable candidates: never a `-inf` one.
+    let finite = row.logits().iter().filter(|l| l.is_finite()).count();
+    let k = min_keep.clamp(1, finite.max(1));
     let kth = kth_largest(row.logits(), k);
     let keep: Vec<bool> = probs
         .iter()

@@ -54,8 +54,12 @@ impl Sampler for MinP {
         }
         row.sort_desc();
         let logits = row.logits();
+        // `min_keep` counts drawable candidates: a `-inf` (banned) one is
+        // never kept for it (the device masks and the host drops them alike).
+        let finite = logits.iter().take_while(|l| l.is_finite()).count();
+        let min_keep = self.min_keep.min(finite);
         let mut keep = 1;
-        while keep < logits.len() && (logits[keep] >= min_logit || keep < self.min_keep) {
+        while keep < logits.len() && (logits[keep] >= min_logit || keep < min_keep) {
             keep += 1;
         }
         row.truncate(keep);

@@ -58,10 +58,16 @@ impl Sampler for TopP {
         }
         row.softmax()?;
         let n = row.len();
+        // `min_keep` counts drawable candidates: a `-inf` (banned) one is
+        // never kept for it, and when the mass is not reached (rounding) the
+        // finite candidates are kept (the device masks, the host drops alike).
+        let finite = row.logits().iter().filter(|l| l.is_finite()).count();
+        let min_keep = self.min_keep.min(finite);
         if row.is_sorted() {
             let probs = row.probs().unwrap_or(&[]);
-            if let Some(keep) = cut(probs.iter().copied(), self.p, self.min_keep) {
-                row.truncate(keep);
+            let keep = cut(probs.iter().copied(), self.p, min_keep).unwrap_or(finite);
+            if keep < n {
+                row.truncate(keep.max(1));
             }
             return Ok(());
         }
@@ -69,12 +75,12 @@ impl Sampler for TopP {
         let probs = row.probs().unwrap_or(&[]);
         let cmp = |&a: &usize, &b: &usize| desc_cmp(logits[a], ids[a], logits[b], ids[b]);
         let mut order: Vec<usize> = (0..n).collect();
-        let mut k = 256usize.max(self.min_keep);
+        let mut k = 256usize.max(min_keep);
         let mut keep = None;
         while k < n {
             order.select_nth_unstable_by(k - 1, cmp);
             order[..k].sort_unstable_by(cmp);
-            if let Some(c) = cut(order[..k].iter().map(|&i| probs[i]), self.p, self.min_keep) {
+            if let Some(c) = cut(order[..k].iter().map(|&i| probs[i]), self.p, min_keep) {
                 keep = Some(c);
                 break;
             }
@@ -82,9 +88,9 @@ impl Sampler for TopP {
         }
         if keep.is_none() {
             order.sort_unstable_by(cmp);
-            keep = Some(cut(order.iter().map(|&i| probs[i]), self.p, self.min_keep).unwrap_or(n));
+            keep = Some(cut(order.iter().map(|&i| probs[i]), self.p, min_keep).unwrap_or(finite));
         }
-        let keep = keep.unwrap_or(n);
+        let keep = keep.unwrap_or(n).max(1);
         order.truncate(keep);
         row.permute(&order);
         row.set_sorted(true);
