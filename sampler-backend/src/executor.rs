@@ -58,9 +58,11 @@ pub struct Executor {
     plan: Plan,
     /// Survivors per row when the readback is `Candidates`.
     row_keep: Vec<usize>,
-    /// The device prefix masks candidates that the CPU would remove
-    /// (`top_p`, `min_p`): drop `-inf` entries before the host suffix.
-    drop_masked: bool,
+    /// Per row: a device stage active in this row masks candidates that the
+    /// CPU removes (metadata `device_effects.masks_removed`: top_p, min_p,
+    /// epsilon, eta): drop its `-inf` entries before the host suffix. A row
+    /// where that stage is a no-op keeps its `-inf` candidates, as on the CPU.
+    drop_masked: Vec<bool>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -205,10 +207,15 @@ impl Executor {
         }
         // A device stage that masks what the CPU removes: the host drops the
         // `-inf` candidates it left, so both sides see the same set.
-        let drop_masked = plan
-            .device
+        let drop_masked = rows
             .iter()
-            .any(|&i| rows[0].stages[i].kind().meta().device_effects.masks_removed);
+            .map(|r| {
+                plan.device.iter().any(|&i| {
+                    let st = &r.stages[i];
+                    st.kind().meta().device_effects.masks_removed && !st.is_noop()
+                })
+            })
+            .collect();
         Ok(Self {
             device: device.clone(),
             batch,
@@ -361,7 +368,7 @@ impl Executor {
                 let row = &all[r * v..(r + 1) * v];
                 // Invalid rows come back raw: keep positions for the error index.
                 let valid = row.iter().all(|l| !l.is_nan() && *l != f32::INFINITY);
-                if self.drop_masked && valid && row.iter().any(|l| l.is_finite()) {
+                if self.drop_masked[r] && valid && row.iter().any(|l| l.is_finite()) {
                     let (ids, logits): (Vec<TokenId>, Vec<f32>) = row
                         .iter()
                         .enumerate()
@@ -390,7 +397,7 @@ impl Executor {
                     out_ids.push(id as TokenId);
                 }
                 let mut row_logits = logits[r * k..r * k + keep].to_vec();
-                if self.drop_masked && row_logits.iter().any(|l| l.is_finite()) {
+                if self.drop_masked[r] && row_logits.iter().any(|l| l.is_finite()) {
                     let (i2, l2): (Vec<TokenId>, Vec<f32>) = out_ids
                         .iter()
                         .zip(&row_logits)

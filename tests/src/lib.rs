@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use sampler_core::{Candidates, ChainSpec, StageSpec, TokenId, desc_cmp, rng};
+
 /// Path of the golden llama.cpp cases: `tests/data/llama_cpp_cases.json`.
 pub const LLAMA_CPP_CASES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/llama_cpp_cases.json");
 
@@ -37,4 +39,58 @@ pub fn load_reference_json(path: &str) -> serde_json::Value {
 /// As [`load_reference_json`].
 pub fn llama_cpp_cases() -> serde_json::Value {
     load_reference_json(LLAMA_CPP_CASES)
+}
+
+/// Why a row's token may legitimately differ between the CPU and a device:
+/// a float sum in another order can cross a boundary that lies within
+/// rounding. `None` when the row is not near any boundary.
+pub fn boundary_reason(spec: &ChainSpec, row: &[f32], prompt: &[TokenId]) -> Option<String> {
+    const TOL: f64 = 1e-4;
+    for (i, st) in spec.stages.iter().enumerate() {
+        if st.is_noop() {
+            continue;
+        }
+        let prefix = ChainSpec::new(spec.stages[..i].to_vec(), spec.seed);
+        let mut chain = sampler_cpu::build_chain(&prefix).ok()?;
+        chain.accept_prompt(prompt);
+        let mut c = Candidates::from_logits(row);
+        if chain.apply(&mut c).is_err() {
+            return None;
+        }
+        let (ids, logits) = (c.ids().to_vec(), c.logits().to_vec());
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if max == f32::NEG_INFINITY {
+            return None;
+        }
+        let e: Vec<f64> = logits.iter().map(|&l| f64::from((l - max).exp())).collect();
+        let s: f64 = e.iter().sum();
+        match st {
+            StageSpec::TopP { p, .. } => {
+                let mut order: Vec<usize> = (0..ids.len()).collect();
+                order.sort_by(|&a, &b| desc_cmp(logits[a], ids[a], logits[b], ids[b]));
+                let mut cum = 0.0;
+                for &j in &order {
+                    if (cum / s - f64::from(*p)).abs() < TOL {
+                        return Some(format!("top_p boundary: mass {} ~ p {p}", cum / s));
+                    }
+                    cum += e[j];
+                }
+            }
+            StageSpec::Dist => {
+                let u = rng::uniform(spec.seed?, 0, rng::lane(i, 0));
+                let target = u * s;
+                let mut order: Vec<usize> = (0..ids.len()).collect();
+                order.sort_by_key(|&j| ids[j]);
+                let mut cum = 0.0;
+                for &j in &order {
+                    cum += e[j];
+                    if e[j] > 0.0 && ((cum - target) / s).abs() < TOL {
+                        return Some(format!("dist boundary: u*S {target} ~ cum {cum}"));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }

@@ -210,7 +210,59 @@ fn min_keep_never_keeps_banned_candidates(d: &Device, dev: &str) {
     assert_eq!(row.len(), 3, "{:?}", row.ids());
 }
 
+/// Found by the fuzz suite: `[epsilon, mirostat, top_k 3, dist]` where
+/// epsilon is a no-op in one row and active in another: the no-op row keeps
+/// its `-inf` candidates on the host (only rows where a masking stage acted
+/// drop them), so mirostat sees the CPU's set.
+fn selecting_stage_before_the_last_matches_the_cpu(d: &Device, dev: &str) {
+    let rows = vec![ChainSpec::new(
+        vec![
+            S::Epsilon {
+                epsilon: 0.0,
+                min_keep: 0,
+            },
+            S::Mirostat {
+                tau: 3.0,
+                eta: 0.1,
+                m: 20,
+            },
+            S::TopK { k: 3 },
+            S::Dist,
+        ],
+        Some(143379901672525641),
+    )];
+    let logits = vec![1.5, 3.0, f32::NEG_INFINITY, 1.5, 3.0];
+    let prompts = [vec![4, 0, 3, 4]];
+    let cpu = cpu_step(&rows, &logits, 5, &prompts);
+    // With a second row whose epsilon is active, the device runs epsilon for
+    // the batch; the first row's `-inf` candidate must stay (its epsilon is a
+    // no-op on the CPU), or mirostat counts one candidate less.
+    let mut other = rows[0].clone();
+    other.stages[0] = S::Epsilon {
+        epsilon: 0.05,
+        min_keep: 0,
+    };
+    let both = vec![rows[0].clone(), other];
+    let both_logits: Vec<f32> = logits.iter().chain(&logits).copied().collect();
+    let both_prompts = [prompts[0].clone(), prompts[0].clone()];
+    let cpu_both = cpu_step(&both, &both_logits, 5, &both_prompts);
+    assert_eq!(cpu_both[0], cpu[0]);
+    for policy in [OffloadPolicy::Auto, OffloadPolicy::Stages(4)] {
+        let (out, _) = device_step(&both, &both_logits, 5, d, policy, &both_prompts);
+        assert_eq!(out.tokens, cpu_both, "{dev} {policy:?} (two rows)");
+    }
+    for policy in [
+        OffloadPolicy::Auto,
+        OffloadPolicy::Off,
+        OffloadPolicy::Stages(4),
+    ] {
+        let (out, _) = device_step(&rows, &logits, 5, d, policy, &prompts);
+        assert_eq!(out.tokens, cpu, "{dev} {policy:?}");
+    }
+}
+
 device_tests!(
+    selecting_stage_before_the_last_matches_the_cpu,
     min_keep_never_keeps_banned_candidates,
     overflowing_dynamic_temperature_falls_back_to_t,
     top_k_after_greedy_temperature_keeps_rows_apart,

@@ -7,8 +7,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use sampler_backend::Executor;
 
-#[path = "../sample_cli/mod.rs"]
-mod sample_cli;
+use sampler_examples::sample_cli;
 
 /// Print the device/host plan of a sampler chain.
 #[derive(Parser, Debug)]

@@ -9,8 +9,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use sampler_backend::{Executor, Tensor, TensorData};
 
-#[path = "../sample_cli/mod.rs"]
-mod sample_cli;
+use sampler_examples::sample_cli;
 
 /// Sample tokens from a file of logits.
 #[derive(Parser, Debug)]

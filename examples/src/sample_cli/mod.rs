@@ -1,7 +1,6 @@
 //! Shared pieces of the `plan` and `sample` commands: loading a chain
 //! config, choosing the device, and reading logits from `.npy` or
-//! `.safetensors` files. Included by both binaries with `#[path]`.
-#![allow(dead_code)]
+//! `.safetensors` files.
 
 use std::path::Path;
 
@@ -64,15 +63,22 @@ pub fn read_logits(path: &Path, name: Option<&str>) -> CliResult<Logits> {
         .and_then(|e| e.to_str())
         .unwrap_or("")
         .to_ascii_lowercase();
-    let is_npy = bytes.starts_with(b"\x93NUMPY");
-    let r = if is_npy {
-        read_npy(&bytes)
+    parse_logits(&bytes, &ext, name).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// [`read_logits`] on the bytes of a file whose extension is `ext`
+/// (lower case, without the dot): `.npy` by its magic, else safetensors.
+///
+/// # Errors
+/// Why the bytes are not a usable `[batch, vocab]` logits array.
+pub fn parse_logits(bytes: &[u8], ext: &str, name: Option<&str>) -> CliResult<Logits> {
+    if bytes.starts_with(b"\x93NUMPY") {
+        read_npy(bytes)
     } else if ext == "npy" {
         Err("not a .npy file: it does not start with the \\x93NUMPY magic".into())
     } else {
-        read_safetensors(&bytes, name)
-    };
-    r.map_err(|e| format!("{}: {e}", path.display()))
+        read_safetensors(bytes, name)
+    }
 }
 
 /// Element size in bytes of a supported float dtype (`.npy` `f4`/`f8`/`f2`,

@@ -4,9 +4,7 @@
 
 use sampler_backend::burn_tensor::{Device, Tensor, TensorData};
 use sampler_backend::{Executor, StepOutput};
-use sampler_core::{
-    Candidates, ChainSpec, OffloadPolicy, SampleError, StageSpec, TokenId, desc_cmp, rng,
-};
+use sampler_core::{ChainSpec, OffloadPolicy, SampleError, TokenId};
 
 /// Run one test body on every device compiled into this test binary.
 /// GPU devices that cannot start print why and skip.
@@ -108,56 +106,5 @@ pub fn cpu_step(
     sampler_cpu::sample_batch(logits, rows.len(), v, &mut chains).expect("cpu batch")
 }
 
-/// Why a row's token may legitimately differ between the CPU and a device:
-/// a float sum in another order can cross a boundary that lies within
-/// rounding. `None` when the row is not near any boundary.
-pub fn boundary_reason(spec: &ChainSpec, row: &[f32], prompt: &[TokenId]) -> Option<String> {
-    const TOL: f64 = 1e-4;
-    for (i, st) in spec.stages.iter().enumerate() {
-        if st.is_noop() {
-            continue;
-        }
-        let prefix = ChainSpec::new(spec.stages[..i].to_vec(), spec.seed);
-        let mut chain = sampler_cpu::build_chain(&prefix).ok()?;
-        chain.accept_prompt(prompt);
-        let mut c = Candidates::from_logits(row);
-        if chain.apply(&mut c).is_err() {
-            return None;
-        }
-        let (ids, logits) = (c.ids().to_vec(), c.logits().to_vec());
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        if max == f32::NEG_INFINITY {
-            return None;
-        }
-        let e: Vec<f64> = logits.iter().map(|&l| f64::from((l - max).exp())).collect();
-        let s: f64 = e.iter().sum();
-        match st {
-            StageSpec::TopP { p, .. } => {
-                let mut order: Vec<usize> = (0..ids.len()).collect();
-                order.sort_by(|&a, &b| desc_cmp(logits[a], ids[a], logits[b], ids[b]));
-                let mut cum = 0.0;
-                for &j in &order {
-                    if (cum / s - f64::from(*p)).abs() < TOL {
-                        return Some(format!("top_p boundary: mass {} ~ p {p}", cum / s));
-                    }
-                    cum += e[j];
-                }
-            }
-            StageSpec::Dist => {
-                let u = rng::uniform(spec.seed?, 0, rng::lane(i, 0));
-                let target = u * s;
-                let mut order: Vec<usize> = (0..ids.len()).collect();
-                order.sort_by_key(|&j| ids[j]);
-                let mut cum = 0.0;
-                for &j in &order {
-                    cum += e[j];
-                    if e[j] > 0.0 && ((cum - target) / s).abs() < TOL {
-                        return Some(format!("dist boundary: u*S {target} ~ cum {cum}"));
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    None
-}
+#[allow(unused_imports)]
+pub use conformance::boundary_reason;
