@@ -3,7 +3,7 @@
 
 use burn_tensor::{DType, Device, FloatDType, Int, IntDType, Tensor, TensorData, Transaction};
 use sampler_core::plan::{self, OffloadPolicy, Plan, PlanStage, Readback};
-use sampler_core::{Candidates, Chain, ChainSpec, SampleError, StageSpec, TokenId};
+use sampler_core::{Candidates, Chain, ChainSpec, DeviceRefusal, SampleError, StageSpec, TokenId};
 
 use crate::BackendError;
 use crate::ops::{self, wide};
@@ -180,7 +180,26 @@ impl Executor {
             });
             built.push(stage);
         }
-        let plan = plan::plan(&plan_stages, vocab, policy);
+        let mut plan = plan::plan(&plan_stages, vocab, policy);
+        // The host drops the `-inf` candidates a masking device stage left
+        // (top_p, min_p, epsilon, eta); a later device stage that bans
+        // candidates (`-inf`, kept on the CPU) would make them
+        // indistinguishable. Unless the whole chain runs on the device, the
+        // first such stage goes to the host.
+        if plan.readback != Readback::TokenIds {
+            let mut masked = false;
+            for &i in &plan.device {
+                if masked && rows.iter().any(|r| r.stages[i].bans()) {
+                    plan_stages[i].device = Err(DeviceRefusal::BansAfterMask);
+                    plan = plan::plan(&plan_stages, vocab, policy);
+                    break;
+                }
+                masked |= rows.iter().any(|r| {
+                    let st = &r.stages[i];
+                    st.kind().meta().device_effects.masks_removed && !st.is_noop()
+                });
+            }
+        }
         let mut stages = Vec::new();
         for &i in &plan.device {
             if let Some(st) = built[i].take() {

@@ -22,6 +22,12 @@ pub enum DeviceRefusal {
         /// The limit.
         limit: u64,
     },
+    /// The stage can set logits to `-inf` without removing the candidate
+    /// (a logit_bias ban, a greedy temperature) after a device stage that
+    /// masks the candidates it removes, and the chain goes on on the host:
+    /// the host could not tell the two apart, so it runs this stage.
+    #[error("it can ban candidates (-inf) after a masking device stage, before host stages")]
+    BansAfterMask,
     /// A parameter names a token outside the vocabulary: the host reports it
     /// as that row's error.
     #[error("row {row}: token id {token} is outside the vocabulary of {vocab}")]

@@ -137,6 +137,7 @@ macro_rules! define_stages {
                 noop: $noop:expr,
                 noop_rule: $rule:literal,
                 survivors: $survivors:expr,
+                bans: $bans:expr,
                 order: $order:literal,
                 seq: $seq:expr,
                 source: $source:literal $(,)?
@@ -239,6 +240,17 @@ macro_rules! define_stages {
                 }
             }
 
+            /// Whether these parameters can set a candidate's logit to `-inf`
+            /// while keeping it a candidate (a logit_bias ban, a greedy
+            /// temperature): the executor must then tell such a candidate from
+            /// one a masking device stage removed.
+            #[allow(unused_variables)]
+            pub fn bans(&self) -> bool {
+                match self {
+                    $( StageSpec::$Var { $($field),* } => $bans, )*
+                }
+            }
+
             /// Check every parameter against its documented range.
             ///
             /// # Errors
@@ -334,6 +346,7 @@ define_stages! {
         noop: false,
         noop_rule: "never a no-op",
         survivors: None,
+        bans: false,
         order: 130,
         seq: None,
         source: "llama.cpp greedy; ties go to the lowest token id (vLLM, TensorRT-LLM)",
@@ -349,6 +362,7 @@ define_stages! {
         noop: false,
         noop_rule: "never a no-op",
         survivors: None,
+        bans: false,
         order: 140,
         seq: None,
         source: "llama.cpp dist (softmax, inverse CDF); canonical ascending-id order and counter-based uniforms, so every device draws the same token",
@@ -371,6 +385,7 @@ define_stages! {
         noop: *k <= 0,
         noop_rule: "k <= 0",
         survivors: if *k > 0 { usize::try_from(*k).ok() } else { None },
+        bans: false,
         order: 50,
         seq: Some('k'),
         source: "llama.cpp top-k; boundary ties go to the lowest token id",
@@ -399,6 +414,7 @@ define_stages! {
         noop: *p >= 1.0,
         noop_rule: "p >= 1",
         survivors: None,
+        bans: false,
         order: 70,
         seq: Some('p'),
         source: "llama.cpp top-p (Holtzman et al. 2019, nucleus sampling)",
@@ -427,6 +443,7 @@ define_stages! {
         noop: *p <= 0.0,
         noop_rule: "p <= 0",
         survivors: None,
+        bans: false,
         order: 80,
         seq: Some('m'),
         source: "llama.cpp min-p (threshold max_logit + ln p, inclusive)",
@@ -455,6 +472,7 @@ define_stages! {
         noop: *p >= 1.0,
         noop_rule: "p >= 1",
         survivors: None,
+        bans: false,
         order: 60,
         seq: Some('y'),
         source: "llama.cpp typical (Meister et al. 2022, locally typical sampling)",
@@ -489,6 +507,7 @@ define_stages! {
         noop: *t == 1.0 && *dynatemp_range <= 0.0,
         noop_rule: "t == 1 and dynatemp_range == 0",
         survivors: None,
+        bans: *t < crate::GREEDY_TEMPERATURE || (*dynatemp_range > 0.0 && *t - *dynatemp_range < crate::GREEDY_TEMPERATURE),
         order: 100,
         seq: Some('t'),
         source: "llama.cpp temp / temp-ext (dynamic temperature, Zhu et al. 2024); greedy below 1e-5 (vLLM)",
@@ -523,6 +542,7 @@ define_stages! {
         noop: *probability <= 0.0 || *threshold > 0.5,
         noop_rule: "probability <= 0 or threshold > 0.5",
         survivors: None,
+        bans: false,
         order: 90,
         seq: Some('x'),
         source: "llama.cpp xtc (exclude top choices, oobabooga text-generation-webui PR #6335)",
@@ -545,6 +565,7 @@ define_stages! {
         noop: *n <= 0.0,
         noop_rule: "n <= 0",
         survivors: None,
+        bans: false,
         order: 40,
         seq: Some('s'),
         source: "llama.cpp top-n-sigma (Tang et al. 2024)",
@@ -579,6 +600,7 @@ define_stages! {
         noop: false,
         noop_rule: "never a no-op",
         survivors: None,
+        bans: false,
         order: 110,
         seq: None,
         source: "llama.cpp mirostat (Basu et al. 2021, algorithm 1)",
@@ -607,6 +629,7 @@ define_stages! {
         noop: false,
         noop_rule: "never a no-op",
         survivors: None,
+        bans: false,
         order: 120,
         seq: None,
         source: "llama.cpp mirostat v2 (Basu et al. 2021, algorithm 2)",
@@ -654,6 +677,7 @@ define_stages! {
         noop: *last_n == 0 || (*repeat == 1.0 && *frequency == 0.0 && *presence == 0.0),
         noop_rule: "last_n == 0, or repeat == 1 and frequency == 0 and presence == 0",
         survivors: None,
+        bans: false,
         order: 10,
         seq: Some('e'),
         source: "llama.cpp penalties (CTRL, Keskar et al. 2019 for repetition; OpenAI for frequency/presence)",
@@ -708,6 +732,7 @@ define_stages! {
         noop: *multiplier == 0.0 || *last_n == 0,
         noop_rule: "multiplier == 0 or last_n == 0",
         survivors: None,
+        bans: false,
         order: 30,
         seq: Some('d'),
         source: "llama.cpp DRY (p-e-w, oobabooga text-generation-webui PR #5677)",
@@ -734,6 +759,7 @@ define_stages! {
         noop: bias.is_empty(),
         noop_rule: "no biases",
         survivors: None,
+        bans: bias.iter().any(|(_, b)| *b == f32::NEG_INFINITY),
         order: 0,
         seq: None,
         source: "llama.cpp logit-bias / OpenAI logit_bias",
@@ -762,6 +788,7 @@ define_stages! {
         noop: *n == 0,
         noop_rule: "n == 0",
         survivors: None,
+        bans: false,
         order: 20,
         seq: None,
         source: "Hugging Face transformers NoRepeatNGramLogitsProcessor",
@@ -791,6 +818,7 @@ define_stages! {
         noop: *epsilon <= 0.0,
         noop_rule: "epsilon <= 0",
         survivors: None,
+        bans: false,
         order: 82,
         seq: None,
         source: "Hugging Face transformers EpsilonLogitsWarper (Hewitt et al. 2022, truncation sampling)",
@@ -820,6 +848,7 @@ define_stages! {
         noop: *epsilon <= 0.0,
         noop_rule: "epsilon <= 0",
         survivors: None,
+        bans: false,
         order: 84,
         seq: None,
         source: "Hugging Face transformers EtaLogitsWarper (Hewitt et al. 2022, truncation sampling)",

@@ -261,7 +261,143 @@ fn selecting_stage_before_the_last_matches_the_cpu(d: &Device, dev: &str) {
     }
 }
 
+/// The same error on the CPU and the device when two rules compete: a NaN
+/// row in a chain that never selects (filter only), and an all `-inf` row
+/// with a bias on a token outside the vocabulary.
+fn competing_errors_have_one_priority(d: &Device, dev: &str) {
+    // Filter-only chain, NaN row: the row's error is the NaN (validation
+    // comes first), on the CPU's apply and the device's filter alike.
+    let spec = ChainSpec::new(vec![S::TopK { k: 2 }], Some(1));
+    let logits = vec![0.5, f32::NAN, 1.0, 2.0];
+    let mut chain = sampler_cpu::build_chain(&spec).unwrap();
+    let cpu = chain
+        .apply(&mut sampler_core::Candidates::from_logits(&logits))
+        .unwrap_err();
+    assert_eq!(cpu, sampler_core::SampleError::NanLogit { index: 1 });
+    for policy in [OffloadPolicy::Auto, OffloadPolicy::Off] {
+        let mut ex = sampler_backend::Executor::new(vec![spec.clone()], 4, d, policy).unwrap();
+        let out = ex
+            .filter(device_support::upload(&logits, 1, 4, d))
+            .expect("filter");
+        assert_eq!(out.rows[0].as_ref().unwrap_err(), &cpu, "{dev} {policy:?}");
+    }
+    // All `-inf` with an out-of-vocabulary bias: the same error everywhere.
+    let rows = vec![ChainSpec::new(
+        vec![
+            S::LogitBias {
+                bias: vec![(9, 1.0)],
+            },
+            S::Dist,
+        ],
+        Some(2),
+    )];
+    let logits = vec![f32::NEG_INFINITY; 4];
+    let cpu = cpu_step(&rows, &logits, 4, &[vec![]]);
+    let mut reference = sampler_cpu::build_chain(&rows[0]).unwrap();
+    let slow = reference.sample(&mut sampler_core::Candidates::from_logits(&logits));
+    assert_eq!(cpu[0], slow, "fast path and reference");
+    for policy in [OffloadPolicy::Auto, OffloadPolicy::Off] {
+        let (out, _) = device_step(&rows, &logits, 4, d, policy, &[vec![]]);
+        assert_eq!(out.tokens, cpu, "{dev} {policy:?}");
+    }
+}
+
+/// Found by the fuzz suite: a ban (`logit_bias` `-inf`) after a masking
+/// device stage keeps the banned token a candidate on the CPU; the host
+/// must not drop it with the masked ones, so the planner leaves the ban to
+/// the host when the chain goes on there (`BansAfterMask`).
+fn bans_after_a_masking_stage_stay_candidates(d: &Device, dev: &str) {
+    let cases: Vec<(Vec<S>, Vec<f32>)> = vec![
+        (
+            vec![
+                S::MinP {
+                    p: 0.05,
+                    min_keep: 2,
+                },
+                S::LogitBias {
+                    bias: vec![(13, f32::NEG_INFINITY)],
+                },
+                S::Mirostat {
+                    tau: 3.0,
+                    eta: 0.1,
+                    m: 20,
+                },
+            ],
+            vec![0.0; 16],
+        ),
+        (
+            vec![
+                S::Epsilon {
+                    epsilon: 0.02,
+                    min_keep: 3,
+                },
+                S::LogitBias {
+                    bias: vec![(3, f32::NEG_INFINITY), (0, 2.0)],
+                },
+                S::Mirostat {
+                    tau: 3.0,
+                    eta: 0.1,
+                    m: 20,
+                },
+            ],
+            vec![
+                -2.2406542,
+                -0.006891338,
+                -0.044970963,
+                -1.1970395,
+                -0.197357,
+            ],
+        ),
+        (
+            vec![
+                S::TopP {
+                    p: 0.9,
+                    min_keep: 0,
+                },
+                S::Temperature {
+                    t: 0.0,
+                    dynatemp_range: 0.0,
+                    dynatemp_exponent: 1.0,
+                },
+                S::Typical {
+                    p: 0.5,
+                    min_keep: 0,
+                },
+                S::Dist,
+            ],
+            vec![1.0, 2.0, 0.5, 1.5, -1.0],
+        ),
+    ];
+    for (stages, logits) in cases {
+        let v = logits.len();
+        for seed in [17650170025983401538u64, 9664937335416166648, 3] {
+            let rows = vec![ChainSpec::new(stages.clone(), Some(seed))];
+            let cpu = cpu_step(&rows, &logits, v, &[vec![0]]);
+            for policy in [OffloadPolicy::Auto, OffloadPolicy::Stages(2)] {
+                let (out, ex) = device_step(&rows, &logits, v, d, policy, &[vec![0]]);
+                assert_eq!(
+                    out.tokens,
+                    cpu,
+                    "{dev} {policy:?} {stages:?}\n{}",
+                    ex.plan()
+                );
+                if policy == OffloadPolicy::Auto {
+                    assert_eq!(
+                        ex.plan().host_reason,
+                        Some(sampler_core::HostReason::Refused(
+                            sampler_core::DeviceRefusal::BansAfterMask
+                        )),
+                        "{dev} {stages:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 device_tests!(
+    bans_after_a_masking_stage_stay_candidates,
+    competing_errors_have_one_priority,
     selecting_stage_before_the_last_matches_the_cpu,
     min_keep_never_keeps_banned_candidates,
     overflowing_dynamic_temperature_falls_back_to_t,
