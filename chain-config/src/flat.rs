@@ -503,7 +503,7 @@ impl SamplingParams {
             if !FIELDS.contains(&key.as_str()) {
                 return Err(ConfigError::UnknownKey {
                     path: key.clone(),
-                    location: find_key(text, key),
+                    location: crate::json::locate_top_key(text, key),
                     suggestion: suggest(key, FIELDS),
                 });
             }
@@ -522,7 +522,7 @@ impl SamplingParams {
             } => {
                 let key = path.split(['.', '[']).next().unwrap_or(&path).to_string();
                 ConfigError::OutOfRange {
-                    location: find_key(text, &key),
+                    location: crate::json::locate_top_key(text, &key),
                     path,
                     value,
                     expected,

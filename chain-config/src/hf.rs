@@ -179,7 +179,7 @@ impl GenerationConfig {
                 expected,
                 ..
             } => ConfigError::OutOfRange {
-                location: find_key(text, &path),
+                location: crate::json::locate_top_key(text, &path),
                 path,
                 value,
                 expected,

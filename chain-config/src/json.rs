@@ -151,6 +151,26 @@ pub(crate) fn locate(text: &str, path: &[Step<'_>]) -> Option<Location> {
     find_path(text, path).map(|o| Location::from_offset(text, o))
 }
 
+/// Location of the top-level key `key` (the key itself, not the first
+/// textual match of `"key"` anywhere), else of its first textual match.
+pub(crate) fn locate_top_key(text: &str, key: &str) -> Option<Location> {
+    locate(text, &[Step::Key(key)]).or_else(|| find_key(text, key))
+}
+
+/// Location of the value of `path`'s last key (`"type": "top_kk"` points at
+/// `"top_kk"`), else of the key.
+pub(crate) fn locate_value(text: &str, path: &[Step<'_>]) -> Option<Location> {
+    let key = find_path(text, path)?;
+    let b = text.as_bytes();
+    let colon = skip_ws(b, skip_string(b, key));
+    let at = if b.get(colon) == Some(&b':') {
+        skip_ws(b, colon + 1)
+    } else {
+        key
+    };
+    Some(Location::from_offset(text, at))
+}
+
 /// Location of `stages[index].key`, else of `stages[index]`, else of the
 /// first `"key"` in the text.
 pub(crate) fn locate_stage_key(text: &str, index: usize, key: &str) -> Option<Location> {
@@ -442,7 +462,7 @@ pub(crate) fn load(text: &str) -> Result<ChainSpec, ConfigError> {
         if key != "stages" && key != "seed" {
             return Err(ConfigError::UnknownKey {
                 path: key.clone(),
-                location: find_key(text, key),
+                location: locate_top_key(text, key),
                 suggestion: suggest(key, ["stages", "seed"]),
             });
         }
@@ -506,7 +526,11 @@ pub(crate) fn load(text: &str) -> Result<ChainSpec, ConfigError> {
         let Some(kind) = StageKind::from_name(ty) else {
             return Err(ConfigError::UnknownStage {
                 name: ty.clone(),
-                location: find_key(text, ty),
+                location: locate_value(
+                    text,
+                    &[Step::Key("stages"), Step::Index(i), Step::Key("type")],
+                )
+                .or_else(|| find_key(text, ty)),
                 suggestion: suggest(ty, StageKind::all_names()),
             });
         };

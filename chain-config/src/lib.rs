@@ -352,7 +352,7 @@ impl ChainConfig {
                     .and_then(|(i, _)| i.parse::<usize>().ok());
                 let location = match index {
                     Some(i) => json::locate_stage_key(text, i, key),
-                    None => json::find_key(text, key),
+                    None => json::locate_top_key(text, key),
                 };
                 ConfigError::OutOfRange {
                     location,

@@ -725,6 +725,17 @@ fn convert(
 ) -> Result<PValue, ConfigError> {
     match pm.kind {
         ParamKind::Int => {
+            // A count above TOML's largest integer (2^63 - 1), as the writer
+            // spells it: a decimal string, like a large seed.
+            if let DeValue::String(s) = v.get_ref()
+                && !s.is_empty()
+                && s.bytes().all(|b| b.is_ascii_digit())
+                && pm.min.is_some_and(|m| m >= 0.0)
+                && let Ok(u) = s.parse::<u64>()
+                && u > i64::MAX as u64
+            {
+                return Ok(PValue::UInt(u));
+            }
             let i = parse_int(src, path, pm.range, v)?;
             let x = i as f64;
             if pm.min.is_some_and(|m| x < m) || pm.max.is_some_and(|m| x > m) {

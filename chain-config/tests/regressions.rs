@@ -411,3 +411,43 @@ fn duplicate_json_keys_are_refused_everywhere() {
         "{e}"
     );
 }
+
+/// Locations point at the key or value the error is about, not at the first
+/// textual match of its name elsewhere in the document.
+#[test]
+fn json_error_locations_name_the_key_not_a_textual_match() {
+    // `"top_kk"` appears first as a key of stage 0, then as its type.
+    let e = json_err(r#"{"stages": [{"top_kk": 1, "type": "top_kk"}]}"#);
+    let at = e.location().expect("a location");
+    assert_eq!((at.line, at.column), (1, 35), "{e}");
+    // A top-level unknown key named like a nested one (line 1): the error
+    // points at the top-level one (line 2).
+    let e = json_err("{\"stages\": [{\"type\": \"dist\", \"x\": 1}],\n \"x\": 2}");
+    assert!(matches!(e, ConfigError::UnknownKey { .. }), "{e}");
+    let at = e.location().expect("a location");
+    assert_eq!((at.line, at.column), (2, 2), "{e}");
+    let e = flat_err("{\"logit_bias\": {\"5\": 1},\n \"top_pp\": 1}");
+    assert_eq!(
+        e.location().map(|l| (l.line, l.column)),
+        Some((2, 2)),
+        "{e}"
+    );
+}
+
+/// A count above 2^63 - 1 (JSON `min_keep` = 2^64 - 1) survives
+/// load -> TOML -> load: the writer spells it as a decimal string, which the
+/// TOML loader reads back.
+#[test]
+fn huge_counts_survive_load_save_load() {
+    let cfg = ChainConfig::from_json(
+        r#"{"stages": [{"type": "top_p", "p": 0.5, "min_keep": 18446744073709551615}, {"type": "dist"}]}"#,
+    )
+    .expect("loads");
+    let toml = cfg.to_toml_string();
+    assert!(
+        toml.contains("min_keep = \"18446744073709551615\""),
+        "{toml}"
+    );
+    let again = ChainConfig::from_toml_str(&toml).expect("reloads");
+    assert_eq!(again.chain, cfg.chain);
+}

@@ -70,7 +70,8 @@ impl ParamValue {
         }
         match self {
             ParamValue::Int(i) => i.to_string(),
-            ParamValue::UInt(u) => u.to_string(),
+            // TOML integers stop at 2^63 - 1: larger counts as a decimal string.
+            ParamValue::UInt(u) => format!("\"{u}\""),
             ParamValue::Float(x) => float(*x),
             ParamValue::Scope(s) => format!("\"{}\"", s.word()),
             ParamValue::Seqs(seqs) => {
@@ -151,7 +152,10 @@ impl ParamField for i64 {
 impl ParamField for usize {
     const KIND: ParamKind = ParamKind::Int;
     fn to_value(&self) -> ParamValue {
-        ParamValue::Int(i64::try_from(*self).unwrap_or(i64::MAX))
+        match i64::try_from(*self) {
+            Ok(i) => ParamValue::Int(i),
+            Err(_) => ParamValue::UInt(*self as u64),
+        }
     }
     fn from_value(v: ParamValue) -> Result<Self, SetParamError> {
         match v {

@@ -309,7 +309,12 @@ fn build_chain(a: &Args) -> Result<(ChainConfig, Vec<String>), AppError> {
     }
     // Re-validate after the flags (ranges, a selecting stage).
     let mut cfg = ChainConfig::validated(chain, device, &LoadOptions::default())?;
-    cfg.diagnostics.extend(base.diagnostics);
+    // The loader's notes, without the ones re-validation found again.
+    for d in base.diagnostics {
+        if !cfg.diagnostics.contains(&d) {
+            cfg.diagnostics.push(d);
+        }
+    }
     Ok((cfg, warnings))
 }
 
