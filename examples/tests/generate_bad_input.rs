@@ -345,3 +345,17 @@ fn cli_numbers_and_params_by_name() {
     assert!(ok, "{err}");
     assert!(out.contains("\"tokens\""), "{out}");
 }
+
+/// A loader note (stages after the selecting stage) is printed once, not
+/// once per validation, and the chain still samples.
+#[test]
+fn cli_prints_each_config_note_once() {
+    let (ok, _, err) = generate(&["--samplers", "top_k;dist;temp", "-n", "2", "--no-progress"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        err.matches("stages after the last selecting stage (temperature) are ignored")
+            .count(),
+        1,
+        "{err}"
+    );
+}
