@@ -395,7 +395,33 @@ fn bans_after_a_masking_stage_stay_candidates(d: &Device, dev: &str) {
     }
 }
 
+/// top_p at exact ties: on a uniform row the mass before a candidate can
+/// equal `p` exactly; the CPU and the device apply one rule (keep while the
+/// mass before the candidate is `< p * S`, sums of `exp(l - max)`), so they
+/// keep the same candidates and draw the same token.
+fn top_p_at_exact_ties_matches_the_cpu(d: &Device, dev: &str) {
+    for vocab in [2usize, 4, 10, 24, 100, 300] {
+        let logits = vec![0.0f32; vocab];
+        for seed in 0..16u64 {
+            let rows = vec![ChainSpec::new(
+                vec![
+                    S::TopP {
+                        p: 0.5,
+                        min_keep: 0,
+                    },
+                    S::Dist,
+                ],
+                Some(seed),
+            )];
+            let cpu = cpu_step(&rows, &logits, vocab, &[vec![]]);
+            let (out, _) = device_step(&rows, &logits, vocab, d, OffloadPolicy::Auto, &[vec![]]);
+            assert_eq!(out.tokens, cpu, "{dev} vocab {vocab} seed {seed}");
+        }
+    }
+}
+
 device_tests!(
+    top_p_at_exact_ties_matches_the_cpu,
     bans_after_a_masking_stage_stay_candidates,
     competing_errors_have_one_priority,
     selecting_stage_before_the_last_matches_the_cpu,

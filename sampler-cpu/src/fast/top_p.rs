@@ -113,7 +113,7 @@ pub(crate) fn top_p_full(
         }
     }
     loop {
-        if let Some(nucleus) = head_cut(row, max, inv, p, min_keep, last, scratch) {
+        if let Some(nucleus) = head_cut(row, max, sum, p, min_keep, last, scratch) {
             return Ok(Some(nucleus));
         }
         if last == BUCKETS - 1 {
@@ -130,7 +130,7 @@ pub(crate) fn top_p_full(
 fn head_cut(
     row: &[f32],
     max: f32,
-    inv: f64,
+    sum: f64,
     p: f32,
     min_keep: usize,
     last: usize,
@@ -166,17 +166,18 @@ fn head_cut(
     sorted.sort_unstable();
     // The exact f32 running sum in sorted order.
     let mut out = Nucleus::default();
-    let mut cum = 0.0f32;
+    let mut cum = 0.0f64;
     let mut keep = None;
     for (i, &k) in sorted.iter().enumerate() {
         let id = key_id(k);
         let l = row[id as usize];
-        let pi = (f64::from((l - max).exp()) * inv) as f32;
+        let e = (l - max).exp();
+        let pi = (f64::from(e) * (1.0 / sum)) as f32;
         out.ids.push(id);
         out.logits.push(l);
         out.probs.push(pi);
-        cum += pi;
-        if cum >= p && i + 1 >= min_keep {
+        cum += f64::from(e);
+        if cum >= f64::from(p) * sum && i + 1 >= min_keep {
             keep = Some(i + 1);
             break;
         }

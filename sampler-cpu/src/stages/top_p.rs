@@ -29,13 +29,17 @@ impl TopP {
     }
 }
 
-/// Length of the kept prefix of `probs` (already in descending order), or
-/// `None` when the mass `p` is not reached within it.
-fn cut(probs: impl Iterator<Item = f32>, p: f32, min_keep: usize) -> Option<usize> {
-    let mut cum = 0.0f32;
-    for (i, pi) in probs.enumerate() {
-        cum += pi;
-        if cum >= p && i + 1 >= min_keep {
+/// Length of the kept prefix, given the candidates' `e = exp(l - max)` in
+/// canonical order (descending logit, ties by ascending id) and their sum
+/// `s` (f64, in the set's order): a candidate is kept while the mass before it
+/// is `< p * s` (so the crossing token is kept), the device's rule computed
+/// the same way; `None` when the mass is not reached within the prefix.
+fn cut(e: impl Iterator<Item = f32>, s: f64, p: f32, min_keep: usize) -> Option<usize> {
+    let target = f64::from(p) * s;
+    let mut cum = 0.0f64;
+    for (i, ei) in e.enumerate() {
+        cum += f64::from(ei);
+        if cum >= target && i + 1 >= min_keep {
             return Some(i + 1);
         }
     }
@@ -63,16 +67,17 @@ impl Sampler for TopP {
         // finite candidates are kept (the device masks, the host drops alike).
         let finite = row.logits().iter().filter(|l| l.is_finite()).count();
         let min_keep = self.min_keep.min(finite);
+        let max = row.max_logit();
+        let e: Vec<f32> = row.logits().iter().map(|&l| (l - max).exp()).collect();
+        let s: f64 = e.iter().map(|&x| f64::from(x)).sum();
         if row.is_sorted() {
-            let probs = row.probs().unwrap_or(&[]);
-            let keep = cut(probs.iter().copied(), self.p, min_keep).unwrap_or(finite);
+            let keep = cut(e.iter().copied(), s, self.p, min_keep).unwrap_or(finite);
             if keep < n {
                 row.truncate(keep.max(1));
             }
             return Ok(());
         }
         let (ids, logits) = (row.ids(), row.logits());
-        let probs = row.probs().unwrap_or(&[]);
         let cmp = |&a: &usize, &b: &usize| desc_cmp(logits[a], ids[a], logits[b], ids[b]);
         let mut order: Vec<usize> = (0..n).collect();
         let mut k = 256usize.max(min_keep);
@@ -80,7 +85,7 @@ impl Sampler for TopP {
         while k < n {
             order.select_nth_unstable_by(k - 1, cmp);
             order[..k].sort_unstable_by(cmp);
-            if let Some(c) = cut(order[..k].iter().map(|&i| probs[i]), self.p, min_keep) {
+            if let Some(c) = cut(order[..k].iter().map(|&i| e[i]), s, self.p, min_keep) {
                 keep = Some(c);
                 break;
             }
@@ -88,7 +93,7 @@ impl Sampler for TopP {
         }
         if keep.is_none() {
             order.sort_unstable_by(cmp);
-            keep = Some(cut(order.iter().map(|&i| probs[i]), self.p, min_keep).unwrap_or(finite));
+            keep = Some(cut(order.iter().map(|&i| e[i]), s, self.p, min_keep).unwrap_or(finite));
         }
         let keep = keep.unwrap_or(n).max(1);
         order.truncate(keep);
