@@ -12,7 +12,7 @@ use crate::error::{ConfigError, Diagnostic};
 use serde_json::Value;
 
 use crate::json::{
-    Step, check_seed, check_token_seqs, f32_of, find_key, found_of, json_type, locate, num_text,
+    Step, check_seed, check_token_seqs, f32_of, found_of, json_type, locate, num_text,
 };
 use crate::suggest::suggest;
 use crate::{ChainConfig, DeviceConfig, LoadOptions};

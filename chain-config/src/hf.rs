@@ -7,7 +7,7 @@ use serde_json::Value;
 use crate::error::{ConfigError, Diagnostic};
 use crate::flat::SamplingParams;
 use crate::flat::range_of;
-use crate::json::{Step, f32_of, find_key, found_of, json_type, locate, num_text, schema_error};
+use crate::json::{Step, f32_of, found_of, json_type, locate, num_text, schema_error};
 
 /// The sampling keys of a model's `generation_config.json` (transformers'
 /// `GenerationConfig`) that map onto this crate's stages. Only keys present
