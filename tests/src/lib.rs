@@ -76,6 +76,30 @@ pub fn boundary_reason(spec: &ChainSpec, row: &[f32], prompt: &[TokenId]) -> Opt
                     cum += e[j];
                 }
             }
+            StageSpec::Epsilon { epsilon, .. } | StageSpec::Eta { epsilon, .. } => {
+                // The probability cutoff (eta's depends on the entropy, a sum
+                // whose order differs between the CPU and a device).
+                let eps = f64::from(*epsilon);
+                let thr = if matches!(st, StageSpec::Eta { .. }) {
+                    let h: f64 = e
+                        .iter()
+                        .map(|&x| x / s)
+                        .filter(|&p| p > 0.0)
+                        .map(|p| -p * p.ln())
+                        .sum();
+                    eps.min(eps.sqrt() * (-h).exp())
+                } else {
+                    eps
+                };
+                if thr > 0.0
+                    && let Some(p) = e
+                        .iter()
+                        .map(|&x| x / s)
+                        .find(|&p| ((p - thr) / thr).abs() < TOL)
+                {
+                    return Some(format!("{} boundary: p {p} ~ cutoff {thr}", st.name()));
+                }
+            }
             StageSpec::Dist => {
                 let u = rng::uniform(spec.seed?, 0, rng::lane(i, 0));
                 let target = u * s;
