@@ -367,8 +367,12 @@ impl fmt::Display for Diagnostic {
             }
             Diagnostic::AfterSelection { stages } => write!(
                 f,
-                "stages after the last selecting stage ({}) are ignored: the token is already chosen; move them before `dist`/`greedy`",
-                stages.join(", ")
+                "{} after the last selecting stage: ignored, the token is already chosen; move them before `dist`/`greedy`",
+                stages
+                    .iter()
+                    .map(|s| format!("`{s}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         }
     }

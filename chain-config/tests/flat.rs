@@ -393,7 +393,7 @@ fn after_selection_diagnostic() {
     let c = ChainConfig::from_chain_string("top_k;dist;temp").unwrap();
     assert_eq!(
         c.diagnostics[0].to_string(),
-        "stages after the last selecting stage (temperature) are ignored: the token is already chosen; move them before `dist`/`greedy`"
+        "`temperature` after the last selecting stage: ignored, the token is already chosen; move them before `dist`/`greedy`"
     );
 }
 

@@ -353,9 +353,25 @@ fn cli_prints_each_config_note_once() {
     let (ok, _, err) = generate(&["--samplers", "top_k;dist;temp", "-n", "2", "--no-progress"]);
     assert!(ok, "{err}");
     assert_eq!(
-        err.matches("stages after the last selecting stage (temperature) are ignored")
+        err.matches("`temperature` after the last selecting stage: ignored")
             .count(),
         1,
         "{err}"
+    );
+}
+
+/// `--param` numbers beyond f32 are refused as written, like the flags.
+#[test]
+fn cli_param_beyond_f32_is_refused_as_written() {
+    assert_fails(
+        &[
+            "--samplers",
+            "temperature;dist",
+            "--param",
+            "temperature.t=1e39",
+            "-n",
+            "2",
+        ],
+        &["`1e39` is beyond the f32 range"],
     );
 }

@@ -182,3 +182,36 @@ fn plan_huge_shapes_are_planned_or_refused_without_allocating() {
         );
     }
 }
+
+/// `cpu` takes no device index (the error says so, not "`flex` takes no
+/// device index"), and `sample --steps 0` is a range error, not one step.
+#[test]
+fn cpu_index_and_zero_steps_are_clear_errors() {
+    let out = run(
+        env!("CARGO_BIN_EXE_plan"),
+        &[
+            "--config",
+            "examples/chains/creative.toml",
+            "--device",
+            "cpu:7",
+        ],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`cpu` takes no device index"), "{err}");
+    let path = write_npy("steps.npy", &[vec![0.0, 1.0]]);
+    let out = run(
+        env!("CARGO_BIN_EXE_sample"),
+        &[
+            "--config",
+            "examples/chains/greedy.toml",
+            "--logits",
+            path.to_str().unwrap(),
+            "--steps",
+            "0",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1.."));
+    let _ = std::fs::remove_file(path);
+}

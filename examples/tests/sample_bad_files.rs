@@ -161,3 +161,23 @@ fn a_valid_safetensors_file_samples() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains('1'));
 }
+
+/// An f64 `.npy` value beyond f32 is named as written, not read as `+inf`.
+#[test]
+fn npy_f64_values_beyond_f32_are_named() {
+    let mut header = "{'descr': '<f8', 'fortran_order': False, 'shape': (1, 2), }".to_string();
+    while !(10 + header.len() + 1).is_multiple_of(64) {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(&1.0f64.to_le_bytes());
+    bytes.extend_from_slice(&1e300f64.to_le_bytes());
+    rejects(
+        "big-f64.npy",
+        &bytes,
+        &["value 1e300 at position 1 is beyond the f32 range"],
+    );
+}

@@ -1015,7 +1015,7 @@ pub fn run(surface: Surface, inputs: u64, seed: u64, start: u64) -> Report {
     let mut report = Report::default();
     let device = sampler_backend::parse_device("flex").ok();
     let models = Models::load();
-    for index in start..start + inputs {
+    for index in start..start.saturating_add(inputs) {
         let mut r = rng_for(seed ^ (surface as u64) << 56, index);
         match surface {
             Surface::Config => run_config_one(&mut r, &mut report, index),

@@ -28,6 +28,13 @@ struct Args {
 
 fn main() -> ExitCode {
     let a = Args::parse();
+    if a.start.checked_add(a.inputs).is_none() {
+        eprintln!(
+            "error: --start {} + --inputs {} overflows the input index (u64)",
+            a.start, a.inputs
+        );
+        return ExitCode::from(2);
+    }
     let plan: Vec<(Surface, u64)> = match a.surface.as_deref() {
         Some(name) => match Surface::ALL.into_iter().find(|s| s.name() == name) {
             Some(s) => vec![(s, a.inputs)],
@@ -37,7 +44,11 @@ fn main() -> ExitCode {
             }
         },
         None => vec![
-            (Surface::Config, a.inputs * 80 / 100),
+            // The config surface takes what the rounding of the others leaves.
+            (
+                Surface::Config,
+                a.inputs - a.inputs * 15 / 100 - a.inputs / 100 - a.inputs * 4 / 100,
+            ),
             (Surface::Cpu, a.inputs * 15 / 100),
             (Surface::Executor, a.inputs / 100),
             (Surface::Files, a.inputs * 4 / 100),

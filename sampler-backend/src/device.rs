@@ -75,6 +75,9 @@ pub fn parse_device(s: &str) -> Result<Device, BackendError> {
         None => (lower.clone(), None),
     };
     let name = if name == "cpu" {
+        if index.is_some() {
+            return Err(unknown(s, "`cpu` takes no device index"));
+        }
         "flex".to_string()
     } else {
         name

@@ -201,10 +201,7 @@ fn parse_param(text: &str) -> Result<(StageKind, &'static str, ParamValue), AppE
     let bad = || usage(format!("`{value}` is not {}", pm.range));
     let v = match pm.kind {
         ParamKind::Int => ParamValue::Int(value.parse().map_err(|_| bad())?),
-        ParamKind::Float => {
-            let x: f32 = value.parse().map_err(|_| bad())?;
-            ParamValue::Float(x)
-        }
+        ParamKind::Float => ParamValue::Float(parse_f32(value).map_err(&usage)?),
         ParamKind::Enum(_) => ParamValue::Scope(HistoryScope::from_word(value).ok_or_else(bad)?),
         ParamKind::TokenSequences | ParamKind::TokenBiases => {
             return Err(usage(format!(

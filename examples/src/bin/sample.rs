@@ -30,9 +30,9 @@ struct Args {
     /// Tensor name inside a .safetensors file (default: the first 1-D/2-D tensor).
     #[arg(long)]
     tensor: Option<String>,
-    /// Steps: sample the same rows this many times (the step counter advances).
-    #[arg(long, default_value_t = 1)]
-    steps: usize,
+    /// Steps: sample the same rows this many times (the step counter advances), at least 1.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    steps: u64,
     /// Print JSON (plan, tokens, bytes read back per step).
     #[arg(long)]
     json: bool,
@@ -46,7 +46,7 @@ fn run(a: Args) -> Result<(), String> {
     let rows = vec![cfg.chain.clone(); logits.batch];
     let mut ex = Executor::new(rows, logits.vocab, &device, policy).map_err(|e| e.to_string())?;
     let mut steps = Vec::new();
-    for _ in 0..a.steps.max(1) {
+    for _ in 0..a.steps {
         let t = Tensor::<2>::from_data(
             TensorData::new(logits.data.clone(), [logits.batch, logits.vocab]),
             &device,

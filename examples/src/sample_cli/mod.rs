@@ -101,10 +101,20 @@ fn to_f32(raw: &[u8], dtype: &str) -> CliResult<Vec<f32>> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
-        "f8" | "F64" => raw
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32)
-            .collect(),
+        "f8" | "F64" => {
+            let mut out = Vec::with_capacity(raw.len() / 8);
+            for (i, c) in raw.chunks_exact(8).enumerate() {
+                let x = f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+                let f = x as f32;
+                if x.is_finite() && f.is_infinite() {
+                    return Err(format!(
+                        "value {x:e} at position {i} is beyond the f32 range of logits"
+                    ));
+                }
+                out.push(f);
+            }
+            out
+        }
         "f2" | "F16" => raw
             .chunks_exact(2)
             .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
