@@ -239,6 +239,12 @@ pub enum ConfigError {
 impl ConfigError {
     /// The location, when the error has one.
     pub fn location(&self) -> Option<Location> {
+        let mut copy = self.clone();
+        copy.location_slot().and_then(|l| *l)
+    }
+
+    /// The error's location field, for the variants that have one.
+    fn location_slot(&mut self) -> Option<&mut Option<Location>> {
         match self {
             ConfigError::Syntax { location, .. }
             | ConfigError::Schema { location, .. }
@@ -253,7 +259,7 @@ impl ConfigError {
             | ConfigError::NoSelectingStage { location, .. }
             | ConfigError::MissingOrder { location, .. }
             | ConfigError::UnlistedStage { location, .. }
-            | ConfigError::Conflict { location, .. } => *location,
+            | ConfigError::Conflict { location, .. } => Some(location),
             ConfigError::UnknownSeqLetter { .. } | ConfigError::Io { .. } => None,
         }
     }
@@ -262,26 +268,10 @@ impl ConfigError {
     /// loaders find locations only for the input that failed, so a large
     /// valid input costs no location lookups.
     pub(crate) fn located(mut self, locate: impl FnOnce() -> Option<Location>) -> Self {
-        match &mut self {
-            ConfigError::Syntax { location, .. }
-            | ConfigError::Schema { location, .. }
-            | ConfigError::UnknownStage { location, .. }
-            | ConfigError::UnknownKey { location, .. }
-            | ConfigError::MissingKey { location, .. }
-            | ConfigError::WrongType { location, .. }
-            | ConfigError::OutOfRange { location, .. }
-            | ConfigError::DuplicateKey { location, .. }
-            | ConfigError::DuplicateStage { location, .. }
-            | ConfigError::EmptyChain { location }
-            | ConfigError::NoSelectingStage { location, .. }
-            | ConfigError::MissingOrder { location, .. }
-            | ConfigError::UnlistedStage { location, .. }
-            | ConfigError::Conflict { location, .. } => {
-                if location.is_none() {
-                    *location = locate();
-                }
-            }
-            ConfigError::UnknownSeqLetter { .. } | ConfigError::Io { .. } => {}
+        if let Some(slot) = self.location_slot()
+            && slot.is_none()
+        {
+            *slot = locate();
         }
         self
     }

@@ -157,7 +157,7 @@ pub struct SamplingParams {
 }
 
 /// Every JSON key of [`SamplingParams`] (and its aliases).
-pub(crate) const FIELDS: [&str; 30] = [
+pub const FIELDS: [&str; 30] = [
     "temperature",
     "top_k",
     "top_p",

@@ -468,41 +468,9 @@ fn random_spec(r: &mut ChaCha8Rng) -> ChainSpec {
     ChainSpec::new(stages, Some(r.random()))
 }
 
-const FLAT_KEYS: &[&str] = &[
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "typical_p",
-    "epsilon_cutoff",
-    "eta_cutoff",
-    "top_n_sigma",
-    "xtc_probability",
-    "xtc_threshold",
-    "dynatemp_range",
-    "dynatemp_exponent",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "repeat_last_n",
-    "penalty_last_n",
-    "no_repeat_ngram_size",
-    "dry_multiplier",
-    "dry_base",
-    "dry_allowed_length",
-    "dry_penalty_last_n",
-    "dry_sequence_breakers",
-    "mirostat",
-    "mirostat_tau",
-    "mirostat_eta",
-    "min_keep",
-    "logit_bias",
-    "seed",
-    "do_sample",
-    "num_beams",
-    "suppress_tokens",
-    "top_kk",
-];
+/// Keys the flat and `generation_config` generators draw from: every flat
+/// key, plus decoding keys that only `generation_config.json` has and a typo.
+const EXTRA_KEYS: &[&str] = &["num_beams", "suppress_tokens", "top_kk"];
 
 const JSON_VALUES: &[&str] = &[
     "0",
@@ -536,7 +504,11 @@ fn random_flat_json(r: &mut ChaCha8Rng) -> String {
     let n = r.random_range(0..6);
     let fields: Vec<String> = (0..n)
         .map(|_| {
-            let k = pick(r, FLAT_KEYS);
+            let k = if r.random_bool(0.1) {
+                pick(r, EXTRA_KEYS)
+            } else {
+                pick(r, &chain_config::FLAT_KEYS)
+            };
             let v = if r.random_bool(0.4) {
                 pick(r, JSON_VALUES).to_string()
             } else {
