@@ -67,7 +67,7 @@ pub use sampler_core::{ChainSpec, HistoryScope, OffloadPolicy, StageKind, StageS
 /// when the chain is built, not here).
 pub const KNOWN_DEVICES: [&str; 6] = ["cpu", "flex", "ndarray", "wgpu", "vulkan", "cuda"];
 
-pub(crate) const OFFLOAD_RANGE: &str = "\"auto\" (longest device-capable prefix), \"off\" (host only) or an integer N >= 0 (at most N active stages on the device)";
+pub(crate) const OFFLOAD_RANGE: &str = "\"auto\" (fastest where known: the longest device-capable prefix on a GPU, the host on a CPU device), \"off\" (host only), \"device\" (longest device-capable prefix on any device) or an integer N >= 0 (at most N active stages on the device)";
 
 /// Check a device name: a [`KNOWN_DEVICES`] entry, optionally `:index`.
 /// Returns the name, or the expected range in words.
@@ -95,7 +95,7 @@ pub(crate) fn check_device(name: &str) -> Result<String, String> {
 
 /// Where the chain runs: read by the device planner (sampler-backend).
 ///
-/// TOML: `[device] kind = "cuda"`, `offload = "auto" | "off" | N`.
+/// TOML: `[device] kind = "cuda"`, `offload = "auto" | "off" | "device" | N`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceConfig {
     /// Device name (TOML key `kind`): one of [`KNOWN_DEVICES`], optionally

@@ -431,6 +431,7 @@ fn parse_device(src: Src<'_>, v: &SValue<'_>) -> Result<DeviceConfig, ConfigErro
                     DeValue::String(s) => match s.as_ref() {
                         "auto" => OffloadPolicy::Auto,
                         "off" => OffloadPolicy::Off,
+                        "device" => OffloadPolicy::Device,
                         _ => {
                             return Err(ConfigError::OutOfRange {
                                 path: "device.offload".into(),

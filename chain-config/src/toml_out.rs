@@ -72,6 +72,7 @@ pub(crate) fn to_toml(cfg: &ChainConfig) -> String {
     match cfg.device.offload {
         OffloadPolicy::Auto => out.push_str("offload = \"auto\"\n"),
         OffloadPolicy::Off => out.push_str("offload = \"off\"\n"),
+        OffloadPolicy::Device => out.push_str("offload = \"device\"\n"),
         OffloadPolicy::Stages(n) => {
             let _ = writeln!(out, "offload = {n}");
         }

@@ -303,7 +303,7 @@ fn order_must_be_explicit() {
 fn device_section() {
     assert_eq!(
         msg("samplers = \"dist\"\n[device]\noffload = \"sometimes\"\n"),
-        "3:11: `device.offload` = \"sometimes\" is out of range: expected \"auto\" (longest device-capable prefix), \"off\" (host only) or an integer N >= 0 (at most N active stages on the device)"
+        "3:11: `device.offload` = \"sometimes\" is out of range: expected \"auto\" (fastest where known: the longest device-capable prefix on a GPU, the host on a CPU device), \"off\" (host only), \"device\" (longest device-capable prefix on any device) or an integer N >= 0 (at most N active stages on the device)"
     );
     assert_eq!(
         msg("samplers = \"dist\"\n[device]\nkind = \"cdua\"\n"),
@@ -311,7 +311,7 @@ fn device_section() {
     );
     assert_eq!(
         msg("samplers = \"dist\"\n[device]\noffload = -2\n"),
-        "3:11: `device.offload` = -2 is out of range: expected \"auto\" (longest device-capable prefix), \"off\" (host only) or an integer N >= 0 (at most N active stages on the device)"
+        "3:11: `device.offload` = -2 is out of range: expected \"auto\" (fastest where known: the longest device-capable prefix on a GPU, the host on a CPU device), \"off\" (host only), \"device\" (longest device-capable prefix on any device) or an integer N >= 0 (at most N active stages on the device)"
     );
 }
 

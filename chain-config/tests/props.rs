@@ -122,6 +122,7 @@ fn device() -> impl Strategy<Value = DeviceConfig> {
         prop_oneof![
             Just(OffloadPolicy::Auto),
             Just(OffloadPolicy::Off),
+            Just(OffloadPolicy::Device),
             (0usize..20).prop_map(OffloadPolicy::Stages)
         ],
     )

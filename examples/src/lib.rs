@@ -1,9 +1,11 @@
 //! Host apps for sampler-chain: the llama2.c model on burn used by the
 //! `generate` command (`src/bin/generate.rs`), plus the `plan` and `sample`
 //! commands (`src/bin/plan.rs`, `src/bin/sample.rs`) and their shared pieces
-//! ([`sample_cli`]: config, device, and the `.npy` / `.safetensors` readers).
+//! ([`sample_cli`]: config, device, and the `.npy` / `.safetensors` readers;
+//! [`report`]: the JSON they print).
 
 pub mod llama2;
+pub mod report;
 pub mod sample_cli;
 
 /// The README's Rust snippets, compiled and run as doctests.

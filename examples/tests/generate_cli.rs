@@ -157,7 +157,7 @@ fn stats_show_token_ids_only_when_fully_offloaded() {
                 "--seed",
                 "7",
             ])
-            .args(["-n", "16", "--device", &device, "--offload", "auto"])
+            .args(["-n", "16", "--device", &device, "--offload", "device"])
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -167,7 +167,16 @@ fn stats_show_token_ids_only_when_fully_offloaded() {
         assert!(stderr.contains("= 4 bytes/row/step"), "{stderr}");
         assert!(stderr.contains("tokens/s"), "{stderr}");
 
-        let (v, _) = run_json(&["--seed", "7", "-n", "16", "--device", &device]);
+        let (v, _) = run_json(&[
+            "--seed",
+            "7",
+            "-n",
+            "16",
+            "--device",
+            &device,
+            "--offload",
+            "device",
+        ]);
         assert_eq!(v["plan"]["fully_offloaded"], true);
         assert_eq!(v["plan"]["bytes_per_row"], 4);
         let steps = v["stats"]["steps"].as_u64().unwrap();
@@ -242,4 +251,20 @@ fn n_is_clamped_to_the_context() {
     assert!(stderr.contains("does not fit the context"), "{stderr}");
     let total = v["prompt_tokens"].as_array().unwrap().len() + ids(&v).len();
     assert!(total <= 513, "{total}");
+}
+
+/// A run without `--seed` reports the seed it drew, and that seed replays it.
+#[test]
+fn json_reports_the_seed_actually_used() {
+    let (a, _) = run_json(&["-n", "24", "--temp", "1.0"]);
+    let seed = a["seed"]
+        .as_u64()
+        .expect("a drawn seed is reported, not null");
+    let (b, _) = run_json(&["-n", "24", "--temp", "1.0", "--seed", &seed.to_string()]);
+    assert_eq!(b["seed"].as_u64(), Some(seed));
+    assert_eq!(ids(&a), ids(&b), "the reported seed replays the run");
+    // The plan names fields as `plan --json` does.
+    assert_eq!(a["plan"]["offload"], "auto");
+    assert!(a["plan"]["skipped_stages"].is_array());
+    assert!(a["plan"]["readback"].is_string());
 }

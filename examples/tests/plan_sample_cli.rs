@@ -45,6 +45,8 @@ fn plan_prints_device_and_host_stages_and_bytes() {
             "examples/chains/llama_cpp_default.toml",
             "--device",
             "flex",
+            "--offload",
+            "device",
         ],
     );
     assert!(out.status.success());
@@ -54,6 +56,31 @@ fn plan_prints_device_and_host_stages_and_bytes() {
         "{text}"
     );
     assert!(text.contains("token ids = 4 bytes/row/step"), "{text}");
+
+    // `auto` on a CPU device: sampler-cpu over the rows, and the plan says why.
+    let out = run(
+        env!("CARGO_BIN_EXE_plan"),
+        &[
+            "--config",
+            "examples/chains/llama_cpp_default.toml",
+            "--device",
+            "flex",
+            "--json",
+        ],
+    );
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let plan = &v["plan"];
+    assert_eq!(plan["offload"], "auto", "{v}");
+    assert_eq!(plan["device"], "flex", "{v}");
+    assert_eq!(plan["host_reason"]["kind"], "cpu_device", "{v}");
+    assert_eq!(plan["readback"], "full_logits", "{v}");
+    assert_eq!(plan["bytes_per_row"], 4 * 32000, "{v}");
+    assert_eq!(
+        plan["skipped_stages"],
+        serde_json::json!(["penalties", "dry", "top_n_sigma", "typical", "xtc"]),
+        "{v}"
+    );
 }
 
 #[test]
@@ -70,24 +97,58 @@ fn sample_reports_a_nan_row_and_samples_the_other() {
             "--logits",
             path.to_str().unwrap(),
             "--json",
+            "--offload",
+            "device",
         ],
     );
-    assert!(out.status.success());
+    // Some row failed: exit status 2, the other row sampled.
+    assert_eq!(out.status.code(), Some(2));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
-    let tokens = &json["steps"][0]["tokens"];
+    let step = &json["steps"][0];
+    assert_eq!(step["tokens"], serde_json::json!([null, 0]), "{json}");
+    let err = &step["errors"][0];
+    assert_eq!(err["row"], 0, "{json}");
+    assert_eq!(err["kind"], "nan_logit", "{json}");
     assert!(
-        tokens[0]["error"]
+        err["message"]
             .as_str()
             .unwrap_or("")
             .contains("position 3 is NaN"),
         "{json}"
     );
-    assert_eq!(tokens[1], 0);
     assert_eq!(
-        json["steps"][0]["bytes_read"], 8,
+        step["bytes_read"], 8,
         "4 bytes per row for a fully offloaded chain"
     );
+    assert_eq!(json["plan"]["readback"], "token_ids", "{json}");
+    assert_eq!(json["plan"]["offload"], "device", "{json}");
+
+    // Every row fine: exit status 0; on flex under `auto` the rows are read.
+    let ok = write_npy(
+        "ok.npy",
+        &[vec![0.0, 1.0, 2.0, 0.5], vec![3.0, 1.0, 2.0, 0.0]],
+    );
+    let out = run(
+        env!("CARGO_BIN_EXE_sample"),
+        &[
+            "--config",
+            "examples/chains/greedy.toml",
+            "--logits",
+            ok.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(
+        json["steps"][0]["tokens"],
+        serde_json::json!([2, 0]),
+        "{json}"
+    );
+    assert_eq!(json["steps"][0]["errors"], serde_json::json!([]), "{json}");
+    assert_eq!(json["steps"][0]["bytes_read"], 2 * 4 * 4, "{json}");
     let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_file(ok);
 }
 
 #[test]
@@ -151,6 +212,8 @@ fn plan_huge_shapes_are_planned_or_refused_without_allocating() {
             "4294967296",
             "--batch",
             "2",
+            "--offload",
+            "device",
         ],
     );
     assert!(

@@ -763,7 +763,11 @@ fn run_executor_one(r: &mut ChaCha8Rng, device: &Device, report: &mut Report, in
                 .collect()
         })
         .collect();
-    let mut policies = vec![OffloadPolicy::Auto, OffloadPolicy::Off];
+    let mut policies = vec![
+        OffloadPolicy::Auto,
+        OffloadPolicy::Off,
+        OffloadPolicy::Device,
+    ];
     policies.push(OffloadPolicy::Stages(r.random_range(0..kinds.len() + 2)));
     let case = format!("rows {rows:?} logits {logits:?} prompts {prompts:?}");
     let outcome = guarded(|| {

@@ -75,7 +75,7 @@ fn bench(c: &mut Criterion) {
                 let Ok(b) = b.parse::<usize>() else { continue };
                 let logits = zipf_logits(b, v);
                 for (mode, policy) in [
-                    ("offloaded", OffloadPolicy::Auto),
+                    ("offloaded", OffloadPolicy::Device),
                     ("topk_prefix", OffloadPolicy::Stages(1)),
                     ("cpu_only", OffloadPolicy::Off),
                 ] {

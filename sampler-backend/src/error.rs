@@ -35,18 +35,6 @@ pub enum BackendError {
         /// The vocabulary size given.
         vocab: usize,
     },
-    /// The per-row chains differ in their stage kinds or order.
-    #[error(
-        "row {row} has stages [{found}] but row 0 has [{expected}]: every row needs the same stage kinds in the same order"
-    )]
-    ChainMismatch {
-        /// The offending row.
-        row: usize,
-        /// Row 0's chain string.
-        expected: String,
-        /// This row's chain string.
-        found: String,
-    },
     /// A stage parameter is invalid (from `ChainSpec::validate`).
     #[error("row {row}, stage {stage}: {source}")]
     Param {
@@ -66,18 +54,19 @@ pub enum BackendError {
         #[source]
         source: sampler_cpu::ChainBuildError,
     },
-    /// The logits tensor does not have the `[batch, vocab]` shape the executor was built for.
+    /// The logits tensor does not have the `[rows, vocab]` shape of the step
+    /// (one row per request stepped, the batch's vocabulary).
     #[error("logits have shape {found:?}, expected [batch = {batch}, vocab = {vocab}]")]
     Shape {
         /// Shape of the tensor given.
         found: Vec<usize>,
-        /// Rows the executor was built for.
+        /// Rows of the step.
         batch: usize,
-        /// Vocabulary the executor was built for.
+        /// Vocabulary of the batch.
         vocab: usize,
     },
-    /// The logits live on another device than the executor's.
-    #[error("logits are on {found}, but the executor was built for {expected}")]
+    /// The logits live on another device than the batch's.
+    #[error("logits are on {found}, but the batch was built for {expected}")]
     WrongDevice {
         /// Device of the tensor.
         found: String,
@@ -91,6 +80,40 @@ pub enum BackendError {
         row: usize,
         /// Rows in the batch.
         batch: usize,
+    },
+    /// A request's chain has a parameter out of range (from
+    /// `ChainSpec::validate`): which stage, which field, what range.
+    #[error("stage {stage}: {source}")]
+    InvalidRequest {
+        /// Stage index in the chain.
+        stage: usize,
+        /// The parameter error.
+        source: sampler_core::ParamError,
+    },
+    /// A request's CPU chain could not be built.
+    #[error("the CPU chain could not be built: {source}")]
+    RequestBuild {
+        /// The CPU builder's error: the stage index and its parameter error.
+        #[source]
+        source: sampler_cpu::ChainBuildError,
+    },
+    /// A request id that is not (or no longer) in the batch.
+    #[error("request {id} is not in the batch (never inserted, or removed)")]
+    UnknownRequest {
+        /// The id given.
+        id: u64,
+    },
+    /// A step names one request in two rows.
+    #[error(
+        "request {id} is in rows {first} and {second} of one step: a request samples once per step"
+    )]
+    DuplicateRow {
+        /// The request.
+        id: u64,
+        /// Its first row.
+        first: usize,
+        /// The repeated row.
+        second: usize,
     },
     /// Reading the step's results back from the device failed.
     #[error("device readback failed: {0}")]

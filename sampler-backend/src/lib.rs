@@ -38,6 +38,7 @@
 
 #![warn(missing_docs)]
 
+mod batch;
 mod device;
 mod error;
 mod executor;
@@ -46,6 +47,7 @@ pub mod readback;
 mod stage;
 pub mod stages;
 
+pub use batch::{BatchFilter, BatchStep, RequestId, SamplingBatch, is_cpu_device};
 pub use burn_tensor;
 pub use burn_tensor::{Device, Tensor, TensorData};
 pub use device::{compiled_devices, parse_device, resolve_device};

@@ -26,6 +26,15 @@ pub fn col_int(vals: &[i64], device: &Device) -> Tensor<2, Int> {
     Tensor::<2, Int>::from_data(TensorData::new(v, [vals.len(), 1]), device)
 }
 
+/// A `[N]` int vector (row or slot indices).
+pub fn vec_int(vals: &[i64], device: &Device) -> Tensor<1, Int> {
+    let v: Vec<i32> = vals
+        .iter()
+        .map(|&x| x.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
+        .collect();
+    Tensor::<1, Int>::from_data(TensorData::new(v, [vals.len()]), device)
+}
+
 /// A `[B, 1]` bool column.
 pub fn col_bool(vals: &[bool], device: &Device) -> Tensor<2, Bool> {
     Tensor::<2, Bool>::from_data(TensorData::new(vals.to_vec(), [vals.len(), 1]), device)

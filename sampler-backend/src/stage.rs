@@ -1,6 +1,7 @@
 //! The device hook trait (DESIGN.md contract 4) and the data a step passes
 //! from stage to stage.
 
+use burn_tensor::kind::Basic;
 use burn_tensor::{Bool, Device, Int, Tensor};
 use sampler_core::{DeviceRefusal, StageKind, StageSpec, TokenId};
 
@@ -53,6 +54,10 @@ pub struct StepData {
     /// Per-row invalid mask `[B, 1]` (NaN / `+inf` in the input row). Stages
     /// see sanitised logits (zeros) on invalid rows and need not look at it.
     pub invalid: Tensor<2, Bool>,
+    /// Step row -> slot `[B]`: the slot (row of the stage's own per-row
+    /// tensors, `[S, ..]`) of each step row; `None` when step row `r` is
+    /// slot `r`. Stages read per-row tensors through [`StepData::per_row`].
+    pub slots: Option<Tensor<1, Int>>,
     /// Rows `B`.
     pub batch: usize,
     /// Vocabulary `V`.
@@ -64,6 +69,24 @@ pub struct StepData {
 }
 
 impl StepData {
+    /// A stage's per-slot tensor `[S, M]` seen per step row `[B, M]`
+    /// (through [`StepData::slots`]).
+    pub fn per_row<K: Basic>(&self, t: &Tensor<2, K>) -> Tensor<2, K> {
+        match &self.slots {
+            Some(slots) => t.clone().select(0, slots.clone()),
+            None => t.clone(),
+        }
+    }
+
+    /// [`StepData::per_row`] for a bool tensor (gathered as ints: flex's
+    /// bool `select` returns another bool storage that its bool ops refuse).
+    pub fn per_row_bool(&self, t: &Tensor<2, Bool>) -> Tensor<2, Bool> {
+        match &self.slots {
+            Some(slots) => t.clone().int().select(0, slots.clone()).bool(),
+            None => t.clone(),
+        }
+    }
+
     /// Token ids `[B, N]` of the current positions for ordering and
     /// equality (`order_ids`, or `ids`, or `0..N`): padding positions rank
     /// last and match no real token. Gather and scatter with `ids` instead.
@@ -78,9 +101,11 @@ impl StepData {
 /// Device hooks of one stage, for the whole batch (DESIGN.md contract 4;
 /// llama.cpp's `backend_init / backend_set_input / backend_apply`).
 ///
-/// A stage is built from the per-row specs of its chain position (same kind,
-/// parameters may differ per row) and keeps per-row parameters as `[B, 1]`
-/// tensors, so a step is one batched pass whatever the parameters.
+/// A stage is built from the per-slot specs of its chain position (same
+/// kind, parameters may differ per slot) and keeps per-slot parameters as
+/// `[S, 1]` tensors, uploaded once in `init`; a step runs any subset of the
+/// slots in any order ([`StepData::slots`]), as one batched pass whatever
+/// the parameters. A slot is one request of a serving batch.
 pub trait DeviceStage: Send {
     /// Canonical stage name.
     fn name(&self) -> &'static str;
@@ -91,7 +116,8 @@ pub trait DeviceStage: Send {
     /// ([`DeviceRefusal`]); the planner then keeps this stage and everything
     /// after it on the host and `plan` shows the reason.
     fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal>;
-    /// Upload per-step host data (uniforms, history deltas) before `apply`.
+    /// Upload per-step host data (uniforms, history deltas) before `apply`;
+    /// `rows` are the step's rows, in step order.
     fn set_input(&mut self, _rows: &[RowState]) {}
     /// Append this stage's tensor ops to the step.
     fn apply(&self, data: &mut StepData);
@@ -99,10 +125,15 @@ pub trait DeviceStage: Send {
     fn out_width(&self, width: usize) -> usize {
         width
     }
-    /// Record the tokens selected this step (`None` for rows that failed).
+    /// Record the tokens selected this step, per slot (`None` for slots
+    /// that failed or did not run this step).
     fn accept(&mut self, _tokens: &[Option<TokenId>]) {}
-    /// Record prompt tokens of one row.
-    fn accept_prompt(&mut self, _row: usize, _tokens: &[TokenId]) {}
+    /// Record prompt tokens of one slot.
+    fn accept_prompt(&mut self, _slot: usize, _tokens: &[TokenId]) {}
+    /// Give one slot the history of a request that already ran: its prompt
+    /// and the tokens it generated, in order (called before `init`, when a
+    /// serving batch rebuilds a group). Only history-based stages care.
+    fn restore(&mut self, _slot: usize, _prompt: &[TokenId], _outputs: &[TokenId]) {}
     /// Forget history.
     fn reset(&mut self) {}
 }

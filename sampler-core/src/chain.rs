@@ -50,6 +50,15 @@ impl Chain {
     pub fn step(&self) -> u64 {
         self.step
     }
+    /// Set the step counter (a serving batch carrying a request's state into
+    /// a rebuilt chain).
+    pub fn set_step(&mut self, step: u64) {
+        self.step = step;
+    }
+    /// The stages, mutable (to carry a stage's state into another chain).
+    pub fn stages_mut(&mut self) -> &mut [Box<dyn Sampler>] {
+        &mut self.stages
+    }
     /// Number of stages, no-op ones included.
     pub fn len(&self) -> usize {
         self.stages.len()

@@ -101,3 +101,27 @@ pub enum SampleError {
     #[error("device error: {0}")]
     Device(String),
 }
+
+impl SampleError {
+    /// The error's kind as one snake_case word, for scripts (the JSON
+    /// output of the example commands): `empty_row`, `nan_logit`,
+    /// `pos_inf_logit`, `all_masked`, `no_selecting_stage`, `shape`,
+    /// `shape_overflow`, `chain_count`, `token_out_of_range`,
+    /// `duplicate_token`, `param`, `device`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SampleError::EmptyRow => "empty_row",
+            SampleError::NanLogit { .. } => "nan_logit",
+            SampleError::PosInfLogit { .. } => "pos_inf_logit",
+            SampleError::AllMasked => "all_masked",
+            SampleError::NoSelectingStage => "no_selecting_stage",
+            SampleError::Shape { .. } => "shape",
+            SampleError::ShapeOverflow { .. } => "shape_overflow",
+            SampleError::ChainCount { .. } => "chain_count",
+            SampleError::TokenOutOfRange { .. } => "token_out_of_range",
+            SampleError::DuplicateToken { .. } => "duplicate_token",
+            SampleError::Param(_) => "param",
+            SampleError::Device(_) => "device",
+        }
+    }
+}

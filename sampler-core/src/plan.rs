@@ -55,6 +55,26 @@ pub enum HostReason {
     Refused(DeviceRefusal),
     /// A selecting stage with active stages after it.
     SelectsBeforeEnd,
+    /// The logits live on a CPU device (`flex`, `ndarray`) and the policy is
+    /// `auto`: sampler-cpu's kernels over the rows beat burn's generic ops
+    /// there, so the whole chain runs on the host.
+    CpuDevice,
+}
+
+impl HostReason {
+    /// The reason as one snake_case word, for scripts: `policy`,
+    /// `custom_stage`, `no_device_recipe`, `refused`, `selects_before_end`,
+    /// `cpu_device`.
+    pub fn word(&self) -> &'static str {
+        match self {
+            HostReason::Policy => "policy",
+            HostReason::CustomStage => "custom_stage",
+            HostReason::NoDeviceRecipe => "no_device_recipe",
+            HostReason::Refused(_) => "refused",
+            HostReason::SelectsBeforeEnd => "selects_before_end",
+            HostReason::CpuDevice => "cpu_device",
+        }
+    }
 }
 
 impl fmt::Display for HostReason {
@@ -67,24 +87,61 @@ impl fmt::Display for HostReason {
             HostReason::SelectsBeforeEnd => {
                 write!(f, "it selects a token but active stages follow it")
             }
+            HostReason::CpuDevice => write!(
+                f,
+                "the logits are on a CPU device: sampler-cpu's kernels over the rows are faster than burn ops there (offload \"device\" offloads anyway)"
+            ),
         }
     }
 }
 
-/// How much of a chain may run on the device.
+/// How much of a chain may run on the device. Spelled as in the config's
+/// `device.offload` and `--offload`: `auto`, `off`, `device`, or a number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OffloadPolicy {
-    /// The longest device-capable prefix.
+    /// What is fastest where it can be known: the longest device-capable
+    /// prefix on a GPU; nothing offloaded when the logits are on a CPU
+    /// device (`flex`, `ndarray`), where sampler-cpu's kernels over the rows
+    /// beat burn's generic ops ([`HostReason::CpuDevice`]).
     #[default]
     Auto,
     /// Everything on the host.
     Off,
-    /// At most this many active (non-no-op) stages on the device.
+    /// The longest device-capable prefix, on any device (a CPU device too).
+    Device,
+    /// At most this many active (non-no-op) stages on the device, on any device.
     Stages(usize),
 }
 
+impl fmt::Display for OffloadPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OffloadPolicy::Auto => write!(f, "auto"),
+            OffloadPolicy::Off => write!(f, "off"),
+            OffloadPolicy::Device => write!(f, "device"),
+            OffloadPolicy::Stages(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for OffloadPolicy {
+    type Err = String;
+    /// `auto`, `off`, `device` or a stage count (case-insensitive, spaces
+    /// around ignored).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(OffloadPolicy::Auto),
+            "off" => Ok(OffloadPolicy::Off),
+            "device" => Ok(OffloadPolicy::Device),
+            n => n.parse().map(OffloadPolicy::Stages).map_err(|_| {
+                format!("`{s}`: expected auto, off, device or a number of stages (0, 1, 2, ...)")
+            }),
+        }
+    }
+}
+
 /// What crosses from the device to the host after the device prefix, per row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Readback {
     /// The whole chain ran on the device: one `u32` token id (4 bytes).
     TokenIds,
@@ -101,6 +158,23 @@ pub enum Readback {
 }
 
 impl Readback {
+    /// The format as one snake_case word, for scripts: `token_ids`,
+    /// `candidates`, `full_logits`.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Readback::TokenIds => "token_ids",
+            Readback::Candidates { .. } => "candidates",
+            Readback::FullLogits { .. } => "full_logits",
+        }
+    }
+    /// Values per row: 1 token id, `k` candidates, or `vocab` logits.
+    pub fn per_row(&self) -> usize {
+        match *self {
+            Readback::TokenIds => 1,
+            Readback::Candidates { k } => k,
+            Readback::FullLogits { vocab } => vocab,
+        }
+    }
     /// Bytes read back per row per step.
     pub fn bytes_per_row(&self) -> usize {
         match *self {
@@ -202,7 +276,7 @@ pub struct PlanStage {
 /// no active stage follows it. [`OffloadPolicy::Stages`] caps the prefix.
 pub fn plan(stages: &[PlanStage], vocab: usize, policy: OffloadPolicy) -> Plan {
     let cap = match policy {
-        OffloadPolicy::Auto => usize::MAX,
+        OffloadPolicy::Auto | OffloadPolicy::Device => usize::MAX,
         OffloadPolicy::Off => 0,
         OffloadPolicy::Stages(n) => n,
     };

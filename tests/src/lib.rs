@@ -45,7 +45,19 @@ pub fn llama_cpp_cases() -> serde_json::Value {
 /// a float sum in another order can cross a boundary that lies within
 /// rounding. `None` when the row is not near any boundary.
 pub fn boundary_reason(spec: &ChainSpec, row: &[f32], prompt: &[TokenId]) -> Option<String> {
+    boundary_reason_after(spec, row, prompt, &[])
+}
+
+/// [`boundary_reason`] for a request that already generated `outputs` (its
+/// step is `outputs.len()`, its history-based stages have seen them).
+pub fn boundary_reason_after(
+    spec: &ChainSpec,
+    row: &[f32],
+    prompt: &[TokenId],
+    outputs: &[TokenId],
+) -> Option<String> {
     const TOL: f64 = 1e-4;
+    let step = outputs.len() as u64;
     for (i, st) in spec.stages.iter().enumerate() {
         if st.is_noop() {
             continue;
@@ -53,6 +65,9 @@ pub fn boundary_reason(spec: &ChainSpec, row: &[f32], prompt: &[TokenId]) -> Opt
         let prefix = ChainSpec::new(spec.stages[..i].to_vec(), spec.seed);
         let mut chain = sampler_cpu::build_chain(&prefix).ok()?;
         chain.accept_prompt(prompt);
+        for &t in outputs {
+            chain.commit(t);
+        }
         let mut c = Candidates::from_logits(row);
         if chain.apply(&mut c).is_err() {
             return None;
@@ -101,7 +116,7 @@ pub fn boundary_reason(spec: &ChainSpec, row: &[f32], prompt: &[TokenId]) -> Opt
                 }
             }
             StageSpec::Dist => {
-                let u = rng::uniform(spec.seed?, 0, rng::lane(i, 0));
+                let u = rng::uniform(spec.seed?, step, rng::lane(i, 0));
                 let target = u * s;
                 let mut order: Vec<usize> = (0..ids.len()).collect();
                 order.sort_by_key(|&j| ids[j]);

@@ -31,7 +31,7 @@ fn dev1(d: &Device, stages: Vec<S>, logits: &[f32]) -> Result<TokenId, SampleErr
         logits,
         logits.len(),
         d,
-        OffloadPolicy::Auto,
+        OffloadPolicy::Device,
         &[vec![]],
     );
     assert!(
@@ -45,7 +45,7 @@ fn dev1(d: &Device, stages: Vec<S>, logits: &[f32]) -> Result<TokenId, SampleErr
 /// The surviving (finite) token ids of one row after a filter-only chain run on the device.
 fn survivors(d: &Device, stages: Vec<S>, logits: &[f32]) -> Vec<TokenId> {
     let c = chain(stages, 1);
-    let mut ex = Executor::new(vec![c], logits.len(), d, OffloadPolicy::Auto).unwrap();
+    let mut ex = Executor::new(vec![c], logits.len(), d, OffloadPolicy::Device).unwrap();
     assert!(
         ex.plan().host.is_empty(),
         "not fully offloaded: {}",
@@ -137,7 +137,7 @@ fn bug12_top_k_then_dist_sequence_matches_cpu(d: &Device, _: &str) {
     let logits: Vec<f32> = (1..=16).map(|i| (i as f32).ln()).collect();
     let spec = chain(vec![S::TopK { k: 4 }, S::Dist], 42);
     for policy in [
-        OffloadPolicy::Auto,
+        OffloadPolicy::Device,
         OffloadPolicy::Stages(1),
         OffloadPolicy::Off,
     ] {
@@ -161,11 +161,18 @@ fn bug13_greedy_rows_in_mixed_batch_are_nan_free(d: &Device, _: &str) {
         chain(vec![temp(0.7), S::Dist], 2),
     ];
     let logits = [1.0, f32::NEG_INFINITY, 1.0, f32::NEG_INFINITY];
-    let (out, _) = device_step(&rows, &logits, 2, d, OffloadPolicy::Auto, &[vec![], vec![]]);
+    let (out, _) = device_step(
+        &rows,
+        &logits,
+        2,
+        d,
+        OffloadPolicy::Device,
+        &[vec![], vec![]],
+    );
     assert_eq!(out.tokens, vec![Ok(0), Ok(0)]);
     // The filtered logits stay finite / -inf (never NaN).
     let rows = vec![chain(vec![temp(0.0)], 1), chain(vec![temp(0.7)], 2)];
-    let mut ex = Executor::new(rows, 2, d, OffloadPolicy::Auto).unwrap();
+    let mut ex = Executor::new(rows, 2, d, OffloadPolicy::Device).unwrap();
     let f = ex.filter(device_support::upload(&logits, 2, 2, d)).unwrap();
     for r in f.rows {
         let r = r.unwrap();
@@ -179,7 +186,7 @@ fn bug14_seeded_row_is_independent_of_batch(d: &Device, _: &str) {
     let a = chain(vec![temp(0.8), S::Dist], 42);
     let b = ChainSpec::new(vec![temp(0.8), S::Dist], None);
     let alone = {
-        let mut ex = Executor::new(vec![a.clone()], v, d, OffloadPolicy::Auto).unwrap();
+        let mut ex = Executor::new(vec![a.clone()], v, d, OffloadPolicy::Device).unwrap();
         (0..4)
             .map(|_| {
                 ex.step(device_support::upload(&logits, 1, v, d))
@@ -191,7 +198,7 @@ fn bug14_seeded_row_is_independent_of_batch(d: &Device, _: &str) {
     };
     for order in [vec![a.clone(), b.clone()], vec![b.clone(), a.clone()]] {
         let pos = order.iter().position(|c| c.seed == Some(42)).unwrap();
-        let mut ex = Executor::new(order, v, d, OffloadPolicy::Auto).unwrap();
+        let mut ex = Executor::new(order, v, d, OffloadPolicy::Device).unwrap();
         let two: Vec<f32> = logits.iter().chain(&logits).copied().collect();
         let got: Vec<_> = (0..4)
             .map(|_| {
@@ -236,7 +243,14 @@ fn bug15_nan_row_reports_error_other_rows_sampled(d: &Device, _: &str) {
         ],
     ] {
         let rows = vec![chain(stages.clone(), 1), chain(stages.clone(), 2)];
-        let (out, _) = device_step(&rows, &logits, 4, d, OffloadPolicy::Auto, &[vec![], vec![]]);
+        let (out, _) = device_step(
+            &rows,
+            &logits,
+            4,
+            d,
+            OffloadPolicy::Device,
+            &[vec![], vec![]],
+        );
         assert_eq!(
             out.tokens[0],
             Err(SampleError::NanLogit { index: 0 }),
@@ -249,7 +263,14 @@ fn bug15_nan_row_reports_error_other_rows_sampled(d: &Device, _: &str) {
     // +inf and a NaN later in the row: the first offending position, as on the CPU.
     let logits = [0.0, f32::INFINITY, f32::NAN, 0.0, 0.0, 1.0, 0.0, 0.0];
     let rows = vec![chain(vec![S::Greedy], 1), chain(vec![S::Greedy], 1)];
-    let (out, _) = device_step(&rows, &logits, 4, d, OffloadPolicy::Auto, &[vec![], vec![]]);
+    let (out, _) = device_step(
+        &rows,
+        &logits,
+        4,
+        d,
+        OffloadPolicy::Device,
+        &[vec![], vec![]],
+    );
     assert_eq!(out.tokens[0], Err(SampleError::PosInfLogit { index: 1 }));
     assert_eq!(out.tokens[1], Ok(1));
 }
@@ -296,7 +317,7 @@ fn bug17_per_row_parameters_in_one_pass(d: &Device, _: &str) {
         })
         .collect();
     let prompts = vec![vec![]; b];
-    let (out, ex) = device_step(&rows, &logits, v, d, OffloadPolicy::Auto, &prompts);
+    let (out, ex) = device_step(&rows, &logits, v, d, OffloadPolicy::Device, &prompts);
     assert!(ex.plan().fully_offloaded());
     assert_eq!(out.bytes_read, 4 * b);
     assert_eq!(out.tokens, cpu_step(&rows, &logits, v, &prompts));
@@ -346,7 +367,7 @@ fn bytes_fully_offloaded_is_4_per_row(d: &Device, _: &str) {
         ],
     ] {
         let rows: Vec<_> = (0..b).map(|r| chain(stages.clone(), r as u64)).collect();
-        let (out, ex) = device_step(&rows, &logits, v, d, OffloadPolicy::Auto, &prompts);
+        let (out, ex) = device_step(&rows, &logits, v, d, OffloadPolicy::Device, &prompts);
         assert!(ex.plan().fully_offloaded(), "{}", ex.plan());
         assert_eq!(out.bytes_read, 4 * b, "{stages:?}");
         assert_eq!(
@@ -371,7 +392,7 @@ fn bytes_top_k_prefix_at_most_8k_per_row(d: &Device, _: &str) {
     ];
     let rows: Vec<_> = (0..b).map(|r| chain(stages.clone(), r as u64)).collect();
     let prompts = vec![vec![]; b];
-    let (out, ex) = device_step(&rows, &logits, v, d, OffloadPolicy::Auto, &prompts);
+    let (out, ex) = device_step(&rows, &logits, v, d, OffloadPolicy::Device, &prompts);
     assert_eq!(ex.plan().device, vec![0]);
     assert!(out.bytes_read <= 8 * 40 * b, "{} bytes", out.bytes_read);
     assert_eq!(out.bytes_read, ex.plan().bytes_per_row() * b);
@@ -392,7 +413,7 @@ fn bytes_top_k_prefix_at_most_8k_per_row(d: &Device, _: &str) {
             )
         })
         .collect();
-    let (out, _) = device_step(&rows, &logits, v, d, OffloadPolicy::Auto, &prompts);
+    let (out, _) = device_step(&rows, &logits, v, d, OffloadPolicy::Device, &prompts);
     assert_eq!(out.bytes_read, 4 * v * b);
     assert_eq!(out.tokens, cpu_step(&rows, &logits, v, &prompts));
 }
@@ -414,7 +435,7 @@ fn all_masked_row_is_an_error(d: &Device, _: &str) {
 }
 
 fn wrong_shape_is_an_error(d: &Device, _: &str) {
-    let mut ex = Executor::new(vec![chain(vec![S::Dist], 1)], 4, d, OffloadPolicy::Auto).unwrap();
+    let mut ex = Executor::new(vec![chain(vec![S::Dist], 1)], 4, d, OffloadPolicy::Device).unwrap();
     let e = ex
         .step(device_support::upload(&[0.0; 6], 2, 3, d))
         .unwrap_err();
@@ -422,10 +443,22 @@ fn wrong_shape_is_an_error(d: &Device, _: &str) {
         matches!(e, sampler_backend::BackendError::Shape { .. }),
         "{e}"
     );
-    assert!(Executor::new(vec![], 4, d, OffloadPolicy::Auto).is_err());
-    assert!(Executor::new(vec![chain(vec![S::Dist], 1)], 0, d, OffloadPolicy::Auto).is_err());
-    let mismatch = vec![chain(vec![S::Dist], 1), chain(vec![S::Greedy], 1)];
-    assert!(Executor::new(mismatch, 4, d, OffloadPolicy::Auto).is_err());
+    assert!(Executor::new(vec![], 4, d, OffloadPolicy::Device).is_err());
+    assert!(Executor::new(vec![chain(vec![S::Dist], 1)], 0, d, OffloadPolicy::Device).is_err());
+    // Rows with different chains share one executor (each planned alone).
+    let mixed = vec![chain(vec![S::Dist], 1), chain(vec![S::Greedy], 1)];
+    let mut ex = Executor::new(mixed, 4, d, OffloadPolicy::Device).unwrap();
+    let out = ex
+        .step(device_support::upload(
+            &[0.0, 0.0, 5.0, 0.0, 0.0, 3.0, 0.0, 0.0],
+            2,
+            4,
+            d,
+        ))
+        .unwrap();
+    assert!(matches!(out.tokens[0], Ok(t) if t < 4));
+    assert_eq!(out.tokens[1], Ok(1));
+    assert_eq!(out.bytes_read, 8, "token ids only, 4 bytes per row");
 }
 
 fn no_selecting_stage_is_a_row_error(d: &Device, _: &str) {
@@ -443,7 +476,7 @@ fn no_selecting_stage_is_a_row_error(d: &Device, _: &str) {
         &ln(&P4),
         4,
         d,
-        OffloadPolicy::Auto,
+        OffloadPolicy::Device,
         &[vec![]],
     );
     assert_eq!(out.tokens[0], Err(SampleError::NoSelectingStage));
@@ -467,7 +500,7 @@ fn penalties_counts_follow_the_window(d: &Device, _: &str) {
         vec![S::TopK { k: 6 }, pen(64, 1.0, 3.0, 1.0), S::Dist],
     ] {
         let spec = chain(stages.clone(), 9);
-        let mut ex = Executor::new(vec![spec.clone()], v, d, OffloadPolicy::Auto).unwrap();
+        let mut ex = Executor::new(vec![spec.clone()], v, d, OffloadPolicy::Device).unwrap();
         let mut cpu = sampler_cpu::build_chain(&spec).unwrap();
         ex.accept_prompt(0, &[5, 6]).expect("row 0");
         ex.accept_prompt(0, &[7, 5]).expect("row 0");

@@ -158,7 +158,7 @@ fn case(few_shapes: bool) -> BoxedStrategy<Case> {
 fn check(d: &Device, name: &str, c: &Case) -> Result<(), String> {
     let want = cpu_step(&c.rows, &c.logits, c.vocab, &c.prompts);
     let n_stages = c.rows[0].stages.len();
-    let mut policies = vec![OffloadPolicy::Auto, OffloadPolicy::Off];
+    let mut policies = vec![OffloadPolicy::Device, OffloadPolicy::Off];
     policies.extend((0..n_stages).map(OffloadPolicy::Stages));
     for policy in policies {
         let (out, ex) = device_step(&c.rows, &c.logits, c.vocab, d, policy, &c.prompts);

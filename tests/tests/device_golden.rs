@@ -75,7 +75,7 @@ fn run_filter(
 ) -> (Executor, Candidates) {
     let v = logits.len();
     let spec = ChainSpec::new(stages, Some(0));
-    let mut ex = Executor::new(vec![spec], v, d, OffloadPolicy::Auto).expect("executor");
+    let mut ex = Executor::new(vec![spec], v, d, OffloadPolicy::Device).expect("executor");
     ex.accept_prompt(0, history).expect("row 0 exists");
     let out = ex
         .filter(device_support::upload(logits, 1, v, d))

@@ -49,7 +49,7 @@ fn same_tokens_as_cpu(device: &Device, name: &str, stages: Vec<StageSpec>, expec
         .collect();
     let prompts = vec![Vec::new(); B];
     let cpu = cpu_step(&rows, &logits, V, &prompts);
-    let (out, _) = device_step(&rows, &logits, V, device, OffloadPolicy::Auto, &prompts);
+    let (out, _) = device_step(&rows, &logits, V, device, OffloadPolicy::Device, &prompts);
     assert_eq!(
         out.tokens, cpu,
         "{name}: device tokens differ from the CPU reference at V = {V}"

@@ -126,7 +126,7 @@ fn hand_computed_cases(d: &Device, dev: &str) {
     for (name, stage, logits, want) in cases() {
         let v = logits.len();
         let spec = ChainSpec::new(vec![stage.clone()], Some(1));
-        let mut ex = Executor::new(vec![spec], v, d, OffloadPolicy::Auto).expect("executor");
+        let mut ex = Executor::new(vec![spec], v, d, OffloadPolicy::Device).expect("executor");
         let offloaded: &[usize] = if stage.is_noop() { &[] } else { &[0] };
         assert_eq!(ex.plan().device, offloaded, "{dev} {name}: offloaded");
         let out = ex.filter(upload(&logits, 1, v, d)).expect("filter");
@@ -172,7 +172,7 @@ fn same_tokens_as_the_cpu(d: &Device, dev: &str) {
                 row,
                 v,
                 d,
-                OffloadPolicy::Auto,
+                OffloadPolicy::Device,
                 &[vec![]],
             );
             assert_eq!(out.tokens[0], cpu[0], "{dev} seed {seed} row {r}");

@@ -50,7 +50,7 @@ fn top_k_after_greedy_temperature_keeps_rows_apart(d: &Device, dev: &str) {
     let logits = [5.0, -3.0, 3.0, -10.0, 9.0, -9.0, 3.0, -7.0, 0.0, 4.0];
     let cpu = cpu_step(&rows, &logits, 5, &[vec![], vec![]]);
     for policy in [
-        OffloadPolicy::Auto,
+        OffloadPolicy::Device,
         OffloadPolicy::Stages(1),
         OffloadPolicy::Stages(2),
     ] {
@@ -68,7 +68,7 @@ fn top_k_after_greedy_temperature_keeps_rows_apart(d: &Device, dev: &str) {
             Some(2),
         ),
     ];
-    let mut ex = sampler_backend::Executor::new(filters, 5, d, OffloadPolicy::Auto).unwrap();
+    let mut ex = sampler_backend::Executor::new(filters, 5, d, OffloadPolicy::Device).unwrap();
     let out = ex
         .filter(device_support::upload(&logits, 2, 5, d))
         .expect("filter");
@@ -123,7 +123,7 @@ fn stages_after_the_selecting_stage_are_ignored(d: &Device, dev: &str) {
         let plain = cpu_step(&[ChainSpec::new(cut, Some(7))], &logits, v, &[vec![]]);
         assert_eq!(cpu, plain, "{stages:?}");
         for policy in [
-            OffloadPolicy::Auto,
+            OffloadPolicy::Device,
             OffloadPolicy::Off,
             OffloadPolicy::Stages(1),
         ] {
@@ -150,7 +150,7 @@ fn overflowing_dynamic_temperature_falls_back_to_t(d: &Device, dev: &str) {
         let rows = vec![ChainSpec::new(stages.clone(), Some(seed))];
         let cpu = cpu_step(&rows, &logits, 5, &[vec![]]);
         assert!(cpu[0].is_ok(), "cpu: {:?}", cpu[0]);
-        let (out, _) = device_step(&rows, &logits, 5, d, OffloadPolicy::Auto, &[vec![]]);
+        let (out, _) = device_step(&rows, &logits, 5, d, OffloadPolicy::Device, &[vec![]]);
         assert_eq!(out.tokens, cpu, "{dev} seed {seed}");
     }
 }
@@ -195,7 +195,7 @@ fn min_keep_never_keeps_banned_candidates(d: &Device, dev: &str) {
             for seed in 0..6 {
                 let rows = vec![ChainSpec::new(stages.clone(), Some(seed))];
                 let cpu = cpu_step(&rows, &logits, 5, &[vec![]]);
-                for policy in [OffloadPolicy::Auto, OffloadPolicy::Off] {
+                for policy in [OffloadPolicy::Device, OffloadPolicy::Off] {
                     let (out, _) = device_step(&rows, &logits, 5, d, policy, &[vec![]]);
                     assert_eq!(out.tokens, cpu, "{dev} {policy:?} {stages:?} seed {seed}");
                 }
@@ -247,12 +247,12 @@ fn selecting_stage_before_the_last_matches_the_cpu(d: &Device, dev: &str) {
     let both_prompts = [prompts[0].clone(), prompts[0].clone()];
     let cpu_both = cpu_step(&both, &both_logits, 5, &both_prompts);
     assert_eq!(cpu_both[0], cpu[0]);
-    for policy in [OffloadPolicy::Auto, OffloadPolicy::Stages(4)] {
+    for policy in [OffloadPolicy::Device, OffloadPolicy::Stages(4)] {
         let (out, _) = device_step(&both, &both_logits, 5, d, policy, &both_prompts);
         assert_eq!(out.tokens, cpu_both, "{dev} {policy:?} (two rows)");
     }
     for policy in [
-        OffloadPolicy::Auto,
+        OffloadPolicy::Device,
         OffloadPolicy::Off,
         OffloadPolicy::Stages(4),
     ] {
@@ -274,7 +274,7 @@ fn competing_errors_have_one_priority(d: &Device, dev: &str) {
         .apply(&mut sampler_core::Candidates::from_logits(&logits))
         .unwrap_err();
     assert_eq!(cpu, sampler_core::SampleError::NanLogit { index: 1 });
-    for policy in [OffloadPolicy::Auto, OffloadPolicy::Off] {
+    for policy in [OffloadPolicy::Device, OffloadPolicy::Off] {
         let mut ex = sampler_backend::Executor::new(vec![spec.clone()], 4, d, policy).unwrap();
         let out = ex
             .filter(device_support::upload(&logits, 1, 4, d))
@@ -296,7 +296,7 @@ fn competing_errors_have_one_priority(d: &Device, dev: &str) {
     let mut reference = sampler_cpu::build_chain(&rows[0]).unwrap();
     let slow = reference.sample(&mut sampler_core::Candidates::from_logits(&logits));
     assert_eq!(cpu[0], slow, "fast path and reference");
-    for policy in [OffloadPolicy::Auto, OffloadPolicy::Off] {
+    for policy in [OffloadPolicy::Device, OffloadPolicy::Off] {
         let (out, _) = device_step(&rows, &logits, 4, d, policy, &[vec![]]);
         assert_eq!(out.tokens, cpu, "{dev} {policy:?}");
     }
@@ -373,7 +373,7 @@ fn bans_after_a_masking_stage_stay_candidates(d: &Device, dev: &str) {
         for seed in [17650170025983401538u64, 9664937335416166648, 3] {
             let rows = vec![ChainSpec::new(stages.clone(), Some(seed))];
             let cpu = cpu_step(&rows, &logits, v, &[vec![0]]);
-            for policy in [OffloadPolicy::Auto, OffloadPolicy::Stages(2)] {
+            for policy in [OffloadPolicy::Device, OffloadPolicy::Stages(2)] {
                 let (out, ex) = device_step(&rows, &logits, v, d, policy, &[vec![0]]);
                 assert_eq!(
                     out.tokens,
@@ -381,7 +381,7 @@ fn bans_after_a_masking_stage_stay_candidates(d: &Device, dev: &str) {
                     "{dev} {policy:?} {stages:?}\n{}",
                     ex.plan()
                 );
-                if policy == OffloadPolicy::Auto {
+                if policy == OffloadPolicy::Device {
                     assert_eq!(
                         ex.plan().host_reason,
                         Some(sampler_core::HostReason::Refused(
@@ -414,7 +414,7 @@ fn top_p_at_exact_ties_matches_the_cpu(d: &Device, dev: &str) {
                 Some(seed),
             )];
             let cpu = cpu_step(&rows, &logits, vocab, &[vec![]]);
-            let (out, _) = device_step(&rows, &logits, vocab, d, OffloadPolicy::Auto, &[vec![]]);
+            let (out, _) = device_step(&rows, &logits, vocab, d, OffloadPolicy::Device, &[vec![]]);
             assert_eq!(out.tokens, cpu, "{dev} vocab {vocab} seed {seed}");
         }
     }

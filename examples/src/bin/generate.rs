@@ -1,5 +1,5 @@
 //! `generate`: text generation with a llama2.c checkpoint on burn, sampled on
-//! the same device by a sampler-chain executor.
+//! the same device by a sampler-chain serving batch (one request).
 //!
 //! ```text
 //! cargo run --release -p sampler-examples --bin generate -- \
@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use chain_config::{ChainConfig, ConfigError, DeviceConfig, LoadOptions};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use sampler_backend::{BackendError, Executor};
+use sampler_backend::{BackendError, SamplingBatch};
 use sampler_core::{
     ChainSpec, HistoryScope, OffloadPolicy, ParamKind, ParamValue, Plan, StageKind,
 };
@@ -158,15 +158,8 @@ enum AppError {
 }
 
 fn parse_offload(s: &str) -> Result<OffloadPolicy, AppError> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "auto" => Ok(OffloadPolicy::Auto),
-        "off" | "none" => Ok(OffloadPolicy::Off),
-        n => n.parse().map(OffloadPolicy::Stages).map_err(|_| {
-            AppError::Usage(format!(
-                "--offload {s:?}: expected auto, off or a number of stages (0, 1, 2, ...)"
-            ))
-        }),
-    }
+    s.parse()
+        .map_err(|e| AppError::Usage(format!("--offload {e}")))
 }
 
 /// Parse one `--param STAGE.PARAM=VALUE` by the stage registry: the stage
@@ -339,20 +332,6 @@ fn device_of(cfg: &DeviceConfig) -> Result<(burn_tensor::Device, OffloadPolicy),
     Ok(sampler_backend::resolve_device(&cfg.device, cfg.offload)?)
 }
 
-fn plan_json(plan: &Plan) -> serde_json::Value {
-    let names =
-        |ix: &[usize]| -> Vec<&str> { ix.iter().map(|&i| plan.names[i].as_str()).collect() };
-    json!({
-        "device_stages": names(&plan.device),
-        "host_stages": names(&plan.host),
-        "skipped_stages": names(&plan.skipped),
-        "readback": plan.readback.to_string(),
-        "bytes_per_row": plan.bytes_per_row(),
-        "fully_offloaded": plan.fully_offloaded(),
-        "host_reason": plan.host_reason.as_ref().map(|r| r.to_string()),
-    })
-}
-
 fn run(a: Args) -> Result<(), AppError> {
     if a.n == 0 {
         return Err(AppError::Usage(
@@ -388,7 +367,11 @@ fn run(a: Args) -> Result<(), AppError> {
         a.n
     };
 
-    let mut executor = Executor::new(vec![cfg.chain.clone()], c.vocab_size, &device, policy)?;
+    let mut batch = SamplingBatch::new(c.vocab_size, &device, policy)?;
+    let id = batch.insert(cfg.chain.clone(), &[])?;
+    // The seed actually used (drawn from the OS when none was given), so a
+    // run can be replayed from its own output.
+    let seed = batch.spec(id).and_then(|s| s.seed);
 
     let stdout = std::io::stdout();
     let to_terminal = stdout.is_terminal();
@@ -416,7 +399,8 @@ fn run(a: Args) -> Result<(), AppError> {
     let generation: Generation = generate(
         &model,
         &tokenizer,
-        &mut executor,
+        &mut batch,
+        id,
         &prompt_tokens,
         n,
         |_, bytes| {
@@ -438,7 +422,7 @@ fn run(a: Args) -> Result<(), AppError> {
         return Err(e.into());
     }
 
-    let plan = executor.plan();
+    let plan = batch.plan(id).expect("the request is live");
     let mut all = generation.prompt_tokens.clone();
     all.extend(&generation.tokens);
     let text = tokenizer.decode(&all);
@@ -454,14 +438,14 @@ fn run(a: Args) -> Result<(), AppError> {
             "tokenizer": files.tokenizer.display().to_string(),
             "device": device_name,
             "chain": cfg.chain.chain_string(),
-            "seed": cfg.chain.seed,
+            "seed": seed,
             "prompt": a.prompt,
             "prompt_tokens": generation.prompt_tokens,
             "tokens": generation.tokens,
             "text": text,
             "generated_text": generated_text,
             "stop_reason": generation.stop.as_str(),
-            "plan": plan_json(plan),
+            "plan": sampler_examples::report::plan_json(plan, &device_name, policy),
             "stats": {
                 "steps": generation.steps,
                 "bytes_read": generation.bytes_read,
@@ -479,7 +463,7 @@ fn run(a: Args) -> Result<(), AppError> {
     out.flush()?;
 
     if a.stats {
-        print_stats(&files.checkpoint, &c, &device_name, plan, &generation);
+        print_stats(&files.checkpoint, &c, &device_name, plan, seed, &generation);
     }
     Ok(())
 }
@@ -489,6 +473,7 @@ fn print_stats(
     c: &sampler_examples::llama2::Config,
     device: &str,
     plan: &Plan,
+    seed: Option<u64>,
     g: &Generation,
 ) {
     eprintln!("--- stats ---");
@@ -504,6 +489,9 @@ fn print_stats(
     );
     for line in plan.to_string().lines() {
         eprintln!("plan:      {line}");
+    }
+    if let Some(seed) = seed {
+        eprintln!("seed:      {seed} (--seed {seed} replays this run)");
     }
     eprintln!(
         "prompt:    {} tokens in {:.1} ms",

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use sampler_backend::Executor;
+use sampler_backend::SamplingBatch;
 
-use sampler_examples::sample_cli;
+use sampler_examples::{report, sample_cli};
 
 /// Print the device/host plan of a sampler chain.
 #[derive(Parser, Debug)]
@@ -20,13 +20,15 @@ struct Args {
     /// Default: the config's `[device] kind`.
     #[arg(long)]
     device: Option<String>,
-    /// Offload policy: auto, off, or a number of stages. Default: the config's.
+    /// Offload policy: auto, off, device, or a number of stages. Default: the config's.
     #[arg(long)]
     offload: Option<String>,
     /// Vocabulary size the plan is made for, 1 to 4294967296 (token ids are u32).
     #[arg(long, default_value_t = 32000, value_parser = clap::value_parser!(u64).range(1..=1 << 32))]
     vocab: u64,
-    /// Rows per step, 1 to 65536.
+    /// Requests of this chain in one step, 1 to 65536: each is planned
+    /// alone (the plan is the same at any batch size); all of them are
+    /// inserted, so per-request limits are checked.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=65536))]
     batch: u64,
     /// Print JSON instead of text.
@@ -43,29 +45,28 @@ fn run(a: Args) -> Result<(), String> {
         usize::try_from(a.vocab).map_err(|_| format!("--vocab {} is too large here", a.vocab))?;
     let batch =
         usize::try_from(a.batch).map_err(|_| format!("--batch {} is too large here", a.batch))?;
-    let rows = vec![cfg.chain.clone(); batch];
-    let ex = Executor::new(rows, vocab, &device, policy).map_err(|e| e.to_string())?;
-    let plan = ex.plan();
+    let mut sampling = SamplingBatch::new(vocab, &device, policy).map_err(|e| e.to_string())?;
+    let mut ids = Vec::with_capacity(batch);
+    for _ in 0..batch {
+        ids.push(
+            sampling
+                .insert(cfg.chain.clone(), &[])
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let plan = sampling.plan(ids[0]).expect("inserted above");
     if a.json {
-        let names =
-            |ix: &[usize]| -> Vec<String> { ix.iter().map(|&i| plan.names[i].clone()).collect() };
         let v = serde_json::json!({
-            "device": name,
-            "offload": format!("{policy:?}"),
             "chain": cfg.chain.chain_string(),
-            "device_stages": names(&plan.device),
-            "host_stages": names(&plan.host),
-            "noop_stages": names(&plan.skipped),
-            "readback": plan.readback.to_string(),
-            "bytes_per_row": plan.bytes_per_row(),
-            "host_reason": plan.host_reason.as_ref().map(|r| r.to_string()),
             "vocab": a.vocab,
+            "batch": a.batch,
+            "plan": report::plan_json(plan, &name, policy),
         });
         println!("{v:#}");
     } else {
         println!("chain:         {}", cfg.chain.chain_string());
         println!(
-            "device:        {name} (offload {policy:?}, vocab {})",
+            "device:        {name} (offload {policy}, vocab {})",
             a.vocab
         );
         println!("{plan}");

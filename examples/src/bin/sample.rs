@@ -2,14 +2,18 @@
 //! one token per row of a `[batch, vocab]` logits file (.npy or
 //! .safetensors) with the chain's device prefix on `D` and the rest on the
 //! CPU; print the tokens, or JSON with the plan and the bytes read back.
+//! Each row is one request of a serving batch with the chain (a chain without
+//! a seed draws one per row; `--json` reports them). Exit status: 0 when
+//! every row was sampled, 2 when some row failed (its error is printed and
+//! the other rows are sampled), 1 when nothing could run.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use sampler_backend::{Executor, Tensor, TensorData};
+use sampler_backend::{SamplingBatch, Tensor, TensorData};
 
-use sampler_examples::sample_cli;
+use sampler_examples::{report, sample_cli};
 
 /// Sample tokens from a file of logits.
 #[derive(Parser, Debug)]
@@ -21,7 +25,7 @@ struct Args {
     /// Device: flex, ndarray, wgpu, vulkan, cuda, cuda:N, or cpu (host only).
     #[arg(long)]
     device: Option<String>,
-    /// Offload policy: auto, off, or a number of stages.
+    /// Offload policy: auto, off, device, or a number of stages.
     #[arg(long)]
     offload: Option<String>,
     /// Logits `[batch, vocab]` (or `[vocab]`): .npy (f32/f16/f64) or .safetensors.
@@ -38,13 +42,21 @@ struct Args {
     json: bool,
 }
 
-fn run(a: Args) -> Result<(), String> {
+/// Whether every row of every step was sampled.
+fn run(a: Args) -> Result<bool, String> {
     let cfg = sample_cli::load_config(&a.config)?;
     let (name, device, policy) =
         sample_cli::device_and_policy(&cfg, a.device.as_deref(), a.offload.as_deref())?;
     let logits = sample_cli::read_logits(&a.logits, a.tensor.as_deref())?;
-    let rows = vec![cfg.chain.clone(); logits.batch];
-    let mut ex = Executor::new(rows, logits.vocab, &device, policy).map_err(|e| e.to_string())?;
+    let mut batch = SamplingBatch::new(logits.vocab, &device, policy).map_err(|e| e.to_string())?;
+    let mut ids = Vec::with_capacity(logits.batch);
+    for _ in 0..logits.batch {
+        ids.push(
+            batch
+                .insert(cfg.chain.clone(), &[])
+                .map_err(|e| e.to_string())?,
+        );
+    }
     let mut steps = Vec::new();
     for _ in 0..a.steps {
         let t = Tensor::<2>::from_data(
@@ -52,42 +64,47 @@ fn run(a: Args) -> Result<(), String> {
             &device,
         );
         let start = std::time::Instant::now();
-        let out = ex.step(t).map_err(|e| e.to_string())?;
+        let out = batch.step(&ids, t).map_err(|e| e.to_string())?;
         steps.push((out, start.elapsed()));
     }
+    let all_ok = steps
+        .iter()
+        .all(|(out, _)| out.tokens.iter().all(|t| t.is_ok()));
     if a.json {
-        let plan = ex.plan();
-        let names =
-            |ix: &[usize]| -> Vec<String> { ix.iter().map(|&i| plan.names[i].clone()).collect() };
+        let plan = batch.plan(ids[0]).expect("inserted above");
+        let seeds: Vec<Option<u64>> = ids
+            .iter()
+            .map(|&id| batch.spec(id).and_then(|s| s.seed))
+            .collect();
         let steps_json: Vec<_> = steps
             .iter()
             .map(|(out, dt)| {
-                let toks: Vec<serde_json::Value> = out
+                let tokens: Vec<Option<u32>> = out
                     .tokens
                     .iter()
-                    .map(|t| match t {
-                        Ok(t) => serde_json::json!(t),
-                        Err(e) => serde_json::json!({ "error": e.to_string() }),
-                    })
+                    .map(|t| t.as_ref().ok().copied())
+                    .collect();
+                let errors: Vec<_> = out
+                    .tokens
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(r, t)| t.as_ref().err().map(|e| (r, e)))
+                    .map(|(r, e)| report::row_error_json(r, e))
                     .collect();
                 serde_json::json!({
-                    "tokens": toks,
+                    "tokens": tokens,
+                    "errors": errors,
                     "bytes_read": out.bytes_read,
                     "micros": dt.as_micros() as u64,
                 })
             })
             .collect();
         let v = serde_json::json!({
-            "device": name,
+            "chain": cfg.chain.chain_string(),
             "batch": logits.batch,
             "vocab": logits.vocab,
-            "plan": {
-                "device_stages": names(&plan.device),
-                "host_stages": names(&plan.host),
-                "noop_stages": names(&plan.skipped),
-                "readback": plan.readback.to_string(),
-                "bytes_per_row": plan.bytes_per_row(),
-            },
+            "seeds": seeds,
+            "plan": report::plan_json(plan, &name, policy),
             "steps": steps_json,
         });
         println!("{v:#}");
@@ -96,18 +113,22 @@ fn run(a: Args) -> Result<(), String> {
             for (r, t) in out.tokens.iter().enumerate() {
                 match t {
                     Ok(t) => println!("step {s} row {r}: {t}"),
-                    Err(e) => println!("step {s} row {r}: error: {e}"),
+                    Err(e) => println!("step {s} row {r}: error ({}): {e}", e.kind()),
                 }
             }
             eprintln!("step {s}: {} bytes read back", out.bytes_read);
         }
     }
-    Ok(())
+    if !all_ok {
+        eprintln!("error: some rows could not be sampled (see their errors); exit status 2");
+    }
+    Ok(all_ok)
 }
 
 fn main() -> ExitCode {
     match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(2),
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE

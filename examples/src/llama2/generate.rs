@@ -1,11 +1,11 @@
 //! The generation loop: the model's `[1, vocab]` logits go straight from the
-//! forward pass to the sampler executor on the same device; only what the
-//! executor's plan reads back (token ids when the whole chain is offloaded)
+//! forward pass to the sampling batch on the same device; only what the
+//! request's plan reads back (token ids when the whole chain is offloaded)
 //! crosses to the host.
 
 use std::time::{Duration, Instant};
 
-use sampler_backend::{BackendError, Executor};
+use sampler_backend::{BackendError, RequestId, SamplingBatch};
 use sampler_core::{SampleError, TokenId};
 
 use super::tokenizer::{BOS, EOS, Tokenizer};
@@ -44,7 +44,7 @@ pub struct Generation {
     pub stop: StopReason,
     /// Sampling steps run (= `tokens.len()`).
     pub steps: usize,
-    /// Bytes the executor read back from the device over all steps.
+    /// Bytes read back from the device over all steps.
     pub bytes_read: usize,
     /// Time to run the prompt through the model (excluding its last token).
     pub prompt_time: Duration,
@@ -78,8 +78,8 @@ pub enum GenerateError {
     /// The model failed (prompt too long, bad token id).
     #[error(transparent)]
     Model(#[from] Llama2Error),
-    /// The executor failed for the whole step.
-    #[error("sampler executor: {0}")]
+    /// The sampling batch failed for the whole step.
+    #[error("sampling batch: {0}")]
     Backend(#[from] BackendError),
     /// The row could not be sampled (e.g. NaN logits).
     #[error("step {step}: sampling failed: {source}")]
@@ -89,8 +89,8 @@ pub enum GenerateError {
         /// The row's error.
         source: SampleError,
     },
-    /// The executor answered with no row.
-    #[error("step {step}: the executor returned no token")]
+    /// The sampling batch answered with no row.
+    #[error("step {step}: the sampling batch returned no token")]
     NoToken {
         /// Generation step.
         step: usize,
@@ -119,11 +119,11 @@ pub fn encode_prompt(
 }
 
 /// Generate up to `max_new_tokens` tokens after `prompt_tokens` (BOS first,
-/// from [`encode_prompt`]) with row 0 of `executor`.
+/// from [`encode_prompt`]) for request `id` of `batch`.
 ///
 /// Each prompt token runs through the model (its logits stay on the device);
 /// then every step hands the `[1, vocab]` logits tensor to
-/// [`Executor::step`], which samples on the device and reads back only the
+/// [`SamplingBatch::step`], which samples on the device and reads back only the
 /// plan's readback format. `on_token(token, bytes)` is called for each
 /// generated token with its decoded bytes (empty for BOS/EOS), for streaming.
 /// Stops early when the model emits BOS or EOS, or the context is full.
@@ -134,7 +134,8 @@ pub fn encode_prompt(
 pub fn generate(
     model: &Llama2,
     tokenizer: &Tokenizer,
-    executor: &mut Executor,
+    batch: &mut SamplingBatch,
+    id: RequestId,
     prompt_tokens: &[TokenId],
     max_new_tokens: usize,
     mut on_token: impl FnMut(TokenId, &[u8]),
@@ -156,7 +157,7 @@ pub fn generate(
         .copied()
         .filter(|&t| t != BOS)
         .collect();
-    executor.accept_prompt(0, &history)?;
+    batch.accept_prompt(id, &history)?;
 
     let mut cache = model.new_cache();
     let t0 = Instant::now();
@@ -175,7 +176,7 @@ pub fn generate(
     let mut prev = token;
     let stop = loop {
         let logits = model.forward(token, pos, &mut cache)?; // [1, vocab], on the device
-        let out = executor.step(logits)?;
+        let out = batch.step(&[id], logits)?;
         bytes_read += out.bytes_read;
         let step = tokens.len();
         let next = match out.tokens.into_iter().next() {

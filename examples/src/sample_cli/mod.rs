@@ -15,16 +15,9 @@ pub fn load_config(path: &Path) -> CliResult<ChainConfig> {
     ChainConfig::from_toml_file(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Parse `--offload`: `auto`, `off` or a stage count.
+/// Parse `--offload`: `auto`, `off`, `device` or a stage count.
 pub fn parse_offload(s: &str) -> CliResult<OffloadPolicy> {
-    match s.trim().to_ascii_lowercase().as_str() {
-        "auto" => Ok(OffloadPolicy::Auto),
-        "off" => Ok(OffloadPolicy::Off),
-        n => n
-            .parse()
-            .map(OffloadPolicy::Stages)
-            .map_err(|_| format!("--offload {s}: expected auto, off or a number of stages")),
-    }
+    s.parse().map_err(|e| format!("--offload {e}"))
 }
 
 /// The device: `--device` if given, else the config's `[device] kind`.

@@ -74,6 +74,12 @@ impl ProbCut {
         else {
             return;
         };
+        let (eps, noop, keep_row) = (
+            data.per_row(eps),
+            data.per_row_bool(noop),
+            data.per_row(keep_row),
+        );
+        let keep_row = &keep_row;
         let n = data.width;
         let (e, _) = ops::exps(&data.logits);
         let sum = e.clone().sum_dim(1);

@@ -78,6 +78,7 @@ impl DeviceStage for LogitBias {
     }
     fn apply(&self, data: &mut StepData) {
         let Some(dense) = &self.dense else { return };
+        let dense = &data.per_row(dense);
         let bias = match &data.ids {
             Some(ids) => dense.clone().gather(1, ids.clone()),
             None => dense.clone(),

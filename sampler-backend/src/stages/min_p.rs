@@ -70,6 +70,12 @@ impl DeviceStage for MinP {
         else {
             return;
         };
+        let (log_p, noop, keep_row) = (
+            data.per_row(log_p),
+            data.per_row_bool(noop),
+            data.per_row(keep_row),
+        );
+        let keep_row = &keep_row;
         let n = data.width;
         let m = data.logits.clone().max_dim(1);
         let thr = m.add(log_p.clone());

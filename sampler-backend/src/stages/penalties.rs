@@ -168,6 +168,12 @@ impl DeviceStage for Penalties {
         else {
             return;
         };
+        let (counts, r, f, p) = (
+            &data.per_row(counts),
+            &data.per_row(r),
+            &data.per_row(f),
+            &data.per_row(p),
+        );
         let n = data.width;
         let c = match &data.ids {
             Some(ids) => counts.clone().gather(1, ids.clone()),
@@ -208,6 +214,22 @@ impl DeviceStage for Penalties {
             for &t in tokens {
                 Self::push(r, t, vocab);
             }
+        }
+    }
+    fn restore(&mut self, slot: usize, prompt: &[TokenId], outputs: &[TokenId]) {
+        let vocab = self.vocab;
+        let Some(r) = self.rows.get_mut(slot) else {
+            return;
+        };
+        let prompt = if r.scope == HistoryScope::PromptAndOutput {
+            prompt
+        } else {
+            &[]
+        };
+        // Only the last `last_n` in-scope tokens can be in the window.
+        let skip = (prompt.len() + outputs.len()).saturating_sub(r.last_n);
+        for &t in prompt.iter().chain(outputs).skip(skip) {
+            Self::push(r, t, vocab);
         }
     }
     fn reset(&mut self) {

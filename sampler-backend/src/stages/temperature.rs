@@ -105,6 +105,13 @@ impl DeviceStage for Temperature {
         ) else {
             return;
         };
+        let (t, t_min, t_span, ex, dynamic) = (
+            &data.per_row(t),
+            &data.per_row(t_min),
+            &data.per_row(t_span),
+            &data.per_row(ex),
+            &data.per_row_bool(dynamic),
+        );
         let n = data.width;
         let l = data.logits.clone();
         // `unchanged`: dynamic rows with at most one finite candidate.

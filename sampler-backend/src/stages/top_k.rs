@@ -75,6 +75,7 @@ impl DeviceStage for TopK {
     }
     fn apply(&self, data: &mut StepData) {
         let Some(k_row) = &self.k_row else { return };
+        let k_row = &data.per_row(k_row);
         let k = self.out_width(data.width);
         let order = data.token_ids();
         let (vals, pos, live) = ops::canonical_topk_positions(&data.logits, &order, k_row, k);

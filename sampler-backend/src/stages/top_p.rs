@@ -80,6 +80,12 @@ impl DeviceStage for TopP {
         let (Some(p), Some(noop), Some(keep_row)) = (&self.p, &self.noop, &self.keep_row) else {
             return;
         };
+        let (p, noop, keep_row) = (
+            data.per_row(p),
+            data.per_row_bool(noop),
+            data.per_row(keep_row),
+        );
+        let keep_row = &keep_row;
         let n = data.width;
         let ids = data.token_ids();
         let (e, _) = ops::exps(&data.logits);

@@ -1,0 +1,1059 @@
+//! The serving batch: requests join and leave between steps, each with its
+//! own chain; a step samples any subset of the live requests, in any row
+//! order, in one batched device pass and one readback.
+//!
+//! A request's state (its CPU chain: seed, step counter, penalty window,
+//! mirostat `mu`, DRY history; its prompt and generated tokens) lives with
+//! the request, never with a batch position. So a request's tokens are the
+//! same whether it runs alone, joins mid-way, moves to another row every
+//! step, or shares the step with any other requests (DESIGN.md contract 7).
+//!
+//! ## Groups
+//! Each request is planned alone ([`SamplingBatch::plan`]): which of its
+//! stages run on the device and what comes back (token ids, `k` survivors,
+//! or full rows). Requests whose device prefixes have the same stages at the
+//! same chain positions and read back the same shape form a *group*; a group
+//! keeps one set of device stages with one slot per member, whose per-slot
+//! parameters (`[S, 1]` tensors, penalty counts `[S, V]`, logit-bias tables
+//! `[S, V]`) are uploaded when the group's membership or a member's
+//! parameters change, not per step. A step gathers each group's rows (and,
+//! when the rows are not the slots in order, its slots) and runs the group's
+//! stages; every group's output joins one transaction, read back once. A
+//! row's device work and bytes read back depend only on its own chain.
+//!
+//! Requests with no device stage (a host-only chain, policy `off`, or
+//! logits on a CPU device under `auto`) read their full rows back and run
+//! sampler-cpu's fast path ([`sampler_cpu::fast::sample_row`]) on them, in
+//! parallel.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use burn_tensor::{DType, Device, FloatDType, Int, IntDType, Tensor, TensorData, Transaction};
+use rayon::prelude::*;
+use sampler_core::plan::{self, HostReason, OffloadPolicy, Plan, PlanStage, Readback};
+use sampler_core::{
+    Candidates, Chain, ChainSpec, DeviceRefusal, SampleError, StageKind, TokenId, TokenOrigin,
+};
+
+use crate::BackendError;
+use crate::ops::{self, wide};
+use crate::readback::decode_error;
+use crate::stage::{DeviceStage, InitContext, RowState, StepData, build_device_stage};
+
+/// A request of a [`SamplingBatch`]: returned by [`SamplingBatch::insert`],
+/// valid until [`SamplingBatch::remove`]. Ids are never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(u64);
+
+impl RequestId {
+    /// The id as a number (unique within its batch).
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "request {}", self.0)
+    }
+}
+
+/// What one step row produced in [`SamplingBatch::step`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchStep {
+    /// One entry per step row, in the order of the ids given: the token, or
+    /// why that row could not be sampled (the other rows are unaffected).
+    pub tokens: Vec<Result<TokenId, SampleError>>,
+    /// Bytes read back from the device in this step (all rows together):
+    /// the sum of each row's own [`Plan::bytes_per_row`].
+    pub bytes_read: usize,
+}
+
+/// What [`SamplingBatch::filter`] produced: each row's candidates after its
+/// whole chain ran without selecting.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchFilter {
+    /// One entry per step row, in the order of the ids given.
+    pub rows: Vec<Result<Candidates, SampleError>>,
+    /// Bytes read back from the device.
+    pub bytes_read: usize,
+}
+
+/// The device prefix a request runs: `(chain position, kind, survivors)` of
+/// each device stage, and the readback. Requests with equal keys share a group.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct GroupKey {
+    device: Vec<(usize, StageKind, Option<usize>)>,
+    readback: Readback,
+}
+
+struct Request {
+    /// The spec with the seed actually used.
+    spec: ChainSpec,
+    chain: Chain,
+    plan: Plan,
+    key: GroupKey,
+    /// Survivors kept from a `Candidates` readback.
+    keep: usize,
+    /// A device stage of this request masks what the CPU removes (top_p,
+    /// min_p, epsilon, eta): the host drops the `-inf` entries it left.
+    drop_masked: bool,
+    prompt: Vec<TokenId>,
+    outputs: Vec<TokenId>,
+}
+
+#[derive(Default)]
+struct Group {
+    /// Slot -> request.
+    members: Vec<RequestId>,
+    /// The device stages for `members`, `None` until (re)built.
+    stages: Option<Vec<Box<dyn DeviceStage>>>,
+}
+
+/// A persistent batch of sampling requests for a serving engine (vLLM's
+/// persistent batch, TensorRT-LLM's request slots, llama.cpp's per-sequence
+/// chains), on one device and vocabulary.
+///
+/// ```no_run
+/// # #[cfg(feature = "flex")] {
+/// use sampler_backend::{SamplingBatch, parse_device};
+/// use sampler_core::{ChainSpec, OffloadPolicy, StageSpec};
+/// use burn_tensor::Tensor;
+///
+/// let device = parse_device("flex").unwrap();
+/// let mut batch = SamplingBatch::new(32000, &device, OffloadPolicy::Auto).unwrap();
+/// let a = batch
+///     .insert(ChainSpec::new(vec![StageSpec::TopK { k: 40 }, StageSpec::Dist], Some(1)), &[1, 2])
+///     .unwrap();
+/// let b = batch.insert(ChainSpec::new(vec![StageSpec::Greedy], None), &[]).unwrap();
+/// // Each step: the logits of the requests running now, rows in any order.
+/// let logits = Tensor::<2>::zeros([2, 32000], &device);
+/// let out = batch.step(&[b, a], logits).unwrap();
+/// assert_eq!(out.tokens.len(), 2);
+/// batch.remove(b).unwrap();
+/// # }
+/// ```
+pub struct SamplingBatch {
+    device: Device,
+    vocab: usize,
+    policy: OffloadPolicy,
+    /// The logits live on a CPU device and the policy is `auto`: every
+    /// request runs on sampler-cpu over the rows.
+    host_kernels: bool,
+    requests: BTreeMap<RequestId, Request>,
+    groups: HashMap<GroupKey, Group>,
+    next_id: u64,
+}
+
+impl fmt::Debug for SamplingBatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SamplingBatch")
+            .field("device", &self.device)
+            .field("vocab", &self.vocab)
+            .field("policy", &self.policy)
+            .field("requests", &self.requests.len())
+            .field("groups", &self.groups.len())
+            .finish()
+    }
+}
+
+/// Whether `device` is a CPU device (the logits live in host memory).
+pub fn is_cpu_device(device: &Device) -> bool {
+    #[cfg(feature = "flex")]
+    if *device == Device::flex() {
+        return true;
+    }
+    #[cfg(feature = "ndarray")]
+    #[allow(deprecated)]
+    if *device == Device::ndarray() {
+        return true;
+    }
+    let _ = device;
+    false
+}
+
+fn effective_k(k: u64, n: usize) -> usize {
+    if k == 0 { n } else { k.min(n as u64) as usize }
+}
+
+/// A row's work after the readback, before the host runs.
+enum Work {
+    /// The full raw row at this offset of the host buffer `raw`.
+    Raw(usize),
+    /// The device selected (or failed).
+    Token(Result<TokenId, SampleError>),
+    /// Candidates read back; the host runs the chain from `host_start`.
+    Cands(Result<Candidates, SampleError>, usize),
+}
+
+/// A row's result.
+enum RowResult {
+    Token(TokenId),
+    Cands(Candidates),
+}
+
+impl SamplingBatch {
+    /// An empty batch over a vocabulary of `vocab` tokens on `device`.
+    ///
+    /// `policy` caps each request's device prefix ([`OffloadPolicy`]). With
+    /// `Auto` on a CPU device (`flex`, `ndarray`) nothing is offloaded: the
+    /// rows are read and sampler-cpu runs each chain (its plans say
+    /// [`HostReason::CpuDevice`]); `Stages(n)` offloads there too.
+    ///
+    /// # Errors
+    /// [`BackendError::EmptyVocab`], [`BackendError::VocabTooLarge`].
+    pub fn new(vocab: usize, device: &Device, policy: OffloadPolicy) -> Result<Self, BackendError> {
+        if vocab == 0 {
+            return Err(BackendError::EmptyVocab);
+        }
+        if vocab as u64 > 1 << 32 {
+            return Err(BackendError::VocabTooLarge { vocab });
+        }
+        Ok(Self {
+            device: device.clone(),
+            vocab,
+            policy,
+            host_kernels: policy == OffloadPolicy::Auto && is_cpu_device(device),
+            requests: BTreeMap::new(),
+            groups: HashMap::new(),
+            next_id: 0,
+        })
+    }
+
+    /// Vocabulary size.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+    /// The device the logits must be on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+    /// The offload policy.
+    pub fn policy(&self) -> OffloadPolicy {
+        self.policy
+    }
+    /// Live requests.
+    pub fn len(&self) -> usize {
+        self.requests.len()
+    }
+    /// Whether no request is live.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+    /// The live requests, in insertion order.
+    pub fn ids(&self) -> Vec<RequestId> {
+        self.requests.keys().copied().collect()
+    }
+    /// Device groups (requests sharing one set of device stages) now live.
+    pub fn groups(&self) -> usize {
+        self.groups.len()
+    }
+    /// A request's plan (what runs where, what is read back), planned for
+    /// that request alone: the batch never changes it.
+    pub fn plan(&self, id: RequestId) -> Option<&Plan> {
+        self.requests.get(&id).map(|r| &r.plan)
+    }
+    /// A request's CPU chain (seed, step counter, host stages).
+    pub fn chain(&self, id: RequestId) -> Option<&Chain> {
+        self.requests.get(&id).map(|r| &r.chain)
+    }
+    /// A request's chain spec, with the seed it actually uses.
+    pub fn spec(&self, id: RequestId) -> Option<&ChainSpec> {
+        self.requests.get(&id).map(|r| &r.spec)
+    }
+    /// The tokens a request has generated since it was inserted or reset.
+    pub fn outputs(&self, id: RequestId) -> Option<&[TokenId]> {
+        self.requests.get(&id).map(|r| r.outputs.as_slice())
+    }
+
+    /// Add a request: its chain (a `seed: None` draws one from the OS; read
+    /// it back with [`SamplingBatch::spec`]) and the prompt tokens its
+    /// history-based stages count. Nothing runs until the next step.
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidRequest`] (a parameter out of range: which
+    /// stage, which field, what range), [`BackendError::RequestBuild`].
+    pub fn insert(
+        &mut self,
+        mut spec: ChainSpec,
+        prompt: &[TokenId],
+    ) -> Result<RequestId, BackendError> {
+        let (chain, planned) = self.prepare(&mut spec)?;
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        let mut req = Request {
+            spec,
+            chain,
+            plan: planned.plan,
+            key: planned.key,
+            keep: planned.keep,
+            drop_masked: planned.drop_masked,
+            prompt: Vec::new(),
+            outputs: Vec::new(),
+        };
+        req.chain.accept_prompt(prompt);
+        req.prompt.extend_from_slice(prompt);
+        self.join(id, &req.key);
+        self.requests.insert(id, req);
+        Ok(id)
+    }
+
+    /// Remove a request (finished or cancelled); its id becomes unknown.
+    ///
+    /// # Errors
+    /// [`BackendError::UnknownRequest`].
+    pub fn remove(&mut self, id: RequestId) -> Result<(), BackendError> {
+        let req = self
+            .requests
+            .remove(&id)
+            .ok_or(BackendError::UnknownRequest { id: id.0 })?;
+        self.leave(id, &req.key);
+        Ok(())
+    }
+
+    /// Forget a request's history (prompt and generated tokens, adaptive
+    /// state) and restart its step counter: its seed then replays the same
+    /// random numbers. Other requests are unaffected.
+    ///
+    /// # Errors
+    /// [`BackendError::UnknownRequest`].
+    pub fn reset(&mut self, id: RequestId) -> Result<(), BackendError> {
+        let req = self
+            .requests
+            .get_mut(&id)
+            .ok_or(BackendError::UnknownRequest { id: id.0 })?;
+        req.chain.reset();
+        req.prompt.clear();
+        req.outputs.clear();
+        let key = req.key.clone();
+        self.dirty(&key);
+        Ok(())
+    }
+
+    /// Feed more prompt tokens to a request's history-based stages (e.g. a
+    /// chat turn appended to a running request).
+    ///
+    /// # Errors
+    /// [`BackendError::UnknownRequest`].
+    pub fn accept_prompt(&mut self, id: RequestId, tokens: &[TokenId]) -> Result<(), BackendError> {
+        let req = self
+            .requests
+            .get_mut(&id)
+            .ok_or(BackendError::UnknownRequest { id: id.0 })?;
+        req.chain.accept_prompt(tokens);
+        req.prompt.extend_from_slice(tokens);
+        let key = req.key.clone();
+        let group = self.groups.get_mut(&key);
+        if let Some(g) = group
+            && let Some(slot) = g.members.iter().position(|&m| m == id)
+            && let Some(stages) = &mut g.stages
+        {
+            for st in stages {
+                st.accept_prompt(slot, tokens);
+            }
+        }
+        Ok(())
+    }
+
+    /// Change a request's chain between steps (new parameters, stages
+    /// added or removed). The request keeps its seed (unless `spec` names
+    /// one), its step counter, its prompt and generated tokens: the new
+    /// chain's history-based stages are given that history, and a stage
+    /// whose spec is unchanged at the same position keeps its adaptive
+    /// state (mirostat `mu`). Only the request's group uploads anything.
+    ///
+    /// # Errors
+    /// [`BackendError::UnknownRequest`], [`BackendError::InvalidRequest`],
+    /// [`BackendError::RequestBuild`]; on error nothing changes.
+    pub fn update(&mut self, id: RequestId, mut spec: ChainSpec) -> Result<(), BackendError> {
+        let old_seed = self
+            .requests
+            .get(&id)
+            .ok_or(BackendError::UnknownRequest { id: id.0 })?
+            .spec
+            .seed;
+        spec.seed = spec.seed.or(old_seed);
+        let (mut chain, planned) = self.prepare(&mut spec)?;
+        let Some(req) = self.requests.get_mut(&id) else {
+            return Err(BackendError::UnknownRequest { id: id.0 });
+        };
+        chain.accept_prompt(&req.prompt);
+        for &t in &req.outputs {
+            chain.accept(t, TokenOrigin::Output);
+        }
+        chain.set_step(req.chain.step());
+        for (i, (old, new)) in req.spec.stages.iter().zip(&spec.stages).enumerate() {
+            if old == new && spec.seed == req.spec.seed {
+                std::mem::swap(&mut chain.stages_mut()[i], &mut req.chain.stages_mut()[i]);
+            }
+        }
+        let old_key = std::mem::replace(&mut req.key, planned.key.clone());
+        req.spec = spec;
+        req.chain = chain;
+        req.plan = planned.plan;
+        req.keep = planned.keep;
+        req.drop_masked = planned.drop_masked;
+        if old_key == planned.key {
+            self.dirty(&old_key);
+        } else {
+            self.leave(id, &old_key);
+            self.join(id, &planned.key);
+        }
+        Ok(())
+    }
+
+    /// Sample one token for each request in `ids` from `logits`
+    /// `[ids.len(), vocab]` (row `r` is request `ids[r]`'s logits; any subset
+    /// of the live requests, in any order): one device pass per group, one
+    /// readback for the whole step, the host suffixes on sampler-cpu, then
+    /// each request records its token.
+    ///
+    /// # Errors
+    /// For the whole step: [`BackendError::Shape`],
+    /// [`BackendError::WrongDevice`], [`BackendError::UnknownRequest`],
+    /// [`BackendError::DuplicateRow`], [`BackendError::Readback`]. Per row
+    /// (an `Err` entry; other rows are sampled and the failed request
+    /// accepts nothing): NaN / `+inf` logits, all candidates masked, a
+    /// chain without a selecting stage, a stage's error.
+    pub fn step(
+        &mut self,
+        ids: &[RequestId],
+        logits: Tensor<2>,
+    ) -> Result<BatchStep, BackendError> {
+        let (rows, bytes_read) = self.run(ids, logits, true)?;
+        let tokens = rows
+            .into_iter()
+            .map(|r| match r {
+                Ok(RowResult::Token(t)) => Ok(t),
+                Ok(RowResult::Cands(_)) => Err(SampleError::NoSelectingStage),
+                Err(e) => Err(e),
+            })
+            .collect();
+        Ok(BatchStep { tokens, bytes_read })
+    }
+
+    /// Run each request's chain on its row of `logits` `[ids.len(), vocab]`
+    /// without selecting or recording anything, and return its candidates
+    /// (for chains without a selecting stage; nothing advances).
+    ///
+    /// # Errors
+    /// As [`SamplingBatch::step`].
+    pub fn filter(
+        &mut self,
+        ids: &[RequestId],
+        logits: Tensor<2>,
+    ) -> Result<BatchFilter, BackendError> {
+        let (rows, bytes_read) = self.run(ids, logits, false)?;
+        let vocab = self.vocab;
+        let rows = rows
+            .into_iter()
+            .map(|r| match r {
+                Ok(RowResult::Cands(c)) => Ok(c),
+                Ok(RowResult::Token(t)) => Candidates::from_parts(vec![t], vec![0.0], vocab),
+                Err(e) => Err(e),
+            })
+            .collect();
+        Ok(BatchFilter { rows, bytes_read })
+    }
+
+    fn join(&mut self, id: RequestId, key: &GroupKey) {
+        if key.device.is_empty() {
+            return;
+        }
+        let g = self.groups.entry(key.clone()).or_default();
+        g.members.push(id);
+        g.stages = None;
+    }
+
+    fn leave(&mut self, id: RequestId, key: &GroupKey) {
+        if let Some(g) = self.groups.get_mut(key) {
+            g.members.retain(|&m| m != id);
+            g.stages = None;
+            if g.members.is_empty() {
+                self.groups.remove(key);
+            }
+        }
+    }
+
+    fn dirty(&mut self, key: &GroupKey) {
+        if let Some(g) = self.groups.get_mut(key) {
+            g.stages = None;
+        }
+    }
+
+    /// Validate and plan a request alone; fills in its seed.
+    fn prepare(&self, spec: &mut ChainSpec) -> Result<(Chain, Planned), BackendError> {
+        spec.validate()
+            .map_err(|(stage, source)| BackendError::InvalidRequest { stage, source })?;
+        let chain = sampler_cpu::build_chain(spec)
+            .map_err(|source| BackendError::RequestBuild { source })?;
+        spec.seed = Some(chain.seed());
+        let planned = plan_request(
+            spec,
+            self.vocab,
+            &self.device,
+            self.policy,
+            self.host_kernels,
+        );
+        Ok((chain, planned))
+    }
+
+    /// (Re)build a group's device stages for its members.
+    fn build_group(&mut self, key: &GroupKey) {
+        let Some(g) = self.groups.get_mut(key) else {
+            return;
+        };
+        if g.stages.is_some() {
+            return;
+        }
+        let slots = g.members.len();
+        let mut stages = Vec::with_capacity(key.device.len());
+        let mut width = self.vocab;
+        let mut has_ids = false;
+        for &(i, _, _) in &key.device {
+            let specs: Vec<_> = g
+                .members
+                .iter()
+                .map(|m| self.requests[m].spec.stages[i].clone())
+                .collect();
+            let Some(mut st) = build_device_stage(i, &specs) else {
+                break;
+            };
+            for (slot, m) in g.members.iter().enumerate() {
+                let r = &self.requests[m];
+                st.restore(slot, &r.prompt, &r.outputs);
+            }
+            let ctx = InitContext {
+                batch: slots,
+                vocab: self.vocab,
+                width,
+                has_ids,
+                device: self.device.clone(),
+            };
+            if st.init(&ctx).is_err() {
+                // Every member's own plan was accepted at one slot; at this
+                // group size a table would be too large. The group's rows
+                // then run on the host (full rows), still exact.
+                stages.clear();
+                break;
+            }
+            let w = st.out_width(width);
+            has_ids |= w != width;
+            width = w;
+            stages.push(st);
+        }
+        if stages.len() != key.device.len() {
+            stages.clear();
+        }
+        g.stages = Some(stages);
+    }
+
+    fn run(
+        &mut self,
+        ids: &[RequestId],
+        logits: Tensor<2>,
+        select: bool,
+    ) -> Result<(Vec<Result<RowResult, SampleError>>, usize), BackendError> {
+        let dims = logits.dims();
+        if dims != [ids.len(), self.vocab] {
+            return Err(BackendError::Shape {
+                found: dims.to_vec(),
+                batch: ids.len(),
+                vocab: self.vocab,
+            });
+        }
+        let ldev = logits.device();
+        if ldev != self.device {
+            return Err(BackendError::WrongDevice {
+                found: format!("{ldev:?}"),
+                expected: format!("{:?}", self.device),
+            });
+        }
+        let mut row_of: HashMap<RequestId, usize> = HashMap::with_capacity(ids.len());
+        for (r, &id) in ids.iter().enumerate() {
+            if !self.requests.contains_key(&id) {
+                return Err(BackendError::UnknownRequest { id: id.0 });
+            }
+            if let Some(first) = row_of.insert(id, r) {
+                return Err(BackendError::DuplicateRow {
+                    id: id.0,
+                    first,
+                    second: r,
+                });
+            }
+        }
+        if ids.is_empty() {
+            return Ok((Vec::new(), 0));
+        }
+        let logits = if logits.dtype() == DType::F32 {
+            logits
+        } else {
+            logits.cast(FloatDType::F32)
+        };
+        let (b, v) = (ids.len(), self.vocab);
+
+        // Rows by group, in order of first appearance; host rows apart.
+        let mut host_rows = Vec::new();
+        let mut group_rows: Vec<(GroupKey, Vec<usize>)> = Vec::new();
+        for (r, id) in ids.iter().enumerate() {
+            let key = &self.requests[id].key;
+            if key.device.is_empty() {
+                host_rows.push(r);
+            } else if let Some((_, rows)) = group_rows.iter_mut().find(|(k, _)| k == key) {
+                rows.push(r);
+            } else {
+                group_rows.push((key.clone(), vec![r]));
+            }
+        }
+        for (key, _) in &group_rows {
+            self.build_group(key);
+        }
+        // Groups whose stages could not be built at their size run on the host.
+        group_rows.retain(|(key, rows)| {
+            let empty = self.groups[key]
+                .stages
+                .as_ref()
+                .is_none_or(|s| s.is_empty());
+            if empty {
+                host_rows.extend(rows);
+            }
+            !empty
+        });
+        host_rows.sort_unstable();
+
+        let d = self.device.clone();
+        let select_rows = |rows: &[usize]| -> Tensor<2> {
+            if rows.len() == b {
+                logits.clone()
+            } else {
+                let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+                logits.clone().select(0, ops::vec_int(&idx, &d))
+            }
+        };
+        let mut tx = Transaction::default();
+        let mut n_reg = 0;
+        let host_at = (!host_rows.is_empty()).then(|| {
+            tx = std::mem::take(&mut tx).register(select_rows(&host_rows));
+            n_reg += 1;
+            n_reg - 1
+        });
+        // Per group: the index of its first registered tensor.
+        let mut group_at = Vec::with_capacity(group_rows.len());
+        for (key, rows) in &group_rows {
+            let g = self.groups.get_mut(key).expect("group built above");
+            let slot_of: HashMap<RequestId, usize> =
+                g.members.iter().enumerate().map(|(s, &m)| (m, s)).collect();
+            let slots: Vec<i64> = rows.iter().map(|&r| slot_of[&ids[r]] as i64).collect();
+            let identity = slots.len() == g.members.len()
+                && slots.iter().enumerate().all(|(i, &s)| s == i as i64);
+            let row_states: Vec<RowState> = rows
+                .iter()
+                .map(|&r| {
+                    let c = &self.requests[&ids[r]].chain;
+                    RowState {
+                        seed: c.seed(),
+                        step: c.step(),
+                    }
+                })
+                .collect();
+            let stages = g.stages.as_mut().expect("built above");
+            let out = device_pass(
+                stages,
+                select_rows(rows),
+                (!identity).then(|| ops::vec_int(&slots, &d)),
+                &row_states,
+                key.readback,
+                &d,
+            );
+            group_at.push(n_reg);
+            for t in out {
+                tx = match t {
+                    Out::F(t) => tx.register(t),
+                    Out::I(t) => tx.register(t),
+                };
+                n_reg += 1;
+            }
+        }
+        let data = tx
+            .try_execute()
+            .map_err(|e| BackendError::Readback(format!("{e:?}")))?;
+        let bytes_read = data.iter().map(|x| x.as_bytes().len()).sum();
+
+        // Decode into per-row work.
+        let mut work: Vec<Option<Work>> = (0..b).map(|_| None).collect();
+        let raw: &[f32] = match host_at {
+            Some(i) => as_f32(&data[i])?,
+            None => &[],
+        };
+        for (j, &r) in host_rows.iter().enumerate() {
+            work[r] = Some(Work::Raw(j * v));
+        }
+        for ((key, rows), &at) in group_rows.iter().zip(&group_at) {
+            match key.readback {
+                Readback::TokenIds => {
+                    let codes = read_i64(&data[at]);
+                    for (j, &r) in rows.iter().enumerate() {
+                        work[r] = Some(Work::Token(self.decode_token(codes[j])));
+                    }
+                }
+                Readback::Candidates { .. } => {
+                    let cids = read_i64(&data[at]);
+                    let clog = as_f32(&data[at + 1])?;
+                    let k = cids.len() / rows.len().max(1);
+                    for (j, &r) in rows.iter().enumerate() {
+                        let req = &self.requests[&ids[r]];
+                        let c = self.candidates_row(
+                            req,
+                            &cids[j * k..(j + 1) * k],
+                            &clog[j * k..(j + 1) * k],
+                        );
+                        work[r] = Some(Work::Cands(c, req.plan.host_start));
+                    }
+                }
+                Readback::FullLogits { .. } => {
+                    let all = as_f32(&data[at])?;
+                    for (j, &r) in rows.iter().enumerate() {
+                        let req = &self.requests[&ids[r]];
+                        let c = full_row(req, &all[j * v..(j + 1) * v], v);
+                        work[r] = Some(Work::Cands(c, req.plan.host_start));
+                    }
+                }
+            }
+        }
+
+        // The host part of every row, in parallel; each request's own chain.
+        let mut reqs: Vec<(usize, &mut Request)> = self
+            .requests
+            .iter_mut()
+            .filter_map(|(id, req)| row_of.get(id).map(|&r| (r, req)))
+            .collect();
+        reqs.sort_unstable_by_key(|(r, _)| *r);
+        let results: Vec<Result<RowResult, SampleError>> = reqs
+            .par_iter_mut()
+            .zip(work.into_par_iter())
+            .map(|((_, req), w)| {
+                let w = w.expect("every row has work");
+                let res = run_host(req, w, raw, v, select);
+                if select && let Ok(RowResult::Token(t)) = &res {
+                    req.outputs.push(*t);
+                }
+                res
+            })
+            .collect();
+
+        // Device state records each group's tokens, per slot.
+        if select {
+            for (key, rows) in &group_rows {
+                let g = self.groups.get_mut(key).expect("group built above");
+                let mut per_slot = vec![None; g.members.len()];
+                for &r in rows {
+                    if let Ok(RowResult::Token(t)) = results[r]
+                        && let Some(s) = g.members.iter().position(|&m| m == ids[r])
+                    {
+                        per_slot[s] = Some(t);
+                    }
+                }
+                if let Some(stages) = &mut g.stages {
+                    for st in stages {
+                        st.accept(&per_slot);
+                    }
+                }
+            }
+        }
+        Ok((results, bytes_read))
+    }
+
+    fn decode_token(&self, code: i64) -> Result<TokenId, SampleError> {
+        if code < 0 {
+            Err(decode_error(code))
+        } else if (code as u64) < self.vocab as u64 {
+            Ok(code as TokenId)
+        } else {
+            Err(SampleError::TokenOutOfRange {
+                token: code.min(u32::MAX as i64) as u32,
+                vocab: self.vocab,
+            })
+        }
+    }
+
+    fn candidates_row(
+        &self,
+        req: &Request,
+        row_ids: &[i64],
+        row_logits: &[f32],
+    ) -> Result<Candidates, SampleError> {
+        if let Some(&c) = row_ids.first()
+            && c < 0
+        {
+            return Err(decode_error(c));
+        }
+        let keep = req.keep.min(row_ids.len());
+        let mut ids = Vec::with_capacity(keep);
+        let mut logits = Vec::with_capacity(keep);
+        let drop = req.drop_masked && row_logits[..keep].iter().any(|l| l.is_finite());
+        for (&id, &l) in row_ids[..keep].iter().zip(&row_logits[..keep]) {
+            if id < 0 || id as u64 >= self.vocab as u64 {
+                return Err(SampleError::Device(format!(
+                    "device returned token id {id} outside the vocabulary"
+                )));
+            }
+            if drop && l == f32::NEG_INFINITY {
+                continue;
+            }
+            ids.push(id as TokenId);
+            logits.push(l);
+        }
+        Candidates::from_parts(ids, logits, self.vocab)
+    }
+}
+
+/// A full row read back after device stages (raw on invalid rows).
+fn full_row(req: &Request, row: &[f32], vocab: usize) -> Result<Candidates, SampleError> {
+    // Invalid rows come back raw: keep positions for the error index.
+    let valid = row.iter().all(|l| !l.is_nan() && *l != f32::INFINITY);
+    if req.drop_masked && valid && row.iter().any(|l| l.is_finite()) {
+        let (ids, logits): (Vec<TokenId>, Vec<f32>) = row
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| **l != f32::NEG_INFINITY)
+            .map(|(i, &l)| (i as TokenId, l))
+            .unzip();
+        return Candidates::from_parts(ids, logits, vocab);
+    }
+    Ok(Candidates::from_logits(row))
+}
+
+fn run_host(
+    req: &mut Request,
+    work: Work,
+    raw: &[f32],
+    vocab: usize,
+    select: bool,
+) -> Result<RowResult, SampleError> {
+    match (work, select) {
+        (Work::Raw(off), true) => {
+            sampler_cpu::fast::sample_row(&raw[off..off + vocab], &mut req.chain)
+                .map(RowResult::Token)
+        }
+        (Work::Raw(off), false) => {
+            sampler_cpu::fast::apply_row(&raw[off..off + vocab], &mut req.chain)
+                .map(RowResult::Cands)
+        }
+        (Work::Token(t), true) => {
+            let t = t?;
+            req.chain.commit(t);
+            Ok(RowResult::Token(t))
+        }
+        (Work::Token(t), false) => t.map(RowResult::Token),
+        (Work::Cands(c, start), true) => {
+            let mut c = c?;
+            req.chain.sample_from(start, &mut c).map(RowResult::Token)
+        }
+        (Work::Cands(c, start), false) => {
+            let mut c = c?;
+            req.chain.apply_from(start, &mut c)?;
+            Ok(RowResult::Cands(c))
+        }
+    }
+}
+
+/// What a request's own plan says.
+struct Planned {
+    plan: Plan,
+    key: GroupKey,
+    keep: usize,
+    drop_masked: bool,
+}
+
+/// Plan one request alone: each device-capable stage's `init` at one slot,
+/// along the prefix.
+fn plan_request(
+    spec: &ChainSpec,
+    vocab: usize,
+    device: &Device,
+    policy: OffloadPolicy,
+    host_kernels: bool,
+) -> Planned {
+    let policy = if host_kernels {
+        OffloadPolicy::Off
+    } else {
+        policy
+    };
+    let mut plan_stages = Vec::with_capacity(spec.stages.len());
+    let mut width = vocab;
+    let mut has_ids = false;
+    let mut prefix_alive = policy != OffloadPolicy::Off;
+    for (i, st) in spec.stages.iter().enumerate() {
+        let active = !st.is_noop();
+        let mut answer = Ok(());
+        if active && prefix_alive && st.kind().meta().device_hook {
+            if let Some(mut ds) = build_device_stage(i, std::slice::from_ref(st)) {
+                let ctx = InitContext {
+                    batch: 1,
+                    vocab,
+                    width,
+                    has_ids,
+                    device: device.clone(),
+                };
+                answer = ds.init(&ctx);
+                if answer.is_ok() {
+                    let w = ds.out_width(width);
+                    has_ids |= w != width;
+                    width = w;
+                }
+            }
+            prefix_alive = answer.is_ok();
+        } else if active {
+            prefix_alive = false;
+        }
+        plan_stages.push(PlanStage {
+            name: st.name().to_string(),
+            spec: Some(st.clone()),
+            device: answer,
+        });
+    }
+    let mut plan = plan::plan(&plan_stages, vocab, policy);
+    // The host drops the `-inf` candidates a masking device stage left
+    // (top_p, min_p, epsilon, eta); a later device stage that bans
+    // candidates (`-inf`, kept on the CPU) would make them
+    // indistinguishable. Unless the whole chain runs on the device, the
+    // first such stage goes to the host.
+    if plan.readback != Readback::TokenIds {
+        let mut masked = false;
+        for &i in &plan.device {
+            let st = &spec.stages[i];
+            if masked && st.bans() {
+                plan_stages[i].device = Err(DeviceRefusal::BansAfterMask);
+                plan = plan::plan(&plan_stages, vocab, policy);
+                break;
+            }
+            masked |= st.kind().meta().device_effects.masks_removed;
+        }
+    }
+    if host_kernels && !plan.host.is_empty() {
+        plan.host_reason = Some(HostReason::CpuDevice);
+    }
+    let mut keep = vocab;
+    for &i in &plan.device {
+        let st = &spec.stages[i];
+        if st.kind().meta().device_effects.narrows
+            && let Some(k) = st.survivors()
+        {
+            keep = keep.min(effective_k(k as u64, keep));
+        }
+    }
+    let drop_masked = plan
+        .device
+        .iter()
+        .any(|&i| spec.stages[i].kind().meta().device_effects.masks_removed);
+    let key = GroupKey {
+        device: plan
+            .device
+            .iter()
+            .map(|&i| {
+                let st = &spec.stages[i];
+                (i, st.kind(), st.survivors().map(|k| k.min(vocab)))
+            })
+            .collect(),
+        readback: plan.readback,
+    };
+    Planned {
+        plan,
+        key,
+        keep,
+        drop_masked,
+    }
+}
+
+enum Out {
+    F(Tensor<2>),
+    I(Tensor<1, Int>),
+}
+
+/// One group's device pass over its rows: validation, the stages, the
+/// outputs its readback registers (`[B]` codes, or `[B, K]` ids and logits,
+/// or `[B, V]` logits).
+fn device_pass(
+    stages: &mut [Box<dyn DeviceStage>],
+    logits: Tensor<2>,
+    slots: Option<Tensor<1, Int>>,
+    rows: &[RowState],
+    readback: Readback,
+    d: &Device,
+) -> Vec<Out> {
+    let [b, v] = logits.dims();
+    // Row validation: first NaN / +inf position, encoded as a status code.
+    let pos = ops::positions(b, v, d);
+    let nan = logits.clone().is_nan();
+    let posinf = logits
+        .clone()
+        .is_inf()
+        .bool_and(logits.clone().greater_elem(0.0));
+    let nan_first = ops::min_where_int(pos.clone(), nan, v as i64);
+    let inf_first = ops::min_where_int(pos, posinf, v as i64);
+    let invalid = nan_first
+        .clone()
+        .lower_elem(v as i64)
+        .bool_or(inf_first.clone().lower_elem(v as i64));
+    let nan_code = nan_first.clone().mul_scalar(-2).sub_scalar(2);
+    let inf_code = inf_first.clone().mul_scalar(-2).sub_scalar(3);
+    let code = inf_code.mask_where(nan_first.lower_equal(inf_first), nan_code);
+    let clean = logits.clone().mask_fill(wide(invalid.clone(), v), 0.0);
+
+    let mut data = StepData {
+        logits: clean,
+        probs: None,
+        ids: None,
+        order_ids: None,
+        sampled: None,
+        invalid: invalid.clone(),
+        slots,
+        batch: b,
+        vocab: v,
+        width: v,
+        device: d.clone(),
+    };
+    for st in stages.iter_mut() {
+        st.set_input(rows);
+        st.apply(&mut data);
+    }
+    match readback {
+        Readback::TokenIds => {
+            let sampled = data
+                .sampled
+                .unwrap_or_else(|| Tensor::<1, Int>::zeros([b], d).sub_scalar(1));
+            let out = sampled
+                .reshape([b, 1])
+                .mask_where(invalid, code)
+                .cast(IntDType::I32)
+                .reshape([b]);
+            vec![Out::I(out)]
+        }
+        Readback::Candidates { .. } => {
+            let k = data.width;
+            let ids = data.ids.unwrap_or_else(|| ops::positions(b, k, d));
+            let first = ops::positions(b, k, d)
+                .equal_elem(0)
+                .bool_and(wide(invalid, k));
+            let ids: Tensor<2, Int> = ids.mask_where(first, wide(code, k)).cast(IntDType::I32);
+            vec![Out::I(ids.reshape([b * k])), Out::F(data.logits)]
+        }
+        Readback::FullLogits { .. } => {
+            vec![Out::F(data.logits.mask_where(wide(invalid, v), logits))]
+        }
+    }
+}
+
+fn read_i64(d: &TensorData) -> Vec<i64> {
+    d.iter::<i64>().collect()
+}
+
+fn as_f32(d: &TensorData) -> Result<&[f32], BackendError> {
+    d.as_slice::<f32>().map_err(|e| {
+        BackendError::Readback(format!(
+            "expected f32 logits, the device returned {:?}: {e:?}",
+            d.dtype()
+        ))
+    })
+}

@@ -1,0 +1,524 @@
+//! The serving batch (`SamplingBatch`) against sampler-cpu running each
+//! request alone: continuous batching with random chains, random arrival
+//! and finish steps, rows shuffled every step, a random subset of the live
+//! requests stepped each time, on every compiled device and every offload
+//! policy. And: bytes read back per row follow that row's own plan.
+
+mod device_support;
+
+use conformance::boundary_reason_after;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use sampler_backend::burn_tensor::{Device, Tensor, TensorData};
+use sampler_backend::{BackendError, RequestId, SamplingBatch};
+use sampler_core::{
+    ChainSpec, HistoryScope, OffloadPolicy, ParamValue, SampleError, StageKind, StageSpec, TokenId,
+};
+
+const VOCAB: usize = 48;
+
+/// A random chain: filters drawn from every family (device-capable and
+/// host-only), in random order, then a selecting stage.
+fn random_chain(r: &mut ChaCha8Rng) -> ChainSpec {
+    let mut stages = Vec::new();
+    let with = |stages: &mut Vec<StageSpec>, kind: StageKind, params: &[(&str, ParamValue)]| {
+        let mut s = StageSpec::default_for(kind);
+        for (name, v) in params {
+            s.set_param(name, v.clone()).expect("valid test parameter");
+        }
+        stages.push(s);
+    };
+    let f = |r: &mut ChaCha8Rng, lo: f32, hi: f32| ParamValue::Float(r.random_range(lo..hi));
+    if r.random_bool(0.4) {
+        let scope = if r.random_bool(0.5) {
+            HistoryScope::Output
+        } else {
+            HistoryScope::PromptAndOutput
+        };
+        let params = [
+            ("last_n", ParamValue::Int(r.random_range(0..12))),
+            ("repeat", f(r, 1.0, 2.0)),
+            ("frequency", f(r, 0.0, 0.6)),
+            ("presence", f(r, 0.0, 0.6)),
+            ("scope", ParamValue::Scope(scope)),
+        ];
+        with(&mut stages, StageKind::Penalties, &params);
+    }
+    if r.random_bool(0.3) {
+        let n = r.random_range(1..4);
+        let bias = (0..n)
+            .map(|_| {
+                let t = r.random_range(0..VOCAB as u32);
+                let b = if r.random_bool(0.2) {
+                    f32::NEG_INFINITY
+                } else {
+                    r.random_range(-3.0..3.0)
+                };
+                (t, b)
+            })
+            .collect();
+        stages.push(StageSpec::LogitBias { bias });
+    }
+    if r.random_bool(0.5) {
+        // k = 0 (no-op) and k beyond the vocabulary included.
+        let k = ParamValue::Int(r.random_range(0..VOCAB as i64 + 5));
+        with(&mut stages, StageKind::TopK, &[("k", k)]);
+    }
+    if r.random_bool(0.4) {
+        let params = [
+            ("p", f(r, 0.3, 1.0)),
+            ("min_keep", ParamValue::Int(r.random_range(0..3))),
+        ];
+        with(&mut stages, StageKind::TopP, &params);
+    }
+    if r.random_bool(0.3) {
+        let params = [
+            ("p", f(r, 0.0, 0.3)),
+            ("min_keep", ParamValue::Int(r.random_range(0..3))),
+        ];
+        with(&mut stages, StageKind::MinP, &params);
+    }
+    if r.random_bool(0.5) {
+        let range = if r.random_bool(0.3) { 0.5 } else { 0.0 };
+        let params = [
+            ("t", f(r, 0.3, 1.5)),
+            ("dynatemp_range", ParamValue::Float(range)),
+        ];
+        with(&mut stages, StageKind::Temperature, &params);
+    }
+    if r.random_bool(0.2) {
+        with(&mut stages, StageKind::Typical, &[("p", f(r, 0.5, 1.0))]);
+    }
+    if r.random_bool(0.2) {
+        let params = [
+            ("probability", f(r, 0.0, 1.0)),
+            ("threshold", f(r, 0.05, 0.3)),
+        ];
+        with(&mut stages, StageKind::Xtc, &params);
+    }
+    if r.random_bool(0.2) {
+        let params = [
+            ("multiplier", f(r, 0.5, 1.5)),
+            ("allowed_length", ParamValue::Int(r.random_range(0..3))),
+            ("last_n", ParamValue::Int(r.random_range(0..16))),
+        ];
+        with(&mut stages, StageKind::Dry, &params);
+    }
+    if r.random_bool(0.15) {
+        with(
+            &mut stages,
+            StageKind::Epsilon,
+            &[("epsilon", f(r, 0.001, 0.02))],
+        );
+    }
+    stages.shuffle(r);
+    let select = match r.random_range(0..10) {
+        0 | 1 => StageSpec::Greedy,
+        2 => StageSpec::default_for(StageKind::Mirostat),
+        3 => StageSpec::default_for(StageKind::MirostatV2),
+        _ => StageSpec::Dist,
+    };
+    stages.push(select);
+    ChainSpec::new(stages, Some(r.random()))
+}
+
+/// The logits request `req` sees at its own step `k`: a function of the
+/// request and its step only, so every schedule feeds it the same rows.
+/// Quantised (ties) and with some `-inf` entries.
+fn logits_of(req: usize, k: usize) -> Vec<f32> {
+    let mut r = ChaCha8Rng::seed_from_u64((req as u64) << 32 | k as u64);
+    (0..VOCAB)
+        .map(|_| {
+            if r.random_bool(0.05) {
+                f32::NEG_INFINITY
+            } else {
+                (r.random_range(-40..40) as f32) * 0.125
+            }
+        })
+        .collect()
+}
+
+/// The bad row case: request `req` at step `k` gets a NaN row sometimes.
+fn poisoned(req: usize, k: usize) -> bool {
+    (req * 31 + k * 7).is_multiple_of(53)
+}
+
+fn row_for(req: usize, k: usize) -> Vec<f32> {
+    let mut row = logits_of(req, k);
+    if poisoned(req, k) {
+        row[(req + k) % VOCAB] = f32::NAN;
+    }
+    row
+}
+
+struct Schedule {
+    chains: Vec<ChainSpec>,
+    prompts: Vec<Vec<TokenId>>,
+    arrive: Vec<usize>,
+    length: Vec<usize>,
+}
+
+fn schedule(seed: u64, n: usize) -> Schedule {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    let chains = (0..n).map(|_| random_chain(&mut r)).collect();
+    let prompts = (0..n)
+        .map(|_| {
+            let len = r.random_range(0..6);
+            (0..len).map(|_| r.random_range(0..VOCAB as u32)).collect()
+        })
+        .collect();
+    let arrive = (0..n).map(|_| r.random_range(0..16)).collect();
+    let length = (0..n).map(|_| r.random_range(3..14)).collect();
+    Schedule {
+        chains,
+        prompts,
+        arrive,
+        length,
+    }
+}
+
+/// Request `i` alone on sampler-cpu: its tokens (or row errors), step by step.
+fn alone(s: &Schedule, i: usize) -> Vec<Result<TokenId, SampleError>> {
+    let mut chain = sampler_cpu::build_chain(&s.chains[i]).expect("valid chain");
+    chain.accept_prompt(&s.prompts[i]);
+    (0..s.length[i])
+        .map(|k| sampler_cpu::fast::sample_row(&row_for(i, k), &mut chain))
+        .collect()
+}
+
+fn upload(rows: &[Vec<f32>], d: &Device) -> Tensor<2> {
+    let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+    Tensor::<2>::from_data(TensorData::new(flat, [rows.len(), VOCAB]), d)
+}
+
+/// Run the schedule through one `SamplingBatch`: requests join at their
+/// arrival step, leave when done; each step a random subset of the live
+/// requests runs, rows shuffled.
+fn served(
+    s: &Schedule,
+    d: &Device,
+    policy: OffloadPolicy,
+    seed: u64,
+) -> (Vec<Vec<Result<TokenId, SampleError>>>, usize) {
+    let n = s.chains.len();
+    let mut max_groups = 0;
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    let mut batch = SamplingBatch::new(VOCAB, d, policy).expect("batch");
+    let mut ids: Vec<Option<RequestId>> = vec![None; n];
+    let mut got: Vec<Vec<Result<TokenId, SampleError>>> = vec![Vec::new(); n];
+    let mut step = 0;
+    while got.iter().zip(&s.length).any(|(g, &l)| g.len() < l) {
+        for (i, id) in ids.iter_mut().enumerate() {
+            if s.arrive[i] == step {
+                *id = Some(
+                    batch
+                        .insert(s.chains[i].clone(), &s.prompts[i])
+                        .expect("insert"),
+                );
+            }
+        }
+        let mut live: Vec<usize> = (0..n)
+            .filter(|&i| ids[i].is_some() && got[i].len() < s.length[i])
+            .collect();
+        live.shuffle(&mut r);
+        // Any subset of the live requests (most of them, usually).
+        live.retain(|_| r.random_bool(0.85));
+        if !live.is_empty() {
+            let rows: Vec<Vec<f32>> = live.iter().map(|&i| row_for(i, got[i].len())).collect();
+            let step_ids: Vec<RequestId> = live.iter().map(|&i| ids[i].unwrap()).collect();
+            let out = batch.step(&step_ids, upload(&rows, d)).expect("step");
+            max_groups = max_groups.max(batch.groups());
+            assert_eq!(out.tokens.len(), live.len());
+            for (&i, t) in live.iter().zip(out.tokens) {
+                got[i].push(t);
+            }
+        }
+        for i in 0..n {
+            if let Some(id) = ids[i]
+                && got[i].len() == s.length[i]
+            {
+                batch.remove(id).expect("remove");
+                ids[i] = None;
+            }
+        }
+        step += 1;
+        assert!(step < 10_000, "the schedule does not finish");
+    }
+    assert!(batch.is_empty());
+    (got, max_groups)
+}
+
+fn continuous_batching_matches_each_request_alone(d: &Device, name: &str) {
+    let n = 36;
+    let s = schedule(0x5eed, n);
+    let want: Vec<_> = (0..n).map(|i| alone(&s, i)).collect();
+    // Every request is checked; a request whose token legitimately differs
+    // (a float boundary within rounding, reported) stops being compared there.
+    let mut boundary = 0;
+    let mut compared = 0;
+    for (pi, policy) in [
+        OffloadPolicy::Auto,
+        OffloadPolicy::Off,
+        OffloadPolicy::Device,
+        OffloadPolicy::Stages(1),
+        OffloadPolicy::Stages(2),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (got, groups) = served(&s, d, policy, 77 + pi as u64);
+        let offloads = policy == OffloadPolicy::Device
+            || !sampler_backend::is_cpu_device(d) && policy == OffloadPolicy::Auto;
+        if offloads {
+            assert!(
+                groups >= 3,
+                "[{name}] {policy:?}: {groups} device groups at most"
+            );
+        }
+        for i in 0..n {
+            for k in 0..s.length[i] {
+                compared += 1;
+                if got[i][k] == want[i][k] {
+                    continue;
+                }
+                let outputs: Vec<TokenId> =
+                    want[i][..k].iter().map(|t| *t.as_ref().unwrap()).collect();
+                match boundary_reason_after(&s.chains[i], &logits_of(i, k), &s.prompts[i], &outputs)
+                {
+                    Some(why) => {
+                        boundary += 1;
+                        println!(
+                            "TIE-BOUNDARY EXCEPTION [{name}] {policy:?} request {i} step {k}: {:?} vs {:?}: {why}",
+                            got[i][k], want[i][k]
+                        );
+                        break;
+                    }
+                    None => panic!(
+                        "[{name}] {policy:?}: request {i} step {k}: served {:?}, alone {:?}\nchain {}\nprompt {:?}",
+                        got[i][k],
+                        want[i][k],
+                        s.chains[i].chain_string(),
+                        s.prompts[i]
+                    ),
+                }
+            }
+        }
+    }
+    println!("[{name}] {compared} tokens compared, {boundary} boundary exceptions");
+    assert!(boundary * 100 <= compared, "too many boundary exceptions");
+    // The poisoned rows are errors for their request only.
+    assert!(
+        want.iter()
+            .flatten()
+            .any(|t| matches!(t, Err(SampleError::NanLogit { .. }))),
+        "the schedule has a NaN row"
+    );
+}
+
+fn mixed_chains_read_back_what_each_plan_says(d: &Device, _: &str) {
+    let mut batch = SamplingBatch::new(VOCAB, d, OffloadPolicy::Device).unwrap();
+    let top_k = ChainSpec::new(vec![StageSpec::TopK { k: 40 }, StageSpec::Dist], Some(1));
+    let top_k_host = ChainSpec::new(
+        vec![
+            StageSpec::TopK { k: 40 },
+            StageSpec::default_for(StageKind::Mirostat),
+        ],
+        Some(2),
+    );
+    let no_top_k = ChainSpec::new(
+        vec![
+            StageSpec::Temperature {
+                t: 0.7,
+                dynatemp_range: 0.0,
+                dynatemp_exponent: 1.0,
+            },
+            StageSpec::Dist,
+        ],
+        Some(3),
+    );
+    let no_top_k_host = ChainSpec::new(
+        vec![
+            StageSpec::Temperature {
+                t: 0.7,
+                dynatemp_range: 0.0,
+                dynatemp_exponent: 1.0,
+            },
+            StageSpec::default_for(StageKind::Mirostat),
+        ],
+        Some(4),
+    );
+    let specs = [top_k, top_k_host, no_top_k, no_top_k_host];
+    let ids: Vec<RequestId> = specs
+        .iter()
+        .map(|s| batch.insert(s.clone(), &[]).unwrap())
+        .collect();
+    let per_row: Vec<usize> = ids
+        .iter()
+        .map(|&id| batch.plan(id).unwrap().bytes_per_row())
+        .collect();
+    // Each row's own plan: token ids; 40 survivors; token ids; a full row.
+    assert_eq!(per_row, vec![4, 8 * 40, 4, 4 * VOCAB]);
+    let rows: Vec<Vec<f32>> = (0..4).map(|i| logits_of(i, 0)).collect();
+    let out = batch.step(&ids, upload(&rows, d)).unwrap();
+    assert!(out.tokens.iter().all(|t| t.is_ok()), "{:?}", out.tokens);
+    assert_eq!(out.bytes_read, per_row.iter().sum::<usize>());
+    // Any subset: what it reads is the sum of its rows' plans.
+    for subset in [vec![0], vec![2, 0], vec![3, 1], vec![1, 2]] {
+        let step_ids: Vec<RequestId> = subset.iter().map(|&i| ids[i]).collect();
+        let rows: Vec<Vec<f32>> = subset.iter().map(|&i| logits_of(i, 1)).collect();
+        let out = batch.step(&step_ids, upload(&rows, d)).unwrap();
+        let want: usize = subset.iter().map(|&i| per_row[i]).sum();
+        assert_eq!(out.bytes_read, want, "subset {subset:?}");
+    }
+}
+
+fn batch_errors_name_the_request(d: &Device, _: &str) {
+    let mut batch = SamplingBatch::new(VOCAB, d, OffloadPolicy::Auto).unwrap();
+    let spec = ChainSpec::new(vec![StageSpec::Greedy], Some(1));
+    let a = batch.insert(spec.clone(), &[]).unwrap();
+    let b = batch.insert(spec.clone(), &[]).unwrap();
+    let two = || upload(&[logits_of(0, 0), logits_of(1, 0)], d);
+    let e = batch.step(&[a, a], two()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            BackendError::DuplicateRow {
+                first: 0,
+                second: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = batch.step(&[a], two()).unwrap_err();
+    assert!(matches!(e, BackendError::Shape { batch: 1, .. }), "{e}");
+    batch.remove(b).unwrap();
+    let e = batch.step(&[a, b], two()).unwrap_err();
+    assert_eq!(e, BackendError::UnknownRequest { id: b.get() });
+    assert!(e.to_string().contains("not in the batch"), "{e}");
+    assert_eq!(
+        batch.remove(b),
+        Err(BackendError::UnknownRequest { id: b.get() })
+    );
+    // A bad parameter names the stage, the field and the range.
+    let bad = ChainSpec::new(
+        vec![
+            StageSpec::TopP {
+                p: 2.0,
+                min_keep: 0,
+            },
+            StageSpec::Dist,
+        ],
+        None,
+    );
+    let e = batch.insert(bad, &[]).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        matches!(e, BackendError::InvalidRequest { stage: 0, .. }),
+        "{msg}"
+    );
+    assert!(msg.contains("p") && msg.contains("[0, 1]"), "{msg}");
+    // The batch still works, and a seedless request reports the seed it uses.
+    let c = batch
+        .insert(ChainSpec::new(vec![StageSpec::Dist], None), &[])
+        .unwrap();
+    let seed = batch.spec(c).unwrap().seed.expect("a seed was drawn");
+    assert_eq!(batch.chain(c).unwrap().seed(), seed);
+    let out = batch.step(&[c, a], two()).unwrap();
+    assert!(out.tokens.iter().all(|t| t.is_ok()));
+}
+
+fn update_and_reset_keep_the_request_reproducible(d: &Device, _: &str) {
+    // A request whose parameters change mid-way gives the tokens of a
+    // sampler-cpu chain changed at the same step; a reset replays its seed.
+    let first = ChainSpec::new(
+        vec![
+            StageSpec::Penalties {
+                last_n: 8,
+                repeat: 1.3,
+                frequency: 0.2,
+                presence: 0.1,
+                scope: HistoryScope::PromptAndOutput,
+            },
+            StageSpec::TopK { k: 10 },
+            StageSpec::Dist,
+        ],
+        Some(9),
+    );
+    let mut second = first.clone();
+    second.stages[1] = StageSpec::TopK { k: 3 };
+    for policy in [
+        OffloadPolicy::Auto,
+        OffloadPolicy::Device,
+        OffloadPolicy::Off,
+    ] {
+        let mut batch = SamplingBatch::new(VOCAB, d, policy).unwrap();
+        let other = batch.insert(second.clone(), &[1, 2]).unwrap();
+        let id = batch.insert(first.clone(), &[5, 5, 6]).unwrap();
+        let mut cpu = sampler_cpu::build_chain(&first).unwrap();
+        cpu.accept_prompt(&[5, 5, 6]);
+        let mut got = Vec::new();
+        let mut want = Vec::new();
+        for k in 0..12 {
+            if k == 6 {
+                batch.update(id, second.clone()).unwrap();
+                let mut next = sampler_cpu::build_chain(&second).unwrap();
+                next.accept_prompt(&[5, 5, 6]);
+                for &t in &want {
+                    next.accept(t, sampler_core::TokenOrigin::Output);
+                }
+                next.set_step(cpu.step());
+                cpu = next;
+            }
+            let out = batch
+                .step(
+                    &[other, id],
+                    upload(&[logits_of(50, k), logits_of(7, k)], d),
+                )
+                .unwrap();
+            got.push(out.tokens[1].clone().unwrap());
+            want.push(sampler_cpu::fast::sample_row(&logits_of(7, k), &mut cpu).unwrap());
+        }
+        assert_eq!(got, want, "{policy:?}");
+        batch.reset(id).unwrap();
+        batch.accept_prompt(id, &[5, 5, 6]).unwrap();
+        let mut again = Vec::new();
+        let mut fresh = sampler_cpu::build_chain(&second).unwrap();
+        fresh.accept_prompt(&[5, 5, 6]);
+        for k in 0..4 {
+            let out = batch.step(&[id], upload(&[logits_of(7, k)], d)).unwrap();
+            again.push(out.tokens[0].clone().unwrap());
+            assert_eq!(
+                again[k],
+                sampler_cpu::fast::sample_row(&logits_of(7, k), &mut fresh).unwrap(),
+                "{policy:?} after reset, step {k}"
+            );
+        }
+    }
+}
+
+fn cpu_device_auto_uses_the_cpu_kernels(d: &Device, name: &str) {
+    let spec = ChainSpec::new(vec![StageSpec::TopK { k: 5 }, StageSpec::Dist], Some(3));
+    let mut batch = SamplingBatch::new(VOCAB, d, OffloadPolicy::Auto).unwrap();
+    let id = batch.insert(spec.clone(), &[]).unwrap();
+    let plan = batch.plan(id).unwrap();
+    if sampler_backend::is_cpu_device(d) {
+        assert!(plan.device.is_empty(), "[{name}] {plan}");
+        assert_eq!(plan.host_reason, Some(sampler_core::HostReason::CpuDevice));
+        assert!(plan.to_string().contains("CPU device"), "{plan}");
+    } else {
+        assert!(plan.fully_offloaded(), "[{name}] {plan}");
+    }
+    let mut forced = SamplingBatch::new(VOCAB, d, OffloadPolicy::Device).unwrap();
+    let f = forced.insert(spec, &[]).unwrap();
+    assert!(forced.plan(f).unwrap().fully_offloaded());
+}
+
+device_tests!(
+    continuous_batching_matches_each_request_alone,
+    mixed_chains_read_back_what_each_plan_says,
+    batch_errors_name_the_request,
+    update_and_reset_keep_the_request_reproducible,
+    cpu_device_auto_uses_the_cpu_kernels,
+);
