@@ -750,8 +750,19 @@ fn run_executor_one(r: &mut ChaCha8Rng, device: &Device, report: &mut Report, in
     let last = *pick(r, &[11u8, 12, 12]);
     let rows: Vec<ChainSpec> = (0..batch)
         .map(|_| {
-            let mut st: Vec<StageSpec> = kinds.iter().map(|&k| exec_stage(k, r, vocab)).collect();
-            st.push(exec_stage(last, r, vocab));
+            // Half the rows share the batch's chain shape, half have their own
+            // (kinds, order, length and selecting stage all differ).
+            let (own, own_last): (Vec<u8>, u8) = if r.random_bool(0.5) {
+                let n = r.random_range(0..5);
+                (
+                    (0..n).map(|_| r.random_range(0..13)).collect(),
+                    *pick(r, &[11u8, 12, 12]),
+                )
+            } else {
+                (kinds.clone(), last)
+            };
+            let mut st: Vec<StageSpec> = own.iter().map(|&k| exec_stage(k, r, vocab)).collect();
+            st.push(exec_stage(own_last, r, vocab));
             ChainSpec::new(st, Some(r.random()))
         })
         .collect();

@@ -6,7 +6,7 @@
 //! mirostat `mu`, DRY history; its prompt and generated tokens) lives with
 //! the request, never with a batch position. So a request's tokens are the
 //! same whether it runs alone, joins mid-way, moves to another row every
-//! step, or shares the step with any other requests (DESIGN.md contract 7).
+//! step, or shares the step with any other requests.
 //!
 //! ## Groups
 //! Each request is planned alone ([`SamplingBatch::plan`]): which of its
@@ -99,7 +99,10 @@ struct Request {
     /// A device stage of this request masks what the CPU removes (top_p,
     /// min_p, epsilon, eta): the host drops the `-inf` entries it left.
     drop_masked: bool,
-    prompt: Vec<TokenId>,
+    /// Every accepted token in order (prompt and generated), for device
+    /// state rebuilt at a group change and chains rebuilt by `update`.
+    history: Vec<(TokenId, TokenOrigin)>,
+    /// The generated tokens since insert / reset.
     outputs: Vec<TokenId>,
 }
 
@@ -221,6 +224,21 @@ impl SamplingBatch {
         })
     }
 
+    /// An empty batch for a config's `[device]` (`kind`, `offload`; `cpu`
+    /// means flex with nothing offloaded, as everywhere) over `vocab` tokens.
+    /// Insert the config's chain with `batch.insert(cfg.chain.clone(), prompt)`.
+    ///
+    /// # Errors
+    /// [`BackendError::UnknownDevice`] (not compiled in, bad index), and as
+    /// [`SamplingBatch::new`].
+    pub fn from_config(
+        device: &chain_config::DeviceConfig,
+        vocab: usize,
+    ) -> Result<Self, BackendError> {
+        let (d, policy) = crate::resolve_device(&device.device, device.offload)?;
+        Self::new(vocab, &d, policy)
+    }
+
     /// Vocabulary size.
     pub fn vocab(&self) -> usize {
         self.vocab
@@ -289,11 +307,12 @@ impl SamplingBatch {
             key: planned.key,
             keep: planned.keep,
             drop_masked: planned.drop_masked,
-            prompt: Vec::new(),
+            history: Vec::new(),
             outputs: Vec::new(),
         };
         req.chain.accept_prompt(prompt);
-        req.prompt.extend_from_slice(prompt);
+        req.history
+            .extend(prompt.iter().map(|&t| (t, TokenOrigin::Prompt)));
         self.join(id, &req.key);
         self.requests.insert(id, req);
         Ok(id)
@@ -324,7 +343,7 @@ impl SamplingBatch {
             .get_mut(&id)
             .ok_or(BackendError::UnknownRequest { id: id.0 })?;
         req.chain.reset();
-        req.prompt.clear();
+        req.history.clear();
         req.outputs.clear();
         let key = req.key.clone();
         self.dirty(&key);
@@ -342,7 +361,8 @@ impl SamplingBatch {
             .get_mut(&id)
             .ok_or(BackendError::UnknownRequest { id: id.0 })?;
         req.chain.accept_prompt(tokens);
-        req.prompt.extend_from_slice(tokens);
+        req.history
+            .extend(tokens.iter().map(|&t| (t, TokenOrigin::Prompt)));
         let key = req.key.clone();
         let group = self.groups.get_mut(&key);
         if let Some(g) = group
@@ -378,9 +398,8 @@ impl SamplingBatch {
         let Some(req) = self.requests.get_mut(&id) else {
             return Err(BackendError::UnknownRequest { id: id.0 });
         };
-        chain.accept_prompt(&req.prompt);
-        for &t in &req.outputs {
-            chain.accept(t, TokenOrigin::Output);
+        for &(t, origin) in &req.history {
+            chain.accept(t, origin);
         }
         chain.set_step(req.chain.step());
         for (i, (old, new)) in req.spec.stages.iter().zip(&spec.stages).enumerate() {
@@ -522,7 +541,7 @@ impl SamplingBatch {
             };
             for (slot, m) in g.members.iter().enumerate() {
                 let r = &self.requests[m];
-                st.restore(slot, &r.prompt, &r.outputs);
+                st.restore(slot, &r.history);
             }
             let ctx = InitContext {
                 batch: slots,
@@ -623,7 +642,7 @@ impl SamplingBatch {
         host_rows.sort_unstable();
 
         let d = self.device.clone();
-        let select_rows = |rows: &[usize]| -> Tensor<2> {
+        let select_rows = |logits: &Tensor<2>, rows: &[usize]| -> Tensor<2> {
             if rows.len() == b {
                 logits.clone()
             } else {
@@ -633,11 +652,20 @@ impl SamplingBatch {
         };
         let mut tx = Transaction::default();
         let mut n_reg = 0;
-        let host_at = (!host_rows.is_empty()).then(|| {
-            tx = std::mem::take(&mut tx).register(select_rows(&host_rows));
+        let mut logits = Some(logits);
+        let host_at = if host_rows.is_empty() {
+            None
+        } else if host_rows.len() == b {
+            // Every row on the host: the tensor itself is read (on a CPU
+            // device without a copy when the caller kept no clone).
+            tx = tx.register(logits.take().expect("not taken yet"));
             n_reg += 1;
-            n_reg - 1
-        });
+            Some(0)
+        } else {
+            tx = tx.register(select_rows(logits.as_ref().expect("not taken"), &host_rows));
+            n_reg += 1;
+            Some(0)
+        };
         // Per group: the index of its first registered tensor.
         let mut group_at = Vec::with_capacity(group_rows.len());
         for (key, rows) in &group_rows {
@@ -660,7 +688,7 @@ impl SamplingBatch {
             let stages = g.stages.as_mut().expect("built above");
             let out = device_pass(
                 stages,
-                select_rows(rows),
+                select_rows(logits.as_ref().expect("some rows run on the device"), rows),
                 (!identity).then(|| ops::vec_int(&slots, &d)),
                 &row_states,
                 key.readback,
@@ -737,6 +765,7 @@ impl SamplingBatch {
                 let res = run_host(req, w, raw, v, select);
                 if select && let Ok(RowResult::Token(t)) = &res {
                     req.outputs.push(*t);
+                    req.history.push((*t, TokenOrigin::Output));
                 }
                 res
             })

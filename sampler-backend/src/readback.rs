@@ -1,5 +1,5 @@
 //! Per-row status codes carried inside the readback itself, so a fully
-//! offloaded chain reads back exactly one `i32` per row (DESIGN.md contract 6):
+//! offloaded chain reads back exactly one `i32` per row:
 //!
 //! | value | meaning |
 //! |---|---|

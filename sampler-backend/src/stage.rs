@@ -1,9 +1,9 @@
-//! The device hook trait (DESIGN.md contract 4) and the data a step passes
+//! The device hook trait and the data a step passes
 //! from stage to stage.
 
 use burn_tensor::kind::Basic;
 use burn_tensor::{Bool, Device, Int, Tensor};
-use sampler_core::{DeviceRefusal, StageKind, StageSpec, TokenId};
+use sampler_core::{DeviceRefusal, StageKind, StageSpec, TokenId, TokenOrigin};
 
 /// What a stage's `init` learns about the step it will join.
 #[derive(Debug, Clone)]
@@ -98,8 +98,8 @@ impl StepData {
     }
 }
 
-/// Device hooks of one stage, for the whole batch (DESIGN.md contract 4;
-/// llama.cpp's `backend_init / backend_set_input / backend_apply`).
+/// Device hooks of one stage, for the whole batch (as llama.cpp's
+/// `backend_init / backend_set_input / backend_apply`).
 ///
 /// A stage is built from the per-slot specs of its chain position (same
 /// kind, parameters may differ per slot) and keeps per-slot parameters as
@@ -130,10 +130,11 @@ pub trait DeviceStage: Send {
     fn accept(&mut self, _tokens: &[Option<TokenId>]) {}
     /// Record prompt tokens of one slot.
     fn accept_prompt(&mut self, _slot: usize, _tokens: &[TokenId]) {}
-    /// Give one slot the history of a request that already ran: its prompt
-    /// and the tokens it generated, in order (called before `init`, when a
-    /// serving batch rebuilds a group). Only history-based stages care.
-    fn restore(&mut self, _slot: usize, _prompt: &[TokenId], _outputs: &[TokenId]) {}
+    /// Give one slot the history of a request that already ran: every token
+    /// it accepted (prompt and generated), in order, with its origin (called
+    /// before `init`, when a serving batch rebuilds a group). Only
+    /// history-based stages care.
+    fn restore(&mut self, _slot: usize, _history: &[(TokenId, TokenOrigin)]) {}
     /// Forget history.
     fn reset(&mut self) {}
 }

@@ -388,7 +388,7 @@ impl Candidates {
 
     /// Softmax over the current set, in its current order (no sort):
     /// `p_i = exp(l_i - max) / sum`, exponentials in f32 and the sum in f64
-    /// (DESIGN.md contract 8). Sets normalised probabilities.
+    /// (NaN or `+inf` anywhere in a row is that row's error). Sets normalised probabilities.
     ///
     /// # Errors
     /// [`SampleError::EmptyRow`] for an empty set, [`SampleError::AllMasked`]
@@ -417,7 +417,7 @@ impl Candidates {
     }
 
     /// Check a raw row before the first stage: empty, NaN and `+inf` logits
-    /// are errors (DESIGN.md contract 8).
+    /// are errors (NaN or `+inf` anywhere in a row is that row's error).
     ///
     /// # Errors
     /// [`SampleError::EmptyRow`], [`SampleError::NanLogit`], [`SampleError::PosInfLogit`].

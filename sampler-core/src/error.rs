@@ -27,7 +27,7 @@ pub enum SampleError {
     /// The row has no logits at all (vocabulary of size 0).
     #[error("the row is empty: a vocabulary of 0 tokens cannot be sampled")]
     EmptyRow,
-    /// A NaN logit makes the whole row invalid (DESIGN.md contract 8).
+    /// A NaN logit makes the whole row invalid (NaN or `+inf` anywhere in a row is that row's error).
     #[error("logit at position {index} is NaN: the row is invalid")]
     NanLogit {
         /// Position in the row (== token id for a raw vocabulary row).

@@ -1,4 +1,4 @@
-//! Static stage metadata (DESIGN.md contract 2). The planner and the config
+//! Static stage metadata. The planner and the config
 //! loader reason from this alone; they never run a stage to learn what it does.
 //! The values themselves are declared once per stage in the registry
 //! (`registry.rs`), which generates [`StageKind`], [`StageSpec`](crate::StageSpec)

@@ -1,4 +1,4 @@
-//! The planner (DESIGN.md contract 5) and readback formats (contract 6).
+//! The planner and the readback formats.
 //!
 //! Pure functions of stage metadata, parameters and the device's `init`
 //! answers: a [`Plan`] is a value that prints and can be compared in tests.

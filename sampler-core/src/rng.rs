@@ -1,4 +1,4 @@
-//! Counter-based randomness (DESIGN.md contract 7).
+//! Counter-based randomness: a token depends on (seed, step, stage lane), never on the backend or the batch.
 //!
 //! A row's random numbers are a pure function of `(seed, step, lane)`:
 //! * `seed`: the row's (request's) seed,

@@ -1,4 +1,4 @@
-//! The CPU [`Sampler`] trait (DESIGN.md contract 3).
+//! The CPU [`Sampler`] trait.
 
 use crate::{Candidates, RowRng, SampleError, StageSpec, TokenId};
 

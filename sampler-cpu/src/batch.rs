@@ -56,7 +56,7 @@ fn per_row<T: Send>(
 /// `chains[row]`, which accepts the token and advances its step
 /// ([`Chain::sample`]).
 ///
-/// Rows are independent (DESIGN.md contract 7): a row's token depends only on
+/// Rows are independent: a row's token depends only on
 /// its logits and its chain (seed, step, history), never on its position or
 /// on other rows. Rows run in parallel with rayon when `batch > 1`.
 ///

@@ -1,4 +1,4 @@
-//! CPU-vs-device equivalence (DESIGN.md contract 7): random chains of
+//! CPU-vs-device equivalence: random chains of
 //! device-capable stages, random logits (ties, `-inf`, NaN rows), random
 //! seeds and per-row parameters. For every split point and every device
 //! built, each row's token equals the CPU reference, unless the row's draw

@@ -13,7 +13,7 @@
 //!
 //! Sums run in f32 in a different order than the CPU's sequential walk: a
 //! token can differ only when `u * S` lies within rounding of a cumulative
-//! boundary (DESIGN.md contract 7); the equivalence tests detect and report
+//! boundary; the equivalence tests detect and report
 //! such draws.
 
 use burn_tensor::{Int, Tensor};

@@ -1,5 +1,5 @@
 //! `greedy` on the device: the maximum logit, ties to the lowest token id
-//! (vLLM / TensorRT-LLM rule, DESIGN.md), mapped through `ids` after a
+//! (vLLM / TensorRT-LLM rule), mapped through `ids` after a
 //! device `top_k` (llama.cpp returned the position instead: bug_cases §12).
 
 use sampler_core::StageSpec;

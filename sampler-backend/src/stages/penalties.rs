@@ -1,7 +1,7 @@
 //! Repetition / frequency / presence penalties on the device.
 //!
 //! Per-row token counts `[B, V]` live on the device. The host keeps each
-//! row's window (the last `last_n` in-scope tokens, DESIGN.md's explicit
+//! row's window (the last `last_n` in-scope tokens, the explicit
 //! history scope) and turns every change into count deltas (+1 for a token
 //! entering the window, -1 for one leaving it), applied by one scatter-add
 //! in `accept` (generated tokens) or `set_input` (prompt tokens). `apply`:
@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 
 use burn_tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
-use sampler_core::{HistoryScope, StageSpec, TokenId};
+use sampler_core::{HistoryScope, StageSpec, TokenId, TokenOrigin};
 
 use crate::ops::{self, wide};
 use sampler_core::DeviceRefusal;
@@ -216,19 +216,24 @@ impl DeviceStage for Penalties {
             }
         }
     }
-    fn restore(&mut self, slot: usize, prompt: &[TokenId], outputs: &[TokenId]) {
+    fn restore(&mut self, slot: usize, history: &[(TokenId, TokenOrigin)]) {
         let vocab = self.vocab;
         let Some(r) = self.rows.get_mut(slot) else {
             return;
         };
-        let prompt = if r.scope == HistoryScope::PromptAndOutput {
-            prompt
-        } else {
-            &[]
-        };
+        let scope = r.scope;
+        let in_scope =
+            |o: &TokenOrigin| *o == TokenOrigin::Output || scope == HistoryScope::PromptAndOutput;
         // Only the last `last_n` in-scope tokens can be in the window.
-        let skip = (prompt.len() + outputs.len()).saturating_sub(r.last_n);
-        for &t in prompt.iter().chain(outputs).skip(skip) {
+        let count = history.iter().filter(|(_, o)| in_scope(o)).count();
+        let skip = count.saturating_sub(r.last_n);
+        let tail: Vec<TokenId> = history
+            .iter()
+            .filter(|(_, o)| in_scope(o))
+            .skip(skip)
+            .map(|&(t, _)| t)
+            .collect();
+        for t in tail {
             Self::push(r, t, vocab);
         }
     }
