@@ -12,8 +12,10 @@
 //! * `batch/<device>`: `SamplingBatch::step` (auto policy; on flex that is
 //!   sampler-cpu's fast path over the tensor's memory); the tensor is made
 //!   from the rows outside the timing, as an engine's model would hand it;
-//! * `sampler_cpu`: `sampler_cpu::sample_batch` over the same rows and chains;
-//! * `floor_read`: one pass summing every logit (the rows read once).
+//! * `sampler_cpu`: `sampler_cpu::sample_batch` over the same rows and
+//!   chains, given fresh rows each step (freed inside the step, as the
+//!   batch frees the tensor it consumes);
+//! * `floor_read`: one pass OR-ing every logit's bits (the rows read once).
 //!
 //! Sizes: `BENCH_BATCH` (default `1,32,256`) x `BENCH_VOCAB` (default
 //! `32000,151936`); devices: `BENCH_DEVICES` (default: every compiled-in
@@ -117,18 +119,29 @@ fn bench(c: &mut Criterion) {
             let cfg = format!("B{b}_V{v}");
             g.throughput(criterion::Throughput::Bytes((b * v * 4) as u64));
             g.bench_function(BenchmarkId::new("floor_read", &cfg), |bench| {
+                // Every logit's bits OR-ed together: one vectorised pass, the
+                // time to read the rows once.
                 bench.iter(|| {
                     std::hint::black_box(&logits)
-                        .chunks_exact(v)
-                        .map(|row| row.iter().sum::<f32>())
-                        .sum::<f32>()
+                        .iter()
+                        .fold(0u32, |acc, x| acc | x.to_bits())
                 })
             });
             let mut chains: Vec<_> = (0..b)
                 .map(|i| sampler_cpu::build_chain(&chain(i)).expect("valid chain"))
                 .collect();
+            // Like the batch below, each step gets fresh rows and frees them.
             g.bench_function(BenchmarkId::new("sampler_cpu", &cfg), |bench| {
-                bench.iter(|| sampler_cpu::sample_batch(&logits, b, v, &mut chains).expect("shape"))
+                bench.iter_batched(
+                    || logits.clone(),
+                    |rows| {
+                        let out =
+                            sampler_cpu::sample_batch(&rows, b, v, &mut chains).expect("shape");
+                        drop(rows);
+                        out
+                    },
+                    BatchSize::LargeInput,
+                )
             });
             for name in &devices {
                 let Ok(device) = parse_device(name) else {

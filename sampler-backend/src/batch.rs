@@ -757,19 +757,27 @@ impl SamplingBatch {
             .filter_map(|(id, req)| row_of.get(id).map(|&r| (r, req)))
             .collect();
         reqs.sort_unstable_by_key(|(r, _)| *r);
-        let results: Vec<Result<RowResult, SampleError>> = reqs
-            .par_iter_mut()
-            .zip(work.into_par_iter())
-            .map(|((_, req), w)| {
-                let w = w.expect("every row has work");
-                let res = run_host(req, w, raw, v, select);
-                if select && let Ok(RowResult::Token(t)) = &res {
-                    req.outputs.push(*t);
-                    req.history.push((*t, TokenOrigin::Output));
-                }
-                res
-            })
-            .collect();
+        let host = |req: &mut Request, w: Option<Work>| {
+            let w = w.expect("every row has work");
+            let res = run_host(req, w, raw, v, select);
+            if select && let Ok(RowResult::Token(t)) = &res {
+                req.outputs.push(*t);
+                req.history.push((*t, TokenOrigin::Output));
+            }
+            res
+        };
+        // One row: no thread pool round trip (a few microseconds).
+        let results: Vec<Result<RowResult, SampleError>> = if reqs.len() == 1 {
+            reqs.iter_mut()
+                .zip(work)
+                .map(|((_, req), w)| host(req, w))
+                .collect()
+        } else {
+            reqs.par_iter_mut()
+                .zip(work.into_par_iter())
+                .map(|((_, req), w)| host(req, w))
+                .collect()
+        };
 
         // Device state records each group's tokens, per slot.
         if select {
