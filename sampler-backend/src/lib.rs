@@ -1,10 +1,13 @@
 //! # sampler-backend
 //!
-//! burn device hooks for sampler-chain stages, the hybrid executor that runs
-//! a chain's device prefix next to the logits and the rest on the CPU, the
-//! readback formats, and run-time device selection.
+//! burn device hooks for sampler-chain stages; [`SamplingBatch`], the
+//! serving batch that runs each request's device prefix next to the logits
+//! and the rest on the CPU (requests join and leave between steps, any chain
+//! per request, any subset of rows in any order per step); the fixed-batch
+//! [`Executor`] over it; the readback formats; run-time device selection.
+//! The serving loop and its costs: docs/serving.md in the repository.
 //!
-//! ## The per-step loop
+//! ## The per-step loop (fixed batch)
 //!
 //! ```no_run
 //! # #[cfg(feature = "flex")] {
