@@ -666,8 +666,10 @@ impl SamplingBatch {
             n_reg += 1;
             Some(0)
         };
-        // Per group: the index of its first registered tensor.
+        // Per group: the index of its first registered tensor, and each of
+        // its step rows' slot.
         let mut group_at = Vec::with_capacity(group_rows.len());
+        let mut group_slots = Vec::with_capacity(group_rows.len());
         for (key, rows) in &group_rows {
             let g = self.groups.get_mut(key).expect("group built above");
             let slot_of: HashMap<RequestId, usize> =
@@ -694,6 +696,7 @@ impl SamplingBatch {
                 key.readback,
                 &d,
             );
+            group_slots.push(slots);
             group_at.push(n_reg);
             for t in out {
                 tx = match t {
@@ -781,14 +784,12 @@ impl SamplingBatch {
 
         // Device state records each group's tokens, per slot.
         if select {
-            for (key, rows) in &group_rows {
+            for ((key, rows), slots) in group_rows.iter().zip(&group_slots) {
                 let g = self.groups.get_mut(key).expect("group built above");
                 let mut per_slot = vec![None; g.members.len()];
-                for &r in rows {
-                    if let Ok(RowResult::Token(t)) = results[r]
-                        && let Some(s) = g.members.iter().position(|&m| m == ids[r])
-                    {
-                        per_slot[s] = Some(t);
+                for (&r, &s) in rows.iter().zip(slots) {
+                    if let Ok(RowResult::Token(t)) = results[r] {
+                        per_slot[s as usize] = Some(t);
                     }
                 }
                 if let Some(stages) = &mut g.stages {

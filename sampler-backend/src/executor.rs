@@ -3,29 +3,17 @@
 
 use burn_tensor::{Device, Tensor};
 use sampler_core::plan::{OffloadPolicy, Plan};
-use sampler_core::{Candidates, Chain, ChainSpec, SampleError, TokenId};
+use sampler_core::{Chain, ChainSpec, TokenId};
 
 use crate::BackendError;
 use crate::batch::{RequestId, SamplingBatch};
 
-/// The result of one [`Executor::step`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepOutput {
-    /// One entry per row: the token, or why that row could not be sampled.
-    pub tokens: Vec<Result<TokenId, SampleError>>,
-    /// Bytes read back from the device in this step (all rows together).
-    pub bytes_read: usize,
-}
+/// The result of one [`Executor::step`]: one entry per row, and the bytes read back.
+pub type StepOutput = crate::batch::BatchStep;
 
 /// The result of one [`Executor::filter`]: each row's candidates after the
 /// whole chain ran without selecting (for chains without a selecting stage).
-#[derive(Debug, Clone, PartialEq)]
-pub struct FilterOutput {
-    /// One entry per row.
-    pub rows: Vec<Result<Candidates, SampleError>>,
-    /// Bytes read back from the device.
-    pub bytes_read: usize,
-}
+pub type FilterOutput = crate::batch::BatchFilter;
 
 /// A fixed batch: row `r` is always the request built from `rows[r]`.
 ///
@@ -139,11 +127,7 @@ impl Executor {
     /// [`BackendError::Readback`]. Per-row problems (NaN rows, all `-inf`)
     /// are `Err` entries of [`StepOutput::tokens`]; the other rows are sampled.
     pub fn step(&mut self, logits: Tensor<2>) -> Result<StepOutput, BackendError> {
-        let out = self.batch.step(&self.ids, logits)?;
-        Ok(StepOutput {
-            tokens: out.tokens,
-            bytes_read: out.bytes_read,
-        })
+        self.batch.step(&self.ids, logits)
     }
 
     /// Run the chain on `logits` `[batch, vocab]` without selecting or
@@ -153,10 +137,6 @@ impl Executor {
     /// # Errors
     /// As [`Executor::step`].
     pub fn filter(&mut self, logits: Tensor<2>) -> Result<FilterOutput, BackendError> {
-        let out = self.batch.filter(&self.ids, logits)?;
-        Ok(FilterOutput {
-            rows: out.rows,
-            bytes_read: out.bytes_read,
-        })
+        self.batch.filter(&self.ids, logits)
     }
 }
