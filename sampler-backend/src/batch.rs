@@ -369,7 +369,7 @@ impl SamplingBatch {
             && let Some(slot) = g.members.iter().position(|&m| m == id)
             && let Some(stages) = &mut g.stages
         {
-            for st in stages {
+            for st in stages.iter_mut().filter(|st| st.needs_history()) {
                 st.accept_prompt(slot, tokens);
             }
         }
@@ -398,8 +398,10 @@ impl SamplingBatch {
         let Some(req) = self.requests.get_mut(&id) else {
             return Err(BackendError::UnknownRequest { id: id.0 });
         };
-        for &(t, origin) in &req.history {
-            chain.accept(t, origin);
+        if spec.stages.iter().any(|s| s.kind().meta().needs_history) {
+            for &(t, origin) in &req.history {
+                chain.accept(t, origin);
+            }
         }
         chain.set_step(req.chain.step());
         for (i, (old, new)) in req.spec.stages.iter().zip(&spec.stages).enumerate() {
@@ -539,9 +541,10 @@ impl SamplingBatch {
             let Some(mut st) = build_device_stage(i, &specs) else {
                 break;
             };
-            for (slot, m) in g.members.iter().enumerate() {
-                let r = &self.requests[m];
-                st.restore(slot, &r.history);
+            if st.needs_history() {
+                for (slot, m) in g.members.iter().enumerate() {
+                    st.restore(slot, &self.requests[m].history);
+                }
             }
             let ctx = InitContext {
                 batch: slots,
@@ -793,7 +796,7 @@ impl SamplingBatch {
                     }
                 }
                 if let Some(stages) = &mut g.stages {
-                    for st in stages {
+                    for st in stages.iter_mut().filter(|st| st.needs_history()) {
                         st.accept(&per_slot);
                     }
                 }
@@ -1053,7 +1056,9 @@ fn device_pass(
         device: d.clone(),
     };
     for st in stages.iter_mut() {
-        st.set_input(rows);
+        if st.needs_step_input() {
+            st.set_input(rows);
+        }
         st.apply(&mut data);
     }
     match readback {

@@ -109,6 +109,22 @@ impl StepData {
 pub trait DeviceStage: Send {
     /// Canonical stage name.
     fn name(&self) -> &'static str;
+    /// Whether the batch must feed this stage accepted tokens (`accept`,
+    /// `accept_prompt`, `restore`). From the stage's registry metadata
+    /// (`needs_history`); a stage the registry does not know gets them.
+    fn needs_history(&self) -> bool {
+        StageKind::from_name(self.name()).is_none_or(|k| k.meta().needs_history)
+    }
+    /// Whether the batch must call `set_input` before each step: the stage
+    /// needs history deltas or the rows' random streams (`needs_history`,
+    /// `needs_randomness` in its metadata). A stage the registry does not
+    /// know is called.
+    fn needs_step_input(&self) -> bool {
+        StageKind::from_name(self.name()).is_none_or(|k| {
+            let meta = k.meta();
+            meta.needs_history || meta.needs_randomness
+        })
+    }
     /// Allocate state and upload per-row parameters.
     ///
     /// # Errors

@@ -14,8 +14,8 @@
 //! `sampler-cpu/src/stages/<module>.rs` (a type named like the variant with
 //! `new(fields in declaration order)`), and, with `device: yes`, the device
 //! file `sampler-backend/src/stages/<module>.rs` (a type named like the
-//! variant with `new(stage_index, specs)`), each declared in its crate's
-//! `stages/mod.rs`.
+//! variant with `new(stage_index, specs)`). Both crates declare their stage
+//! modules from this table, so nothing else needs an edit.
 
 use std::fmt::Display;
 

@@ -522,3 +522,52 @@ device_tests!(
     update_and_reset_keep_the_request_reproducible,
     cpu_device_auto_uses_the_cpu_kernels,
 );
+
+/// The batch feeds a device stage accepted tokens and per-step inputs
+/// according to the stage's registry metadata (`needs_history`,
+/// `needs_randomness`), never according to its name: every registered
+/// device recipe answers what its metadata says, and a stage the registry
+/// does not know is fed everything.
+#[test]
+fn device_hooks_follow_the_metadata() {
+    let mut seen = 0;
+    for kind in StageKind::ALL {
+        let meta = kind.meta();
+        let spec = StageSpec::default_for(kind);
+        let Some(st) = sampler_backend::build_device_stage(0, std::slice::from_ref(&spec)) else {
+            assert!(
+                !meta.device_hook,
+                "{kind:?} has a device hook but no device stage"
+            );
+            continue;
+        };
+        seen += 1;
+        assert_eq!(st.needs_history(), meta.needs_history, "{kind:?}");
+        assert_eq!(
+            st.needs_step_input(),
+            meta.needs_history || meta.needs_randomness,
+            "{kind:?}"
+        );
+    }
+    assert!(seen >= 8, "only {seen} device stages");
+    // Penalties take history; dist takes the random stream; top_k neither.
+    assert!(StageKind::Penalties.meta().needs_history);
+    assert!(StageKind::Dist.meta().needs_randomness);
+    assert!(!StageKind::TopK.meta().needs_history && !StageKind::TopK.meta().needs_randomness);
+
+    struct Unregistered;
+    impl sampler_backend::DeviceStage for Unregistered {
+        fn name(&self) -> &'static str {
+            "my_stage"
+        }
+        fn init(
+            &mut self,
+            _: &sampler_backend::InitContext,
+        ) -> Result<(), sampler_core::DeviceRefusal> {
+            Ok(())
+        }
+        fn apply(&self, _: &mut sampler_backend::StepData) {}
+    }
+    use sampler_backend::DeviceStage;
+    assert!(Unregistered.needs_history() && Unregistered.needs_step_input());
+}
