@@ -56,7 +56,7 @@ pub const WHOLE_HISTORY: usize = if usize::BITS >= 64 {
 /// [`SamplingParams::from_json_str`], whose errors carry suggestions and
 /// `line:column`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct SamplingParams {
     /// Temperature, `>= 0`; `< 1e-5` (i.e. 0) means greedy. Default 1 (off).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -73,13 +73,6 @@ pub struct SamplingParams {
     /// Locally typical mass in `[0, 1]`; `1` off (transformers / llama.cpp server). Default 1.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub typical_p: Option<f32>,
-    /// Epsilon sampling cutoff in `[0, 1)`; `0` off (transformers
-    /// `epsilon_cutoff`). Default 0.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub epsilon_cutoff: Option<f32>,
-    /// Eta sampling cutoff in `[0, 1)`; `0` off (transformers `eta_cutoff`). Default 0.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub eta_cutoff: Option<f32>,
     /// Top-n-sigma, finite; `<= 0` off (llama.cpp server). Default off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_n_sigma: Option<f32>,
@@ -154,17 +147,78 @@ pub struct SamplingParams {
     /// `false` means greedy (transformers). Default sampling.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub do_sample: Option<bool>,
+    /// The keys that stages declare in the stage registry
+    /// ([`sampler_core::StageMeta::flat_key`]: `epsilon_cutoff`,
+    /// `eta_cutoff`), written at the top level like the others. Each sets
+    /// its stage's first parameter (range: that parameter's); absent means
+    /// the stage is off.
+    #[serde(flatten)]
+    pub stage_keys: StageKeys,
 }
 
-/// Every JSON key of [`SamplingParams`] (and its aliases).
-pub const FIELDS: [&str; 30] = [
+/// Values of the flat keys declared by stages in the registry, by key
+/// (`{"epsilon_cutoff": 0.02}`). Deserialising refuses any other key.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct StageKeys(pub BTreeMap<String, f32>);
+
+impl StageKeys {
+    /// The value of `key`, if given.
+    pub fn get(&self, key: &str) -> Option<f32> {
+        self.0.get(key).copied()
+    }
+}
+
+/// The stages whose registry entry declares a flat key, with the key.
+pub(crate) fn registered_keys() -> impl Iterator<Item = (StageKind, &'static str)> {
+    StageKind::ALL
+        .into_iter()
+        .filter_map(|k| k.meta().flat_key.map(|key| (k, key)))
+}
+
+/// The stage parameter a registered flat key sets (the stage's first).
+fn registered_param(key: &str) -> Option<(StageKind, &'static sampler_core::ParamMeta)> {
+    registered_keys()
+        .find(|(_, k)| *k == key)
+        .and_then(|(kind, _)| kind.meta().params.first().map(|p| (kind, p)))
+}
+
+impl<'de> Deserialize<'de> for StageKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Keys;
+        impl<'de> serde::de::Visitor<'de> for Keys {
+            type Value = StageKeys;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("flat sampling parameters")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<StageKeys, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if registered_param(&key).is_none() {
+                        return Err(serde::de::Error::custom(format!("unknown field `{key}`")));
+                    }
+                    if let Some(v) = map.next_value::<Option<f32>>()? {
+                        out.insert(key, v);
+                    }
+                }
+                Ok(StageKeys(out))
+            }
+        }
+        d.deserialize_map(Keys)
+    }
+}
+
+/// The JSON keys of [`SamplingParams`]'s own fields (and their aliases);
+/// [`flat_keys`] adds the registry's.
+pub const FIELDS: [&str; 28] = [
     "temperature",
     "top_k",
     "top_p",
     "min_p",
     "typical_p",
-    "epsilon_cutoff",
-    "eta_cutoff",
     "top_n_sigma",
     "xtc_probability",
     "xtc_threshold",
@@ -190,6 +244,16 @@ pub const FIELDS: [&str; 30] = [
     "do_sample",
 ];
 
+/// Every flat key: [`FIELDS`], then the keys stages declare in the
+/// registry ([`sampler_core::StageMeta::flat_key`]).
+pub fn flat_keys() -> Vec<&'static str> {
+    FIELDS
+        .iter()
+        .copied()
+        .chain(registered_keys().map(|(_, k)| k))
+        .collect()
+}
+
 /// How a flat parameter is typed in JSON.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FieldKind {
@@ -209,17 +273,7 @@ pub(crate) enum FieldKind {
 
 /// Every JSON key of [`SamplingParams`] with its kind and valid range in
 /// words (used verbatim in errors, also for `generation_config.json`).
-pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 30] = [
-    (
-        "epsilon_cutoff",
-        FieldKind::Float,
-        "a number in [0, 1) (0 = off)",
-    ),
-    (
-        "eta_cutoff",
-        FieldKind::Float,
-        "a number in [0, 1) (0 = off)",
-    ),
+pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 28] = [
     (
         "temperature",
         FieldKind::Float,
@@ -316,17 +370,24 @@ pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 30] = [
 
 /// The valid range of a flat parameter, in words.
 pub(crate) fn range_of(key: &str) -> &'static str {
+    field_of(key).map_or("a valid value", |(_, r)| r)
+}
+
+/// How a flat key is typed and its range in words: [`FIELD_RANGES`], or
+/// for a registered key its parameter's metadata.
+fn field_of(key: &str) -> Option<(FieldKind, &'static str)> {
     FIELD_RANGES
         .iter()
         .find(|(k, _, _)| *k == key)
-        .map_or("a valid value", |(_, _, r)| r)
+        .map(|&(_, kind, range)| (kind, range))
+        .or_else(|| registered_param(key).map(|(_, p)| (FieldKind::Float, p.range)))
 }
 
 /// Check the JSON type of one flat parameter (and, for numbers, that it
 /// fits its Rust type), before serde reads it; ranges are checked by
 /// [`SamplingParams::check`]. `null` means absent.
 pub(crate) fn check_field_type(text: &str, key: &str, v: &Value) -> Result<(), ConfigError> {
-    let Some(&(_, kind, range)) = FIELD_RANGES.iter().find(|(k, _, _)| *k == key) else {
+    let Some((kind, range)) = field_of(key) else {
         return Ok(());
     };
     if v.is_null() {
@@ -499,12 +560,13 @@ impl SamplingParams {
                 location: Some(crate::Location { line: 1, column: 1 }),
             });
         };
+        let known = flat_keys();
         for key in map.keys() {
-            if !FIELDS.contains(&key.as_str()) {
+            if !known.contains(&key.as_str()) {
                 return Err(ConfigError::UnknownKey {
                     path: key.clone(),
                     location: crate::json::locate_top_key(text, key),
-                    suggestion: suggest(key, FIELDS),
+                    suggestion: suggest(key, known.iter().copied()),
                 });
             }
         }
@@ -550,19 +612,19 @@ impl SamplingParams {
         check_f("top_p", self.top_p, unit, range_of("top_p"))?;
         check_f("min_p", self.min_p, unit, range_of("min_p"))?;
         check_f("typical_p", self.typical_p, unit, range_of("typical_p"))?;
-        let below_one = |x: f32| (0.0..1.0).contains(&x);
-        check_f(
-            "epsilon_cutoff",
-            self.epsilon_cutoff,
-            below_one,
-            range_of("epsilon_cutoff"),
-        )?;
-        check_f(
-            "eta_cutoff",
-            self.eta_cutoff,
-            below_one,
-            range_of("eta_cutoff"),
-        )?;
+        for (key, &x) in &self.stage_keys.0 {
+            let Some((kind, pm)) = registered_param(key) else {
+                return Err(ConfigError::UnknownKey {
+                    path: key.clone(),
+                    location: None,
+                    suggestion: suggest(key, flat_keys()),
+                });
+            };
+            let mut spec = StageSpec::default_for(kind);
+            if spec.set_param(pm.name, PValue::Float(x)).is_err() || spec.validate().is_err() {
+                return Err(range_err(key, fmt_f(x), pm.range));
+            }
+        }
         check_f(
             "top_n_sigma",
             self.top_n_sigma,
@@ -703,7 +765,10 @@ impl SamplingParams {
     pub fn over(&self, file: &SamplingParams) -> (SamplingParams, Vec<Diagnostic>) {
         macro_rules! pick {
             ($($f:ident),*) => {
-                SamplingParams { $($f: self.$f.clone().or_else(|| file.$f.clone())),* }
+                SamplingParams {
+                    $($f: self.$f.clone().or_else(|| file.$f.clone()),)*
+                    stage_keys: StageKeys::default(),
+                }
             };
         }
         let mut merged = pick!(
@@ -712,8 +777,6 @@ impl SamplingParams {
             top_p,
             min_p,
             typical_p,
-            epsilon_cutoff,
-            eta_cutoff,
             top_n_sigma,
             xtc_probability,
             xtc_threshold,
@@ -737,6 +800,9 @@ impl SamplingParams {
             seed,
             do_sample
         );
+        let mut keys = file.stage_keys.0.clone();
+        keys.extend(self.stage_keys.0.iter().map(|(k, v)| (k.clone(), *v)));
+        merged.stage_keys = StageKeys(keys);
         let mut notes = Vec::new();
         if self.do_sample.is_none() && file.do_sample == Some(false) {
             let by: Vec<String> = [
@@ -846,11 +912,29 @@ impl SamplingParams {
         note_f("top_p", self.top_p, 1.0);
         note_f("min_p", self.min_p, 0.0);
         note_f("typical_p", self.typical_p, 1.0);
-        note_f("epsilon_cutoff", self.epsilon_cutoff, 0.0);
-        note_f("eta_cutoff", self.eta_cutoff, 0.0);
         note_f("top_n_sigma", self.top_n_sigma.filter(|n| *n > 0.0), -1.0);
         note_f("xtc_probability", self.xtc_probability, 0.0);
         note_f("dynatemp_range", self.dynatemp_range, 0.0);
+        // A registered key is neutral when it makes its stage a no-op.
+        let registered: Vec<(StageSpec, &'static str, f32)> = registered_keys()
+            .filter_map(|(kind, key)| {
+                let x = self.stage_keys.get(key)?;
+                let pm = kind.meta().params.first()?;
+                let spec = stage(
+                    kind,
+                    &[
+                        (pm.name, Some(V::Float(x))),
+                        ("min_keep", Some(V::Int(min_keep as i64))),
+                    ],
+                );
+                Some((spec, key, x))
+            })
+            .collect();
+        for (spec, key, x) in &registered {
+            if !spec.is_noop() {
+                shaping.push((key, format!("{key} = {}", fmt_f(*x))));
+            }
+        }
         if let Some(k) = self.top_k
             && k > 0
         {
@@ -924,19 +1008,7 @@ impl SamplingParams {
                 p: self.min_p.unwrap_or(0.0),
                 min_keep,
             });
-            // transformers applies epsilon and eta after the other truncations.
-            for (kind, cutoff) in [
-                (StageKind::Epsilon, self.epsilon_cutoff),
-                (StageKind::Eta, self.eta_cutoff),
-            ] {
-                stages.push(stage(
-                    kind,
-                    &[
-                        ("epsilon", Some(V::Float(cutoff.unwrap_or(0.0)))),
-                        ("min_keep", Some(V::Int(min_keep as i64))),
-                    ],
-                ));
-            }
+            let sampling_from = stages.len();
             stages.push(stage(
                 StageKind::Xtc,
                 &[
@@ -957,6 +1029,16 @@ impl SamplingParams {
                 ],
             ));
             stages.push(StageSpec::Dist);
+            // Each registered stage joins the sampling part at its place in
+            // llama.cpp's order (epsilon and eta after min_p, as
+            // transformers applies them after the other truncations).
+            for (spec, _, _) in registered {
+                let order = spec.kind().meta().order;
+                let at = (sampling_from..stages.len())
+                    .find(|&i| stages[i].kind().meta().order > order)
+                    .unwrap_or(stages.len());
+                stages.insert(at, spec);
+            }
         }
         stages.retain(|s| !s.is_noop());
         ChainConfig::finish(
@@ -982,8 +1064,6 @@ mod tests {
             top_p: Some(1.0),
             min_p: Some(0.0),
             typical_p: Some(1.0),
-            epsilon_cutoff: Some(0.0),
-            eta_cutoff: Some(0.0),
             top_n_sigma: Some(1.0),
             xtc_probability: Some(0.0),
             xtc_threshold: Some(0.1),
@@ -1006,6 +1086,7 @@ mod tests {
             logit_bias: Some(BTreeMap::new()),
             seed: Some(1),
             do_sample: Some(true),
+            stage_keys: StageKeys::default(),
         };
         let v = serde_json::to_value(&full).unwrap_or_default();
         let keys: Vec<&str> = v

@@ -5,8 +5,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::{ConfigError, Diagnostic};
-use crate::flat::SamplingParams;
-use crate::flat::range_of;
+use crate::flat::{SamplingParams, StageKeys, range_of, registered_keys};
 use crate::json::{Step, f32_of, found_of, json_type, locate, num_text, schema_error};
 
 /// The sampling keys of a model's `generation_config.json` (transformers'
@@ -30,10 +29,10 @@ pub struct GenerationConfig {
     pub min_p: Option<f32>,
     /// `typical_p`.
     pub typical_p: Option<f32>,
-    /// `epsilon_cutoff` (epsilon sampling; 0 = off).
-    pub epsilon_cutoff: Option<f32>,
-    /// `eta_cutoff` (eta sampling; 0 = off).
-    pub eta_cutoff: Option<f32>,
+    /// The keys stages declare in the stage registry
+    /// ([`sampler_core::StageMeta::flat_key`]: `epsilon_cutoff`,
+    /// `eta_cutoff`; 0 = off), as in flat parameters.
+    pub stage_keys: StageKeys,
     /// `repetition_penalty`.
     pub repetition_penalty: Option<f32>,
     /// `no_repeat_ngram_size`.
@@ -42,7 +41,7 @@ pub struct GenerationConfig {
     pub do_sample: Option<bool>,
     /// Sampling-related keys present in the file with a non-neutral value
     /// that this crate does not implement (beam search, contrastive search,
-    /// epsilon/eta cutoffs, ...): [`Diagnostic::Unsupported`].
+    /// ...): [`Diagnostic::Unsupported`].
     pub diagnostics: Vec<Diagnostic>,
 }
 
@@ -136,11 +135,12 @@ impl GenerationConfig {
         if let Some(v) = get("typical_p") {
             cfg.typical_p = Some(number(text, "typical_p", v)?);
         }
-        if let Some(v) = get("epsilon_cutoff") {
-            cfg.epsilon_cutoff = Some(number(text, "epsilon_cutoff", v)?);
-        }
-        if let Some(v) = get("eta_cutoff") {
-            cfg.eta_cutoff = Some(number(text, "eta_cutoff", v)?);
+        for (_, key) in registered_keys() {
+            if let Some(v) = get(key) {
+                cfg.stage_keys
+                    .0
+                    .insert(key.to_string(), number(text, key, v)?);
+            }
         }
         if let Some(v) = get("repetition_penalty") {
             cfg.repetition_penalty = Some(number(text, "repetition_penalty", v)?);
@@ -210,8 +210,7 @@ impl GenerationConfig {
             top_p: self.top_p,
             min_p: self.min_p,
             typical_p: self.typical_p,
-            epsilon_cutoff: self.epsilon_cutoff,
-            eta_cutoff: self.eta_cutoff,
+            stage_keys: self.stage_keys.clone(),
             repetition_penalty: self.repetition_penalty,
             no_repeat_ngram_size: self.no_repeat_ngram_size,
             do_sample: self.do_sample,

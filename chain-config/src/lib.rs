@@ -54,7 +54,7 @@ use std::path::Path;
 
 pub use chain_string::DEFAULT_ORDER;
 pub use error::{ConfigError, Diagnostic, Location};
-pub use flat::{FIELDS as FLAT_KEYS, SamplingParams, WHOLE_HISTORY};
+pub use flat::{SamplingParams, StageKeys, WHOLE_HISTORY, flat_keys};
 pub use hf::GenerationConfig;
 pub use params::default_stage;
 pub use sampler_core::{ChainSpec, HistoryScope, OffloadPolicy, StageKind, StageSpec};

@@ -53,6 +53,47 @@ fn stage_reference() -> String {
     out
 }
 
+/// The rows of the flat-parameter table for the keys stages declare in the
+/// registry (`StageMeta::flat_key`).
+fn registered_flat_rows() -> String {
+    let mut out = String::new();
+    for kind in StageKind::ALL {
+        let m = kind.meta();
+        let (Some(key), Some(p)) = (m.flat_key, m.params.first()) else {
+            continue;
+        };
+        let with = if m.param("min_keep").is_some() {
+            " (with `min_keep`)"
+        } else {
+            ""
+        };
+        out.push_str(&format!(
+            "| `{key}` | off | {} | `{}.{}`{with} |\n",
+            p.range.replace('|', "\\|"),
+            m.name,
+            p.name
+        ));
+    }
+    out
+}
+
+#[test]
+fn docs_config_lists_the_registered_flat_keys() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md");
+    let doc = std::fs::read_to_string(&path).unwrap_or_default();
+    let rows = registered_flat_rows();
+    assert!(
+        rows.contains("`epsilon_cutoff`") && rows.contains("`eta_cutoff`"),
+        "{rows}"
+    );
+    assert!(
+        doc.contains(&format!(
+            "| `do_sample` | sampling | `false` = greedy (transformers) | — |\n{rows}"
+        )),
+        "docs/config.md's flat-parameter table must end with these rows:\n\n{rows}"
+    );
+}
+
 #[test]
 fn docs_config_lists_every_stage_and_parameter() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md");

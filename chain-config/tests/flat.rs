@@ -421,3 +421,96 @@ fn default_order_is_llama_cpp_sampling_seq() {
         .collect();
     assert_eq!(kinds, chain_config::DEFAULT_ORDER);
 }
+
+/// `epsilon_cutoff` and `eta_cutoff` come from the stages' registry entries
+/// (`StageMeta::flat_key`), not from fields written per stage: they set the
+/// stage's cutoff, share the request's `min_keep`, join the chain after
+/// `min_p` (llama.cpp order, as transformers applies them after the other
+/// truncations), are range-checked with the parameter's own range, merge
+/// by precedence, serialise at the top level and are read from
+/// `generation_config.json`.
+#[test]
+fn registered_flat_keys_epsilon_and_eta() {
+    let p = SamplingParams::from_json_str(
+        r#"{"top_p": 0.9, "min_p": 0.05, "epsilon_cutoff": 0.02, "eta_cutoff": 0.001,
+            "min_keep": 2, "temperature": 0.7, "xtc_probability": 0.5}"#,
+    )
+    .unwrap();
+    assert_eq!(p.stage_keys.get("epsilon_cutoff"), Some(0.02));
+    let stages = chain(&p).chain.stages;
+    let names: Vec<&str> = stages.iter().map(|s| s.name()).collect();
+    assert_eq!(
+        names,
+        [
+            "top_p",
+            "min_p",
+            "epsilon",
+            "eta",
+            "xtc",
+            "temperature",
+            "dist"
+        ]
+    );
+    assert_eq!(
+        stages[2],
+        StageSpec::Epsilon {
+            epsilon: 0.02,
+            min_keep: 2
+        }
+    );
+    assert_eq!(
+        stages[3],
+        StageSpec::Eta {
+            epsilon: 0.001,
+            min_keep: 2
+        }
+    );
+    // 0 is the no-op: no stage.
+    let off =
+        SamplingParams::from_json_str(r#"{"epsilon_cutoff": 0, "eta_cutoff": null}"#).unwrap();
+    assert_eq!(chain(&off).chain.stages, vec![StageSpec::Dist]);
+
+    // The range is the parameter's (registry) range, with the key as the path.
+    let e = SamplingParams::from_json_str("{\n  \"eta_cutoff\": 1.0\n}").unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("eta_cutoff") && msg.contains("[0, 1)"),
+        "{msg}"
+    );
+    assert!(msg.contains("2:"), "located: {msg}");
+    let e = SamplingParams::from_json_str(r#"{"eta_cutoff": "0.1"}"#).unwrap_err();
+    assert!(e.to_string().contains("string"), "{e}");
+    // A misspelt registered key gets a suggestion.
+    let e = SamplingParams::from_json_str(r#"{"epsilon_cutof": 0.1}"#).unwrap_err();
+    assert!(e.to_string().contains("epsilon_cutoff"), "{e}");
+    // serde of the struct: flat at the top level, unknown keys refused.
+    let json = serde_json::to_string(&p).unwrap();
+    assert!(json.contains("\"epsilon_cutoff\":0.02"), "{json}");
+    let back: SamplingParams = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, p);
+    assert!(serde_json::from_str::<SamplingParams>(r#"{"bogus": 1.0}"#).is_err());
+
+    // Greedy lists them as ignored.
+    let g = SamplingParams::from_json_str(r#"{"temperature": 0, "epsilon_cutoff": 0.02}"#).unwrap();
+    let c = chain(&g);
+    assert_eq!(c.chain.stages, vec![StageSpec::Greedy]);
+    assert!(
+        c.diagnostics.iter().any(|d| matches!(d,
+            Diagnostic::IgnoredByGreedy { ignored, .. } if ignored.contains(&"epsilon_cutoff = 0.02".to_string()))),
+        "{:?}",
+        c.diagnostics
+    );
+
+    // generation_config.json: read, and the request overrides the file.
+    let file = GenerationConfig::from_json_str(
+        r#"{"epsilon_cutoff": 0.0003, "eta_cutoff": 0.0002, "do_sample": true}"#,
+    )
+    .unwrap();
+    assert_eq!(file.stage_keys.get("eta_cutoff"), Some(0.0002));
+    let req = SamplingParams::from_json_str(r#"{"eta_cutoff": 0.01}"#).unwrap();
+    let (merged, _) = req.over(&file.to_params());
+    assert_eq!(merged.stage_keys.get("epsilon_cutoff"), Some(0.0003));
+    assert_eq!(merged.stage_keys.get("eta_cutoff"), Some(0.01));
+    let e = GenerationConfig::from_json_str(r#"{"epsilon_cutoff": 2}"#).unwrap_err();
+    assert!(e.to_string().contains("epsilon_cutoff"), "{e}");
+}

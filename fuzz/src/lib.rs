@@ -502,12 +502,13 @@ const JSON_VALUES: &[&str] = &[
 
 fn random_flat_json(r: &mut ChaCha8Rng) -> String {
     let n = r.random_range(0..6);
+    let keys = chain_config::flat_keys();
     let fields: Vec<String> = (0..n)
         .map(|_| {
             let k = if r.random_bool(0.1) {
                 pick(r, EXTRA_KEYS)
             } else {
-                pick(r, &chain_config::FLAT_KEYS)
+                pick(r, &keys)
             };
             let v = if r.random_bool(0.4) {
                 pick(r, JSON_VALUES).to_string()

@@ -298,6 +298,14 @@ pub struct StageMeta {
     pub order: u32,
     /// llama.cpp's `--sampling-seq` letter, if it has one.
     pub seq_letter: Option<char>,
+    /// The key of this stage in OpenAI / vLLM-style flat parameters and in
+    /// Hugging Face `generation_config.json` (e.g. `epsilon_cutoff`), for a
+    /// stage those front ends build from its metadata alone: the key sets
+    /// the stage's first parameter, the request's `min_keep` its `min_keep`
+    /// (if it has one), and the stage joins the sampling chain at its
+    /// `order` unless the value makes it a no-op. `None`: the front ends
+    /// have no key for it, or map it by hand (temperature, top_k, ...).
+    pub flat_key: Option<&'static str>,
 }
 
 impl StageMeta {

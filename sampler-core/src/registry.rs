@@ -15,7 +15,9 @@
 //! `new(fields in declaration order)`), and, with `device: yes`, the device
 //! file `sampler-backend/src/stages/<module>.rs` (a type named like the
 //! variant with `new(stage_index, specs)`). Both crates declare their stage
-//! modules from this table, so nothing else needs an edit.
+//! modules from this table. An optional `flat_key` gives the stage a key in
+//! the flat (OpenAI-style) and `generation_config.json` front ends. Nothing
+//! else needs an edit, apart from the stage's section in `docs/semantics.md`.
 
 use std::fmt::Display;
 
@@ -80,6 +82,16 @@ macro_rules! needs {
     }};
 }
 
+/// `Some(x)` for a given optional entry, else `None`.
+macro_rules! optional {
+    () => {
+        None
+    };
+    ($x:literal) => {
+        Some($x)
+    };
+}
+
 macro_rules! device_flag {
     (yes) => {
         true
@@ -140,6 +152,7 @@ macro_rules! define_stages {
                 bans: $bans:expr,
                 order: $order:literal,
                 seq: $seq:expr,
+                $(flat_key: $flat:literal,)?
                 source: $source:literal $(,)?
             }
         )*
@@ -190,6 +203,7 @@ macro_rules! define_stages {
                                 source: $source,
                                 order: $order,
                                 seq_letter: $seq,
+                                flat_key: optional!($($flat)?),
                             };
                             &META
                         }
@@ -821,6 +835,7 @@ define_stages! {
         bans: false,
         order: 82,
         seq: None,
+        flat_key: "epsilon_cutoff",
         source: "Hugging Face transformers EpsilonLogitsWarper (Hewitt et al. 2022, truncation sampling)",
     }
     /// Eta sampling: an entropy-dependent probability cutoff.
@@ -851,6 +866,7 @@ define_stages! {
         bans: false,
         order: 84,
         seq: None,
+        flat_key: "eta_cutoff",
         source: "Hugging Face transformers EtaLogitsWarper (Hewitt et al. 2022, truncation sampling)",
     }
 }
