@@ -264,18 +264,6 @@ impl ConfigError {
         }
     }
 
-    /// This error with its location set by `locate` when it has none yet:
-    /// loaders find locations only for the input that failed, so a large
-    /// valid input costs no location lookups.
-    pub(crate) fn located(mut self, locate: impl FnOnce() -> Option<Location>) -> Self {
-        if let Some(slot) = self.location_slot()
-            && slot.is_none()
-        {
-            *slot = locate();
-        }
-        self
-    }
-
     /// The "did you mean" suggestion, when the error has one.
     pub fn suggestion(&self) -> Option<&str> {
         match self {

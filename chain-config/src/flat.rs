@@ -8,12 +8,9 @@ use sampler_core::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::convert::{At, TOKEN_RANGE, parse_float, parse_seed, parse_token_seqs};
 use crate::error::{ConfigError, Diagnostic};
-use serde_json::Value;
-
-use crate::json::{
-    Step, check_seed, check_token_seqs, f32_of, found_of, json_type, locate, num_text,
-};
+use crate::located::{Doc, Entry, Node, Value as LValue, parse_json};
 use crate::suggest::suggest;
 use crate::{ChainConfig, DeviceConfig, LoadOptions};
 
@@ -364,9 +361,31 @@ pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 28] = [
         FieldKind::Bias,
         "a finite number, or -inf to ban the token",
     ),
-    ("seed", FieldKind::Seed, crate::json::SEED_RANGE),
+    ("seed", FieldKind::Seed, crate::convert::SEED_RANGE),
     ("do_sample", FieldKind::Bool, "a boolean (false = greedy)"),
 ];
+
+/// An [`ConfigError::OutOfRange`] from [`SamplingParams::check`] (which
+/// has no document) located at its top-level key.
+pub(crate) fn locate_range_error(doc: Doc<'_>, root: &Node, e: ConfigError) -> ConfigError {
+    match e {
+        ConfigError::OutOfRange {
+            path,
+            value,
+            expected,
+            location: None,
+        } => {
+            let key = path.split(['.', '[']).next().unwrap_or(&path);
+            ConfigError::OutOfRange {
+                location: root.get(key).and_then(|e| doc.loc(&e.key_span)),
+                path,
+                value,
+                expected,
+            }
+        }
+        other => other,
+    }
+}
 
 /// The valid range of a flat parameter, in words.
 pub(crate) fn range_of(key: &str) -> &'static str {
@@ -386,54 +405,52 @@ fn field_of(key: &str) -> Option<(FieldKind, &'static str)> {
 /// Check the JSON type of one flat parameter (and, for numbers, that it
 /// fits its Rust type), before serde reads it; ranges are checked by
 /// [`SamplingParams::check`]. `null` means absent.
-pub(crate) fn check_field_type(text: &str, key: &str, v: &Value) -> Result<(), ConfigError> {
+pub(crate) fn check_field_type(doc: Doc<'_>, entry: &Entry) -> Result<(), ConfigError> {
+    let key = entry.key.as_str();
+    let v = &entry.value;
     let Some((kind, range)) = field_of(key) else {
         return Ok(());
     };
     if v.is_null() {
         return Ok(());
     }
-    // Located only when the value is refused (a lookup scans the text).
-    let location = || locate(text, &[Step::Key(key)]);
+    let at = At::entry(doc, entry);
     let wrong = |found: String, expected: &str| ConfigError::WrongType {
         path: key.to_string(),
         found,
         expected: expected.to_string(),
-        location: location(),
+        location: at.loc(v),
     };
-    let out_of_range = |value: String| ConfigError::OutOfRange {
+    let out_of_range = || ConfigError::OutOfRange {
         path: key.to_string(),
-        value,
+        value: doc.written(v),
         expected: range.to_string(),
-        location: location(),
+        location: at.loc(v),
     };
     match kind {
-        FieldKind::Float => match f32_of(v) {
-            Ok(Some(_)) => Ok(()),
-            Err(()) => Err(out_of_range(num_text(v))),
-            Ok(None) => Err(wrong(found_of(v), range)),
+        FieldKind::Float => parse_float(at, key, range, v).map(|_| ()),
+        FieldKind::Int => match &v.value {
+            LValue::Int(i) if i64::try_from(*i).is_ok() => Ok(()),
+            LValue::Int(_) => Err(out_of_range()),
+            _ => Err(wrong(doc.found(v), range)),
         },
-        FieldKind::Int => match v {
-            Value::Number(n) if n.as_i64().is_some() => Ok(()),
-            Value::Number(n) if !n.is_f64() => Err(out_of_range(n.to_string())),
-            other => Err(wrong(found_of(other), range)),
+        FieldKind::Seed => parse_seed(at, v).map(|_| ()),
+        FieldKind::Bool => match &v.value {
+            LValue::Bool(_) => Ok(()),
+            _ => Err(wrong(doc.found(v), range)),
         },
-        FieldKind::Seed => check_seed(text, v).map(|_| ()),
-        FieldKind::Bool => match v {
-            Value::Bool(_) => Ok(()),
-            other => Err(wrong(found_of(other), range)),
-        },
-        FieldKind::Seqs => check_token_seqs(key, v, None).map_err(|e| e.located(location)),
+        FieldKind::Seqs => parse_token_seqs(at, key, range, v).map(|_| ()),
         FieldKind::Bias => {
-            let Value::Object(map) = v else {
+            let Some(map) = v.entries() else {
                 return Err(wrong(
-                    found_of(v),
+                    doc.found(v),
                     "an object `{\"token id\": bias}`, e.g. {\"15043\": -1.5}",
                 ));
             };
-            for (token, bias) in map {
+            for e in map {
+                let token = e.key.as_str();
                 let path = format!("{key}.\"{token}\"");
-                let bloc = || locate(text, &[Step::Key(key), Step::Key(token)]).or_else(location);
+                let bloc = doc.loc(&e.key_span);
                 // Decimal without leading zeros: serde reads `"007"` as no
                 // number at all, so refuse it here with the key's path.
                 let ok_id = !token.is_empty()
@@ -444,29 +461,26 @@ pub(crate) fn check_field_type(text: &str, key: &str, v: &Value) -> Result<(), C
                     return Err(ConfigError::OutOfRange {
                         path,
                         value: format!("\"{token}\""),
-                        expected: format!(
-                            "{} as the key, e.g. {{\"15043\": -1.5}}",
-                            crate::json::TOKEN_RANGE
-                        ),
-                        location: bloc(),
+                        expected: format!("{TOKEN_RANGE} as the key, e.g. {{\"15043\": -1.5}}"),
+                        location: bloc,
                     });
                 }
-                match f32_of(bias) {
+                match e.value.as_f32() {
                     Ok(Some(_)) => {}
                     Err(()) => {
                         return Err(ConfigError::OutOfRange {
                             path,
-                            value: num_text(bias),
+                            value: doc.written(&e.value),
                             expected: range.to_string(),
-                            location: bloc(),
+                            location: bloc,
                         });
                     }
                     Ok(None) => {
                         return Err(ConfigError::WrongType {
                             path,
-                            found: found_of(bias),
+                            found: doc.found(&e.value),
                             expected: "a finite number (JSON has no -inf: a bias of -100 or less bans the token in practice)".into(),
-                            location: bloc(),
+                            location: bloc,
                         });
                     }
                 }
@@ -549,49 +563,33 @@ impl SamplingParams {
     /// (`logit_bias."abc"` for a key that is not a token id, a number beyond
     /// `f32` as written), as [`SamplingParams::check`].
     pub fn from_json_str(text: &str) -> Result<Self, ConfigError> {
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| crate::json::schema_error(text, &e))?;
-        crate::json_dup::reject_duplicate_keys(text)?;
-        let serde_json::Value::Object(map) = &value else {
+        let (doc, root) = parse_json(text)?;
+        let Some(entries) = root.entries() else {
             return Err(ConfigError::WrongType {
                 path: "(root)".into(),
-                found: json_type(&value).into(),
+                found: root.type_word(doc.format).into(),
                 expected: "an object of sampling parameters".into(),
                 location: Some(crate::Location { line: 1, column: 1 }),
             });
         };
         let known = flat_keys();
-        for key in map.keys() {
-            if !known.contains(&key.as_str()) {
+        for e in entries {
+            if !known.contains(&e.key.as_str()) {
                 return Err(ConfigError::UnknownKey {
-                    path: key.clone(),
-                    location: crate::json::locate_top_key(text, key),
-                    suggestion: suggest(key, known.iter().copied()),
+                    path: e.key.clone(),
+                    location: doc.loc(&e.key_span),
+                    suggestion: suggest(&e.key, known.iter().copied()),
                 });
             }
         }
-        for (key, v) in map {
-            check_field_type(text, key, v)?;
+        for e in entries {
+            check_field_type(doc, e)?;
         }
         let params: SamplingParams =
             serde_json::from_str(text).map_err(|e| crate::json::schema_error(text, &e))?;
-        params.check().map_err(|e| match e {
-            ConfigError::OutOfRange {
-                path,
-                value,
-                expected,
-                location: None,
-            } => {
-                let key = path.split(['.', '[']).next().unwrap_or(&path).to_string();
-                ConfigError::OutOfRange {
-                    location: crate::json::locate_top_key(text, &key),
-                    path,
-                    value,
-                    expected,
-                }
-            }
-            other => other,
-        })?;
+        params
+            .check()
+            .map_err(|e| locate_range_error(doc, &root, e))?;
         Ok(params)
     }
 

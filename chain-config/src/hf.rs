@@ -2,11 +2,10 @@
 
 use std::path::Path;
 
-use serde_json::Value;
-
+use crate::convert::{At, parse_float, parse_int};
 use crate::error::{ConfigError, Diagnostic};
-use crate::flat::{SamplingParams, StageKeys, range_of, registered_keys};
-use crate::json::{Step, f32_of, found_of, json_type, locate, num_text, schema_error};
+use crate::flat::{SamplingParams, StageKeys, locate_range_error, range_of, registered_keys};
+use crate::located::{Doc, Entry, Value as LValue, parse_json};
 
 /// The sampling keys of a model's `generation_config.json` (transformers'
 /// `GenerationConfig`) that map onto this crate's stages. Only keys present
@@ -60,42 +59,12 @@ const UNSUPPORTED: [(&str, Option<f64>); 10] = [
     ("begin_suppress_tokens", None),
 ];
 
-fn number(text: &str, key: &str, v: &Value) -> Result<f32, ConfigError> {
-    let location = locate(text, &[Step::Key(key)]);
-    match f32_of(v) {
-        Ok(Some(x)) => Ok(x),
-        Err(()) => Err(ConfigError::OutOfRange {
-            path: key.to_string(),
-            value: num_text(v),
-            expected: range_of(key).into(),
-            location,
-        }),
-        Ok(None) => Err(ConfigError::WrongType {
-            path: key.to_string(),
-            found: found_of(v),
-            expected: range_of(key).into(),
-            location,
-        }),
-    }
+fn number(doc: Doc<'_>, e: &Entry) -> Result<f32, ConfigError> {
+    parse_float(At::entry(doc, e), &e.key, range_of(&e.key), &e.value)
 }
 
-fn integer(text: &str, key: &str, v: &Value) -> Result<i64, ConfigError> {
-    let location = locate(text, &[Step::Key(key)]);
-    match v {
-        Value::Number(n) if n.as_i64().is_some() => Ok(n.as_i64().unwrap_or_default()),
-        Value::Number(n) if !n.is_f64() => Err(ConfigError::OutOfRange {
-            path: key.to_string(),
-            value: n.to_string(),
-            expected: range_of(key).into(),
-            location,
-        }),
-        other => Err(ConfigError::WrongType {
-            path: key.to_string(),
-            found: found_of(other),
-            expected: range_of(key).into(),
-            location,
-        }),
-    }
+fn integer(doc: Doc<'_>, e: &Entry) -> Result<i64, ConfigError> {
+    parse_int(At::entry(doc, e), &e.key, range_of(&e.key), &e.value)
 }
 
 impl GenerationConfig {
@@ -105,87 +74,79 @@ impl GenerationConfig {
     ///
     /// # Errors
     /// [`ConfigError::Syntax`] with `line:column`; [`ConfigError::WrongType`]
-    /// / [`ConfigError::OutOfRange`] naming the key (location: its first
-    /// occurrence in the text).
+    /// / [`ConfigError::OutOfRange`] naming the key, located at it;
+    /// [`ConfigError::DuplicateKey`] for a key given twice.
     pub fn from_json_str(text: &str) -> Result<Self, ConfigError> {
-        let value: Value = serde_json::from_str(text).map_err(|e| schema_error(text, &e))?;
-        crate::json_dup::reject_duplicate_keys(text)?;
-        let Value::Object(map) = &value else {
+        let (doc, root) = parse_json(text)?;
+        if root.entries().is_none() {
             return Err(ConfigError::WrongType {
                 path: "(root)".into(),
-                found: json_type(&value).into(),
+                found: root.type_word(doc.format).into(),
                 expected: "a JSON object".into(),
                 location: Some(crate::Location { line: 1, column: 1 }),
             });
-        };
-        let get = |k: &str| map.get(k).filter(|v| !v.is_null());
+        }
+        let get = |k: &str| root.get(k).filter(|e| !e.value.is_null());
         let mut cfg = GenerationConfig::default();
-        if let Some(v) = get("temperature") {
-            cfg.temperature = Some(number(text, "temperature", v)?);
+        if let Some(e) = get("temperature") {
+            cfg.temperature = Some(number(doc, e)?);
         }
-        if let Some(v) = get("top_k") {
-            cfg.top_k = Some(integer(text, "top_k", v)?);
+        if let Some(e) = get("top_k") {
+            cfg.top_k = Some(integer(doc, e)?);
         }
-        if let Some(v) = get("top_p") {
-            cfg.top_p = Some(number(text, "top_p", v)?);
+        if let Some(e) = get("top_p") {
+            cfg.top_p = Some(number(doc, e)?);
         }
-        if let Some(v) = get("min_p") {
-            cfg.min_p = Some(number(text, "min_p", v)?);
+        if let Some(e) = get("min_p") {
+            cfg.min_p = Some(number(doc, e)?);
         }
-        if let Some(v) = get("typical_p") {
-            cfg.typical_p = Some(number(text, "typical_p", v)?);
+        if let Some(e) = get("typical_p") {
+            cfg.typical_p = Some(number(doc, e)?);
         }
         for (_, key) in registered_keys() {
-            if let Some(v) = get(key) {
-                cfg.stage_keys
-                    .0
-                    .insert(key.to_string(), number(text, key, v)?);
+            if let Some(e) = get(key) {
+                cfg.stage_keys.0.insert(key.to_string(), number(doc, e)?);
             }
         }
-        if let Some(v) = get("repetition_penalty") {
-            cfg.repetition_penalty = Some(number(text, "repetition_penalty", v)?);
+        if let Some(e) = get("repetition_penalty") {
+            cfg.repetition_penalty = Some(number(doc, e)?);
         }
-        if let Some(v) = get("no_repeat_ngram_size") {
-            cfg.no_repeat_ngram_size = Some(integer(text, "no_repeat_ngram_size", v)?);
+        if let Some(e) = get("no_repeat_ngram_size") {
+            cfg.no_repeat_ngram_size = Some(integer(doc, e)?);
         }
-        if let Some(v) = get("do_sample") {
-            cfg.do_sample = Some(v.as_bool().ok_or_else(|| ConfigError::WrongType {
-                path: "do_sample".into(),
-                found: found_of(v),
-                expected: range_of("do_sample").into(),
-                location: locate(text, &[Step::Key("do_sample")]),
-            })?);
+        if let Some(e) = get("do_sample") {
+            let LValue::Bool(b) = e.value.value else {
+                return Err(ConfigError::WrongType {
+                    path: "do_sample".into(),
+                    found: doc.found(&e.value),
+                    expected: range_of("do_sample").into(),
+                    location: doc.loc(&e.key_span),
+                });
+            };
+            cfg.do_sample = Some(b);
         }
         for (key, neutral) in UNSUPPORTED {
-            let Some(v) = get(key) else { continue };
-            let matters = match (neutral, v) {
-                (Some(n), Value::Number(x)) => x.as_f64() != Some(n),
-                (_, Value::Array(a)) => !a.is_empty(),
-                (_, Value::Object(o)) => !o.is_empty(),
-                (_, Value::Bool(b)) => *b,
+            let Some(e) = get(key) else { continue };
+            let v = &e.value;
+            let matters = match (neutral, &v.value) {
+                (Some(n), LValue::Int(_) | LValue::Float(_)) => v.as_f64() != Some(n),
+                (_, LValue::Array(a)) => !a.is_empty(),
+                (_, LValue::Table(o)) => !o.is_empty(),
+                (_, LValue::Bool(b)) => *b,
                 _ => true,
             };
             if matters {
                 cfg.diagnostics.push(Diagnostic::Unsupported {
                     key: key.to_string(),
-                    value: v.to_string(),
+                    // Compact, as serde_json writes it.
+                    value: serde_json::from_str::<serde_json::Value>(doc.raw(&v.span))
+                        .map_or_else(|_| doc.raw(&v.span).trim().to_string(), |x| x.to_string()),
                 });
             }
         }
-        cfg.to_params().check().map_err(|e| match e {
-            ConfigError::OutOfRange {
-                path,
-                value,
-                expected,
-                ..
-            } => ConfigError::OutOfRange {
-                location: crate::json::locate_top_key(text, &path),
-                path,
-                value,
-                expected,
-            },
-            other => other,
-        })?;
+        cfg.to_params()
+            .check()
+            .map_err(|e| locate_range_error(doc, &root, e))?;
         Ok(cfg)
     }
 

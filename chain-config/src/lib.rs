@@ -40,11 +40,12 @@
 #![warn(missing_docs)]
 
 mod chain_string;
+mod convert;
 mod error;
 mod flat;
 mod hf;
 mod json;
-mod json_dup;
+mod located;
 mod params;
 mod suggest;
 mod toml_in;
@@ -329,6 +330,7 @@ impl ChainConfig {
     /// # Errors
     /// As [`ChainConfig::from_json`].
     pub fn from_json_with(text: &str, opts: &LoadOptions) -> Result<Self, ConfigError> {
+        // Every stage is validated where it is read (with its location).
         let chain = json::load(text)?;
         Self::finish(
             "stages",
@@ -338,31 +340,6 @@ impl ChainConfig {
             opts,
             None,
         )
-        .map_err(|e| match e {
-            ConfigError::OutOfRange {
-                path,
-                value,
-                expected,
-                location: None,
-            } => {
-                let key = path.rsplit('.').next().unwrap_or("");
-                let index = path
-                    .strip_prefix("stages[")
-                    .and_then(|r| r.split_once(']'))
-                    .and_then(|(i, _)| i.parse::<usize>().ok());
-                let location = match index {
-                    Some(i) => json::locate_stage_key(text, i, key),
-                    None => json::locate_top_key(text, key),
-                };
-                ConfigError::OutOfRange {
-                    location,
-                    path,
-                    value,
-                    expected,
-                }
-            }
-            other => other,
-        })
     }
 
     /// OpenAI / vLLM flat parameters: the same as [`SamplingParams::to_chain`].
