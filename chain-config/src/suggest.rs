@@ -1,33 +1,11 @@
 //! "Did you mean" suggestions: the closest known name by edit distance.
 
 /// Edit distance between two strings, counted in Unicode scalar values:
-/// Levenshtein (insertions, deletions, substitutions; each costs 1) plus
-/// transpositions of two adjacent characters (`cdua` -> `cuda` costs 1),
-/// i.e. the "optimal string alignment" distance.
+/// insertions, deletions, substitutions and transpositions of two adjacent
+/// characters each cost 1 (`cdua` -> `cuda` costs 1), i.e. the "optimal
+/// string alignment" distance (strsim).
 pub(crate) fn levenshtein(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.chars().collect();
-    let b: Vec<char> = b.chars().collect();
-    let w = b.len() + 1;
-    // Three rows: i-2, i-1, i.
-    let mut rows = vec![vec![0usize; w]; 3];
-    for (j, cell) in rows[0].iter_mut().enumerate() {
-        *cell = j;
-    }
-    for i in 1..=a.len() {
-        let (cur, prev, prev2) = (i % 3, (i + 2) % 3, (i + 1) % 3);
-        rows[cur][0] = i;
-        for j in 1..=b.len() {
-            let cost = usize::from(a[i - 1] != b[j - 1]);
-            let mut d = (rows[prev][j - 1] + cost)
-                .min(rows[prev][j] + 1)
-                .min(rows[cur][j - 1] + 1);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                d = d.min(rows[prev2][j - 2] + 1);
-            }
-            rows[cur][j] = d;
-        }
-    }
-    rows[a.len() % 3][b.len()]
+    strsim::osa_distance(a, b)
 }
 
 fn normalize(s: &str) -> String {
