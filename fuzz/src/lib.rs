@@ -655,7 +655,7 @@ fn run_cpu_one(r: &mut ChaCha8Rng, report: &mut Report, index: u64) {
         let mut reference = sampler_cpu::build_chain(&spec).expect("valid spec");
         reference.accept_prompt(&history);
         let mut fast = reference.clone();
-        let a = reference.sample(&mut Candidates::from_logits(&row));
+        let a = reference.sample_from(0, &mut Candidates::from_logits(&row));
         let b = sampler_cpu::sample_batch(&row, 1, vocab, std::slice::from_mut(&mut fast))
             .map(|mut v| v.remove(0));
         (a, b)

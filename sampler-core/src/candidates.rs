@@ -12,12 +12,15 @@ use crate::{SampleError, TokenId};
 /// * `probs()` is `Some` only while the probabilities were computed from the
 ///   current logits of the current set (any logit edit or filter clears or
 ///   marks them un-normalised);
-/// * `selected` is an index into the current set, cleared by any edit.
+/// * `selected` is an index into the current set, cleared by any edit;
+/// * `ids_in_order` true means "the ids are ascending" (a full row from
+///   [`Candidates::from_logits`] has ids `0..vocab`; reordering methods
+///   clear it, so false only means "not known").
 ///
 /// Fields are private on purpose (no `Deref` to `Vec`): the flags would
 /// silently lie after an outside edit. Fast kernels use [`Candidates::raw_mut`]
 /// and then state the flags explicitly.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct Candidates {
     ids: Vec<TokenId>,
     logits: Vec<f32>,
@@ -27,6 +30,22 @@ pub struct Candidates {
     normalized: bool,
     selected: Option<usize>,
     vocab_size: usize,
+    ids_in_order: bool,
+}
+
+/// Equal sets: same ids, logits, probabilities, flags and selection
+/// (`ids_in_order` is a cache of what the ids say, not compared).
+impl PartialEq for Candidates {
+    fn eq(&self, other: &Self) -> bool {
+        self.ids == other.ids
+            && self.logits == other.logits
+            && self.probs == other.probs
+            && self.has_probs == other.has_probs
+            && self.sorted == other.sorted
+            && self.normalized == other.normalized
+            && self.selected == other.selected
+            && self.vocab_size == other.vocab_size
+    }
 }
 
 /// Mutable access to the three parallel arrays of a [`Candidates`], for fast
@@ -72,6 +91,7 @@ impl Candidates {
         self.normalized = false;
         self.selected = None;
         self.vocab_size = n;
+        self.ids_in_order = true;
     }
 
     /// A candidate set from parallel arrays (e.g. the k survivors a device
@@ -100,7 +120,8 @@ impl Candidates {
                 vocab: vocab_size,
             });
         }
-        if !ids.windows(2).all(|w| w[0] < w[1]) {
+        let ids_in_order = ids.windows(2).all(|w| w[0] < w[1]);
+        if !ids_in_order {
             let mut sorted = ids.clone();
             sorted.sort_unstable();
             if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
@@ -117,7 +138,19 @@ impl Candidates {
             normalized: false,
             selected: None,
             vocab_size,
+            ids_in_order,
         })
+    }
+
+    /// Whether this is a whole vocabulary row as [`Candidates::from_logits`]
+    /// builds it: every token id `0..vocab` once, in id order, with no
+    /// probabilities and no selection (logits may have been edited). The
+    /// chain's fast kernels ([`crate::RowKernels`]) take such a row.
+    pub fn is_full_row(&self) -> bool {
+        self.ids_in_order
+            && self.ids.len() == self.vocab_size
+            && !self.has_probs
+            && self.selected.is_none()
     }
 
     /// Number of candidates.
@@ -185,6 +218,7 @@ impl Candidates {
 
     /// Raw access for fast kernels; see [`RawCandidates`].
     pub fn raw_mut(&mut self) -> RawCandidates<'_> {
+        self.ids_in_order = false;
         self.sorted = false;
         self.has_probs = false;
         self.normalized = false;
@@ -278,6 +312,7 @@ impl Candidates {
         if self.sorted {
             return;
         }
+        self.ids_in_order = false;
         let n = self.len();
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_unstable_by(|&a, &b| {
@@ -291,6 +326,7 @@ impl Candidates {
     /// sorted. `k >= len` sorts the whole set (llama.cpp top-k semantics).
     /// Uses selection, then sorts only the kept `k`: O(n + k log k).
     pub fn top_k_sorted(&mut self, k: usize) {
+        self.ids_in_order = false;
         let n = self.len();
         let k = k.min(n);
         if self.sorted {
@@ -315,6 +351,7 @@ impl Candidates {
     /// prefix, which also truncates). Keeps probabilities' validity; clears
     /// `sorted` (callers re-set it) and the selection.
     pub fn permute(&mut self, order: &[usize]) {
+        self.ids_in_order = false;
         let ids: Vec<TokenId> = order.iter().map(|&i| self.ids[i]).collect();
         let logits: Vec<f32> = order.iter().map(|&i| self.logits[i]).collect();
         let probs: Vec<f32> = order.iter().map(|&i| self.probs[i]).collect();

@@ -20,6 +20,21 @@ pub struct Chain {
     stages: Vec<Box<dyn Sampler>>,
     seed: u64,
     step: u64,
+    kernels: Option<RowKernels>,
+}
+
+/// Kernels that sample or filter a whole vocabulary row without building
+/// the full candidate set, with exactly the result of the stages (same
+/// token, candidates, errors and chain state). `sampler_cpu::build_chain`
+/// installs sampler-cpu's ([`Chain::with_kernels`]); [`Chain::sample`] and
+/// [`Chain::apply`] then use them for a full row
+/// ([`Candidates::is_full_row`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RowKernels {
+    /// [`Chain::sample`] of the row `[vocab]` (token id = position).
+    pub sample: fn(&[f32], &mut Chain) -> Result<TokenId, SampleError>,
+    /// [`Chain::apply`] of the row `[vocab]`: the final candidate set.
+    pub apply: fn(&[f32], &mut Chain) -> Result<Candidates, SampleError>,
 }
 
 impl std::fmt::Debug for Chain {
@@ -28,6 +43,7 @@ impl std::fmt::Debug for Chain {
             .field("stages", &self.names())
             .field("seed", &self.seed)
             .field("step", &self.step)
+            .field("kernels", &self.kernels.is_some())
             .finish()
     }
 }
@@ -39,7 +55,20 @@ impl Chain {
             stages,
             seed: seed.unwrap_or_else(entropy_seed),
             step: 0,
+            kernels: None,
         }
+    }
+
+    /// This chain with fast kernels for full rows (`sampler_cpu::ROW_KERNELS`;
+    /// `sampler_cpu::build_chain` does this). Results are unchanged.
+    pub fn with_kernels(mut self, kernels: RowKernels) -> Self {
+        self.kernels = Some(kernels);
+        self
+    }
+
+    /// The installed full-row kernels, if any.
+    pub fn kernels(&self) -> Option<RowKernels> {
+        self.kernels
     }
 
     /// The row's seed.
@@ -87,9 +116,21 @@ impl Chain {
     /// Apply every stage to `row` (validated first: empty, NaN and `+inf`
     /// rows are errors). Does not accept or advance the step.
     ///
+    /// With [`RowKernels`] installed and a full row
+    /// ([`Candidates::is_full_row`]), the kernels compute the same result
+    /// without the full-vocabulary passes of the stages; `row` is replaced by
+    /// the result (and left as given on error).
+    ///
     /// # Errors
     /// The first stage error, or the validation error.
     pub fn apply(&mut self, row: &mut Candidates) -> Result<(), SampleError> {
+        if let Some(k) = self.kernels
+            && row.is_full_row()
+        {
+            let out = (k.apply)(row.logits(), self)?;
+            *row = out;
+            return Ok(());
+        }
         self.apply_from(0, row)
     }
 
@@ -110,8 +151,29 @@ impl Chain {
     /// As [`Chain::apply`].
     pub fn apply_from(&mut self, start: usize, row: &mut Candidates) -> Result<(), SampleError> {
         row.validate()?;
-        let end = self.end();
-        for (index, stage) in self.stages.iter_mut().enumerate().take(end).skip(start) {
+        self.apply_stages(start..self.stages.len(), row)
+    }
+
+    /// Apply the stages in `range` to a row the caller has validated (no
+    /// validation here); stages after the last selecting stage
+    /// ([`Chain::end`]) are not run.
+    ///
+    /// # Errors
+    /// The first stage error; [`SampleError::CustomStageOutput`] when a
+    /// custom stage leaves a NaN or `+inf` logit.
+    pub fn apply_stages(
+        &mut self,
+        range: std::ops::Range<usize>,
+        row: &mut Candidates,
+    ) -> Result<(), SampleError> {
+        let end = self.end().min(range.end);
+        for (index, stage) in self
+            .stages
+            .iter_mut()
+            .enumerate()
+            .take(end)
+            .skip(range.start)
+        {
             if stage.is_noop() {
                 continue;
             }
@@ -123,17 +185,78 @@ impl Chain {
                 },
             };
             stage.apply(row, &ctx)?;
+            // Built-in stages keep logits finite or -inf; a custom one is
+            // checked, so that no later stage sees NaN or +inf.
+            if stage.spec().is_none()
+                && let Some(i) = row
+                    .logits()
+                    .iter()
+                    .position(|l| l.is_nan() || *l == f32::INFINITY)
+            {
+                return Err(SampleError::CustomStageOutput {
+                    stage: index,
+                    name: stage.name().to_string(),
+                    index: i,
+                    value: if row.logits()[i].is_nan() {
+                        "NaN"
+                    } else {
+                        "+inf"
+                    },
+                });
+            }
         }
         Ok(())
     }
 
     /// Apply the chain, take the selected token, accept it and advance the step.
     ///
+    /// With [`RowKernels`] installed and a full row
+    /// ([`Candidates::is_full_row`], e.g. `Candidates::from_logits`), the
+    /// kernels give the same token, errors and chain state without the
+    /// full-vocabulary passes of the stages, and `row` is left as given (it
+    /// is not the final candidate set then: use [`Chain::apply`] to look at
+    /// the candidates).
+    ///
     /// # Errors
     /// [`SampleError::NoSelectingStage`] when no active stage selects; any
     /// stage or validation error. On error nothing is accepted.
     pub fn sample(&mut self, row: &mut Candidates) -> Result<TokenId, SampleError> {
+        if let Some(k) = self.kernels
+            && row.is_full_row()
+        {
+            return (k.sample)(row.logits(), self);
+        }
         self.sample_from(0, row)
+    }
+
+    /// [`Chain::sample`] of a raw logits row `[vocab]` (token id =
+    /// position): with [`RowKernels`] installed the row is read in place
+    /// (no candidate set of the vocabulary's size is built); otherwise
+    /// `Candidates::from_logits` and the stages.
+    ///
+    /// # Errors
+    /// As [`Chain::sample`].
+    pub fn sample_logits(&mut self, logits: &[f32]) -> Result<TokenId, SampleError> {
+        match self.kernels {
+            Some(k) => (k.sample)(logits, self),
+            None => self.sample_from(0, &mut Candidates::from_logits(logits)),
+        }
+    }
+
+    /// [`Chain::apply`] of a raw logits row `[vocab]`: the final candidate
+    /// set (read in place with [`RowKernels`]).
+    ///
+    /// # Errors
+    /// As [`Chain::apply`].
+    pub fn apply_logits(&mut self, logits: &[f32]) -> Result<Candidates, SampleError> {
+        match self.kernels {
+            Some(k) => (k.apply)(logits, self),
+            None => {
+                let mut row = Candidates::from_logits(logits);
+                self.apply_from(0, &mut row)?;
+                Ok(row)
+            }
+        }
     }
 
     /// [`Chain::sample`] running stages `start..` only.
@@ -148,7 +271,21 @@ impl Chain {
         if !self.selects() {
             return Err(SampleError::NoSelectingStage);
         }
-        self.apply_from(start, row)?;
+        row.validate()?;
+        self.finish_sample(start, row)
+    }
+
+    /// [`Chain::sample_from`] on a row the caller has validated: run stages
+    /// `start..`, take the selected token, accept it, advance the step.
+    ///
+    /// # Errors
+    /// [`SampleError::NoSelectingStage`]; any stage error.
+    pub fn finish_sample(
+        &mut self,
+        start: usize,
+        row: &mut Candidates,
+    ) -> Result<TokenId, SampleError> {
+        self.apply_stages(start..self.stages.len(), row)?;
         let token = row.selected_token().ok_or(SampleError::NoSelectingStage)?;
         self.commit(token);
         Ok(token)

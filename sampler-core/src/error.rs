@@ -96,6 +96,21 @@ pub enum SampleError {
     /// Invalid stage parameter.
     #[error(transparent)]
     Param(#[from] ParamError),
+    /// A custom stage (one without a spec) left a NaN or `+inf` logit,
+    /// which no later stage may see; the row is that stage's error.
+    #[error(
+        "stage {stage} (`{name}`) left a {value} logit at position {index}: a custom stage must keep logits finite or -inf"
+    )]
+    CustomStageOutput {
+        /// Position of the stage in the chain, from 0.
+        stage: usize,
+        /// The stage's name.
+        name: String,
+        /// Position in the row of the first bad logit.
+        index: usize,
+        /// `NaN` or `+inf`.
+        value: &'static str,
+    },
     /// A device error reported by a backend (sampler-backend maps its own
     /// errors into this variant when they concern a single row).
     #[error("device error: {0}")]
@@ -107,7 +122,7 @@ impl SampleError {
     /// output of the example commands): `empty_row`, `nan_logit`,
     /// `pos_inf_logit`, `all_masked`, `no_selecting_stage`, `shape`,
     /// `shape_overflow`, `chain_count`, `token_out_of_range`,
-    /// `duplicate_token`, `param`, `device`.
+    /// `duplicate_token`, `param`, `custom_stage_output`, `device`.
     pub fn kind(&self) -> &'static str {
         match self {
             SampleError::EmptyRow => "empty_row",
@@ -121,6 +136,7 @@ impl SampleError {
             SampleError::TokenOutOfRange { .. } => "token_out_of_range",
             SampleError::DuplicateToken { .. } => "duplicate_token",
             SampleError::Param(_) => "param",
+            SampleError::CustomStageOutput { .. } => "custom_stage_output",
             SampleError::Device(_) => "device",
         }
     }

@@ -27,7 +27,7 @@ mod sampler;
 mod spec;
 
 pub use candidates::{Candidates, RawCandidates, desc_cmp, validate_logits};
-pub use chain::Chain;
+pub use chain::{Chain, RowKernels};
 pub use error::{ParamError, SampleError};
 pub use meta::{
     DeviceEffects, Effects, ParamField, ParamKind, ParamMeta, ParamValue, SetParamError, StageMeta,

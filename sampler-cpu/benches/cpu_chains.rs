@@ -19,8 +19,10 @@
 //! (a max reduction in 16 independent lanes, so it is bound by memory).
 //!
 //! Groups: `batch1/V=...` (floor, the six chains through
-//! `sampler_cpu::fast::sample_row`, and the reference path
-//! `Candidates::from_logits` + `Chain::sample` for comparison) and
+//! `sampler_cpu::fast::sample_row`; at the largest vocabulary also the
+//! README's loop `Chain::sample(&mut Candidates::from_logits(row))`,
+//! `Chain::sample_logits(row)`, and the reference stages
+//! `Candidates::fill_from_logits` + `Chain::sample_from(0, ..)`) and
 //! `batch32/V=...` (`sampler_cpu::sample_batch`, 32 rows, one chain per row;
 //! throughput is per token).
 //!
@@ -253,6 +255,34 @@ fn bench_batch1(c: &mut Criterion) {
                 })
             });
         }
+        // The README's loop (`Chain::sample` on `Candidates::from_logits`,
+        // kernels installed by `build_chain`) and `Chain::sample_logits`
+        // (the row read in place), largest vocabulary only.
+        if vocab == 151_936 {
+            for (name, stages) in chains() {
+                let mut chain = chain_with_history(&stages, vocab, 42);
+                let mut r = 0usize;
+                group.bench_function(BenchmarkId::new("chain_sample_from_logits", name), |b| {
+                    b.iter(|| {
+                        r = (r + 1) % rows;
+                        let row = &pool[r * vocab..(r + 1) * vocab];
+                        black_box(
+                            chain
+                                .sample(&mut Candidates::from_logits(row))
+                                .expect("sampled"),
+                        )
+                    })
+                });
+                let mut r = 0usize;
+                group.bench_function(BenchmarkId::new("chain_sample_logits", name), |b| {
+                    b.iter(|| {
+                        r = (r + 1) % rows;
+                        let row = &pool[r * vocab..(r + 1) * vocab];
+                        black_box(chain.sample_logits(row).expect("sampled"))
+                    })
+                });
+            }
+        }
         // The reference path, for comparison (largest vocabulary only).
         if vocab == 151_936 {
             for (name, stages) in chains() {
@@ -263,7 +293,7 @@ fn bench_batch1(c: &mut Criterion) {
                     b.iter(|| {
                         r = (r + 1) % rows;
                         cand.fill_from_logits(&pool[r * vocab..(r + 1) * vocab]);
-                        black_box(chain.sample(&mut cand).expect("sampled"))
+                        black_box(chain.sample_from(0, &mut cand).expect("sampled"))
                     })
                 });
             }

@@ -34,7 +34,9 @@ macro_rules! cpu_builder {
 sampler_core::for_each_stage!(cpu_builder);
 
 /// Build a [`Chain`] of CPU stages from a spec, validating every stage.
-/// `spec.seed == None` draws a seed from the OS.
+/// `spec.seed == None` draws a seed from the OS. The chain has the fast
+/// kernels ([`crate::ROW_KERNELS`]): [`Chain::sample`] on
+/// `Candidates::from_logits(row)` takes the fast path.
 ///
 /// # Errors
 /// [`ChainBuildError`] with the index of the first invalid stage.
@@ -45,7 +47,7 @@ pub fn build_chain(spec: &ChainSpec) -> Result<Chain, ChainBuildError> {
         .enumerate()
         .map(|(index, s)| build_stage(s).map_err(|source| ChainBuildError { index, source }))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Chain::new(stages, spec.seed))
+    Ok(Chain::new(stages, spec.seed).with_kernels(crate::ROW_KERNELS))
 }
 
 #[cfg(test)]

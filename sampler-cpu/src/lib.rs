@@ -35,6 +35,7 @@ mod util;
 
 pub use batch::{apply_batch, sample_batch};
 pub use build::{ChainBuildError, build_chain, build_stage};
+pub use fast::ROW_KERNELS;
 pub use stages::dist::dist_select;
 
 pub use sampler_core::{Candidates, Chain, ChainSpec, SampleError, Sampler, StageSpec, TokenId};

@@ -209,11 +209,11 @@ proptest! {
             let logits = row(row_seed.wrapping_add(step as u64), vocab, shape);
             // Candidates (no accept, no step).
             let mut reference = Candidates::from_logits(&logits);
-            let want = slow.apply(&mut reference).map(|()| reference);
+            let want = slow.apply_from(0, &mut reference).map(|()| reference);
             let got = apply_row(&logits, &mut fast.clone());
             prop_assert_eq!(&got, &want, "apply, step {}, shape {}", step, shape);
             // Tokens (accept and step).
-            let want = slow.sample(&mut Candidates::from_logits(&logits));
+            let want = slow.sample_from(0, &mut Candidates::from_logits(&logits));
             let got = sample_row(&logits, &mut fast);
             prop_assert_eq!(got, want, "sample, step {}, shape {}", step, shape);
             prop_assert_eq!(fast.step(), slow.step());
@@ -265,13 +265,13 @@ fn large_zipf_rows_match_reference() {
         for step in 0..6u64 {
             let logits = row(1000 * c as u64 + step, 32_000, 0);
             let mut reference = Candidates::from_logits(&logits);
-            let want = slow.apply(&mut reference).map(|()| reference);
+            let want = slow.apply_from(0, &mut reference).map(|()| reference);
             assert_eq!(
                 apply_row(&logits, &mut fast.clone()),
                 want,
                 "chain {c} step {step}"
             );
-            let want = slow.sample(&mut Candidates::from_logits(&logits));
+            let want = slow.sample_from(0, &mut Candidates::from_logits(&logits));
             assert_eq!(
                 sample_row(&logits, &mut fast),
                 want,
@@ -279,4 +279,148 @@ fn large_zipf_rows_match_reference() {
             );
         }
     }
+}
+
+/// Custom stages (no spec) for the equivalence with custom stages.
+#[derive(Debug, Clone)]
+enum Custom {
+    /// Ban one token by editing its logit (the row stays a full row).
+    Ban(u32),
+    /// Add a constant to every logit (stays a full row).
+    Shift(f32),
+    /// Sort the row (no longer a full row).
+    Sort,
+    /// Put a NaN at one position (the reference validates only before the
+    /// first stage).
+    Nan(u32),
+    /// Select the maximum (a custom selecting stage).
+    PickMax,
+}
+
+impl sampler_core::Sampler for Custom {
+    fn name(&self) -> &str {
+        "custom"
+    }
+    fn selects(&self) -> bool {
+        matches!(self, Custom::PickMax)
+    }
+    fn apply(
+        &mut self,
+        row: &mut Candidates,
+        _: &sampler_core::StageContext,
+    ) -> Result<(), sampler_core::SampleError> {
+        match *self {
+            Custom::Ban(t) | Custom::Nan(t) => {
+                let value = if matches!(self, Custom::Ban(_)) {
+                    f32::NEG_INFINITY
+                } else {
+                    f32::NAN
+                };
+                if let Some(i) = row.ids().iter().position(|&id| id == t) {
+                    row.logits_mut()[i] = value;
+                }
+            }
+            Custom::Shift(x) => row.logits_mut().iter_mut().for_each(|l| *l += x),
+            Custom::Sort => row.sort_desc(),
+            Custom::PickMax => {
+                let i = row.checked_argmax()?;
+                row.select(i);
+            }
+        }
+        Ok(())
+    }
+    fn box_clone(&self) -> Box<dyn sampler_core::Sampler> {
+        Box::new(self.clone())
+    }
+}
+
+fn custom_strategy() -> impl Strategy<Value = Custom> {
+    prop_oneof![
+        4 => (0u32..40).prop_map(Custom::Ban),
+        2 => (-3.0f32..3.0).prop_map(Custom::Shift),
+        1 => Just(Custom::Sort),
+        1 => (0u32..40).prop_map(Custom::Nan),
+        1 => Just(Custom::PickMax),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Chains with custom stages anywhere (first, between built-ins, last),
+    /// through the default entry points (`Chain::sample` / `Chain::apply` on
+    /// `Candidates::from_logits` with the fast kernels installed), give the
+    /// reference stages' tokens, errors, candidates and state.
+    #[test]
+    fn chains_with_custom_stages_match_reference(
+        stages in chain_strategy(),
+        customs in proptest::collection::vec((custom_strategy(), 0usize..6), 1..3),
+        vocab in vocab_strategy(),
+        row_seed in any::<u64>(),
+        shapes in proptest::collection::vec(0u8..10, 3),
+        seed in any::<u64>(),
+    ) {
+        let mut boxed: Vec<Box<dyn sampler_core::Sampler>> = stages
+            .iter()
+            .map(|s| sampler_cpu::build_stage(s).unwrap())
+            .collect();
+        for (custom, at) in customs {
+            let at = at.min(boxed.len());
+            boxed.insert(at, Box::new(custom));
+        }
+        let mut fast = sampler_core::Chain::new(boxed, Some(seed))
+            .with_kernels(sampler_cpu::ROW_KERNELS);
+        let mut slow = fast.clone();
+        for (step, &shape) in shapes.iter().enumerate() {
+            let logits = row(row_seed.wrapping_add(step as u64), vocab, shape);
+            let mut reference = Candidates::from_logits(&logits);
+            let want = slow.clone().apply_from(0, &mut reference).map(|()| reference);
+            let mut got = Candidates::from_logits(&logits);
+            let got = fast.clone().apply(&mut got).map(|()| got);
+            prop_assert_eq!(&got, &want, "apply, step {}, shape {}", step, shape);
+            let want = slow.sample_from(0, &mut Candidates::from_logits(&logits));
+            let got = fast.sample(&mut Candidates::from_logits(&logits));
+            prop_assert_eq!(got, want, "sample, step {}, shape {}", step, shape);
+            prop_assert_eq!(fast.step(), slow.step());
+        }
+    }
+}
+
+/// `Chain::sample` on a full row takes the kernels when they are installed
+/// (`build_chain` installs them): the row is left as given, where the
+/// reference stages leave the final candidate set in it. Without kernels
+/// (`Chain::new`) it is the reference.
+#[test]
+fn chain_sample_on_a_full_row_uses_the_kernels() {
+    let logits = row(3, 5000, 0);
+    let spec = ChainSpec::new(
+        vec![StageSpec::TopK { k: 40 }, temp(0.8), StageSpec::Dist],
+        Some(9),
+    );
+    let mut with = sampler_cpu::build_chain(&spec).unwrap();
+    assert!(with.kernels().is_some());
+    let mut row_a = Candidates::from_logits(&logits);
+    let a = with.sample(&mut row_a).unwrap();
+    assert_eq!(
+        row_a,
+        Candidates::from_logits(&logits),
+        "kernels leave the row"
+    );
+    assert!(row_a.is_full_row());
+
+    let stages = spec
+        .stages
+        .iter()
+        .map(|s| sampler_cpu::build_stage(s).unwrap())
+        .collect();
+    let mut without = sampler_core::Chain::new(stages, Some(9));
+    assert!(without.kernels().is_none());
+    let mut row_b = Candidates::from_logits(&logits);
+    let b = without.sample(&mut row_b).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(row_b.len(), 40, "the reference filtered the row");
+    assert!(!row_b.is_full_row());
+    // A row that is not a full row (already filtered) takes the stages.
+    let mut again = row_b.clone();
+    assert_eq!(with.clone().sample(&mut again).map(|_| again.len()), Ok(40));
 }

@@ -69,7 +69,7 @@ pub fn boundary_reason_after(
             chain.commit(t);
         }
         let mut c = Candidates::from_logits(row);
-        if chain.apply(&mut c).is_err() {
+        if chain.apply_from(0, &mut c).is_err() {
             return None;
         }
         let (ids, logits) = (c.ids().to_vec(), c.logits().to_vec());

@@ -151,9 +151,22 @@ fn golden_cases() {
             .into_iter()
             .map(|x| x as f32)
             .collect();
+        // `Chain::apply` on a full row takes the fast kernels; the reference
+        // stages (`apply_from(0, ..)`) must give the same set.
+        let mut reference_chain = chain.clone();
+        let mut reference = Candidates::from_logits(&logits);
+        let reference = reference_chain
+            .apply_from(0, &mut reference)
+            .map(|()| reference);
         let mut row = Candidates::from_logits(&logits);
         if let Err(e) = chain.apply(&mut row) {
             failures.push(format!("{id}: apply failed: {e}"));
+            continue;
+        }
+        if reference.as_ref() != Ok(&row) {
+            failures.push(format!(
+                "{id}: the fast kernels and the reference stages differ: {row:?} vs {reference:?}"
+            ));
             continue;
         }
         let expected = floats(&case["expected_probs"]);

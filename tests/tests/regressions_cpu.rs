@@ -254,3 +254,67 @@ fn batch_shape_overflow_is_named() {
     );
     assert!(e.to_string().contains("overflows"), "{e}");
 }
+
+/// A custom stage that wrote a NaN into the row made a later built-in
+/// stage's sort panic ("comparison does not implement a total order"). Now
+/// the row is that stage's error, on every entry point, and the other rows
+/// of a batch are sampled.
+#[test]
+fn a_custom_stage_writing_nan_is_that_rows_error_not_a_panic() {
+    #[derive(Clone)]
+    struct WritesNan;
+    impl sampler_core::Sampler for WritesNan {
+        fn name(&self) -> &str {
+            "writes_nan"
+        }
+        fn apply(
+            &mut self,
+            row: &mut Candidates,
+            _: &sampler_core::StageContext,
+        ) -> Result<(), sampler_core::SampleError> {
+            row.logits_mut()[2] = f32::NAN;
+            Ok(())
+        }
+        fn box_clone(&self) -> Box<dyn sampler_core::Sampler> {
+            Box::new(self.clone())
+        }
+    }
+    let chain = || {
+        let stages: Vec<Box<dyn sampler_core::Sampler>> = vec![
+            Box::new(WritesNan),
+            sampler_cpu::build_stage(&StageSpec::TopP {
+                p: 0.9,
+                min_keep: 1,
+            })
+            .expect("valid"),
+            sampler_cpu::build_stage(&StageSpec::Dist).expect("valid"),
+        ];
+        sampler_core::Chain::new(stages, Some(1))
+    };
+    let want = sampler_core::SampleError::CustomStageOutput {
+        stage: 0,
+        name: "writes_nan".into(),
+        index: 2,
+        value: "NaN",
+    };
+    let logits: Vec<f32> = (0..64).map(|i| (i % 7) as f32).collect();
+    // Reference, with the fast kernels, and the fast path directly.
+    assert_eq!(
+        chain().sample(&mut Candidates::from_logits(&logits)),
+        Err(want.clone())
+    );
+    let mut fast = chain().with_kernels(sampler_cpu::ROW_KERNELS);
+    assert_eq!(
+        fast.sample(&mut Candidates::from_logits(&logits)),
+        Err(want.clone())
+    );
+    assert_eq!(fast.step(), 0, "nothing accepted");
+    assert!(want.to_string().contains("writes_nan"), "{want}");
+    // In a batch, the other row is sampled.
+    let spec = ChainSpec::new(vec![StageSpec::Greedy], Some(1));
+    let mut chains = vec![chain(), build_chain(&spec).expect("valid")];
+    let rows: Vec<f32> = logits.iter().chain(&logits).copied().collect();
+    let out = sample_batch(&rows, 2, 64, &mut chains).expect("shapes");
+    assert_eq!(out[0], Err(want));
+    assert_eq!(out[1], Ok(6));
+}

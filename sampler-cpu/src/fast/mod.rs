@@ -43,7 +43,9 @@ mod top_p;
 
 use std::cell::RefCell;
 
-use sampler_core::{Candidates, Chain, RowRng, SampleError, Sampler, StageSpec, TokenId};
+use sampler_core::{
+    Candidates, Chain, RowKernels, RowRng, SampleError, Sampler, StageSpec, TokenId,
+};
 
 use self::scan::{key_id, min_p_ids, top_k_keys};
 use self::tail::{temp_dist_tail, temp_dist_token};
@@ -65,8 +67,27 @@ enum Lead {
     TopP { at: usize, p: f32, min_keep: usize },
 }
 
+/// The fast kernels as [`RowKernels`], for [`Chain::with_kernels`]
+/// ([`crate::build_chain`] installs them): [`Chain::sample`] and
+/// [`Chain::apply`] on a full row then run [`sample_row`] / [`apply_row`].
+/// A chain with custom stages gets them with
+/// `Chain::new(stages, seed).with_kernels(sampler_cpu::ROW_KERNELS)`.
+pub const ROW_KERNELS: RowKernels = RowKernels {
+    sample: sample_row,
+    apply: apply_row,
+};
+
 fn lead(stages: &[Box<dyn Sampler>]) -> Option<Lead> {
-    let mut active = stages.iter().enumerate().filter(|(_, s)| !s.is_noop());
+    lead_from(stages, 0)
+}
+
+/// The lead of the stages from `start` on.
+fn lead_from(stages: &[Box<dyn Sampler>], start: usize) -> Option<Lead> {
+    let mut active = stages
+        .iter()
+        .enumerate()
+        .skip(start)
+        .filter(|(_, s)| !s.is_noop());
     let (at, first) = active.next()?;
     match first.spec()? {
         StageSpec::Greedy => active.next().is_none().then_some(Lead::Greedy),
@@ -125,7 +146,29 @@ fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
 /// The reference: the full-vocabulary candidate set and every stage.
 fn reference(logits: &[f32], chain: &mut Chain) -> Result<TokenId, SampleError> {
     let mut row = Candidates::from_logits(logits);
-    chain.sample(&mut row)
+    chain.sample_from(0, &mut row)
+}
+
+/// The first active stage is custom: run it (and any custom stages right
+/// after it) on the full row as the reference does; when the row is still a
+/// full row afterwards (the custom stages only edited logits) and the next
+/// built-in stage is a lead, its kernel runs on the edited logits.
+fn custom_first(logits: &[f32], chain: &mut Chain, first: usize) -> Result<TokenId, SampleError> {
+    let mut row = Candidates::from_logits(logits);
+    row.validate()?;
+    let stages = chain.stages();
+    let next = (first..stages.len())
+        .find(|&i| !stages[i].is_noop() && stages[i].spec().is_some())
+        .unwrap_or(stages.len());
+    chain.apply_stages(first..next, &mut row)?;
+    if next < chain.end()
+        && row.is_full_row()
+        && row.validate().is_ok()
+        && let Some(lead) = lead_from(chain.stages(), next)
+    {
+        return run_lead(row.logits(), lead, chain, next);
+    }
+    chain.finish_sample(next, &mut row)
 }
 
 /// What the kernel of a [`Lead`] produced.
@@ -253,9 +296,28 @@ pub fn sample_row(logits: &[f32], chain: &mut Chain) -> Result<TokenId, SampleEr
     if logits.is_empty() || !chain.selects() {
         return reference(logits, chain);
     }
+    let first = chain.stages().iter().position(|s| !s.is_noop());
+    if let Some(first) = first
+        && chain.stages()[first].spec().is_none()
+    {
+        return custom_first(logits, chain, first);
+    }
     let Some(lead) = lead(chain.stages()) else {
         return reference(logits, chain);
     };
+    run_lead(logits, lead, chain, 0)
+}
+
+/// Run `lead`'s kernel on `logits` and the rest of the chain on its
+/// survivors. `start`: where the reference resumes when the kernel cannot
+/// decide (0: the whole chain, with validation; otherwise the stages from
+/// `start` on a row validated before).
+fn run_lead(
+    logits: &[f32],
+    lead: Lead,
+    chain: &mut Chain,
+    start: usize,
+) -> Result<TokenId, SampleError> {
     match with_scratch(|s| survivors(logits, lead, s)) {
         Survivors::Token(t) => {
             chain.commit(t);
@@ -291,7 +353,8 @@ pub fn sample_row(logits: &[f32], chain: &mut Chain) -> Result<TokenId, SampleEr
             }
             None => chain.sample_from(resume, &mut row),
         },
-        Survivors::Reference => reference(logits, chain),
+        Survivors::Reference if start == 0 => reference(logits, chain),
+        Survivors::Reference => chain.finish_sample(start, &mut Candidates::from_logits(logits)),
     }
 }
 
@@ -319,7 +382,7 @@ pub fn apply_row(logits: &[f32], chain: &mut Chain) -> Result<Candidates, Sample
         return Ok(row);
     }
     let mut row = Candidates::from_logits(logits);
-    chain.apply(&mut row)?;
+    chain.apply_from(0, &mut row)?;
     Ok(row)
 }
 
