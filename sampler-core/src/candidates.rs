@@ -424,8 +424,9 @@ impl Candidates {
     }
 
     /// Softmax over the current set, in its current order (no sort):
-    /// `p_i = exp(l_i - max) / sum`, exponentials in f32 and the sum in f64
-    /// (NaN or `+inf` anywhere in a row is that row's error). Sets normalised probabilities.
+    /// `p_i = exp(l_i - max) / sum` with the project's numerics
+    /// ([`crate::numerics`]: its f32 `exp`, the sum in f64 lanes over the
+    /// current order). Sets normalised probabilities.
     ///
     /// # Errors
     /// [`SampleError::EmptyRow`] for an empty set, [`SampleError::AllMasked`]
@@ -438,12 +439,10 @@ impl Candidates {
         if max == f32::NEG_INFINITY {
             return Err(SampleError::AllMasked);
         }
-        let mut sum = 0.0f64;
         for (p, &l) in self.probs.iter_mut().zip(&self.logits) {
-            let e = (l - max).exp();
-            *p = e;
-            sum += f64::from(e);
+            *p = crate::numerics::exp(l - max);
         }
+        let sum = crate::numerics::sum_f64_slice(&self.probs);
         let inv = 1.0 / sum;
         for p in &mut self.probs {
             *p = (f64::from(*p) * inv) as f32;

@@ -27,6 +27,7 @@ mod sampler;
 mod spec;
 
 pub use candidates::{Candidates, RawCandidates, desc_cmp, validate_logits};
+pub mod numerics;
 pub use chain::{Chain, RowKernels};
 pub use error::{ParamError, SampleError};
 pub use meta::{

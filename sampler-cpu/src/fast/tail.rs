@@ -4,8 +4,8 @@
 //! select, without building a `Candidates` or sorting ids.
 //!
 //! Same arithmetic as the reference: `l' = div_saturating(l, t)`;
-//! `e_i = exp(l'_i - max)` in f32; `S = Σ e_i` in f64 in the set's CURRENT
-//! order; the inverse CDF walks ascending token ids, accumulating `e_i` in
+//! `e_i = exp(l'_i - max)` in f32 and `S = Σ e_i` in f64 lanes over the
+//! set's CURRENT order (`sampler_core::numerics`); the inverse CDF walks ascending token ids, accumulating `e_i` in
 //! f64, and takes the first `e_i > 0` with `cum >= u·S` (else the last with
 //! `e_i > 0`).
 
@@ -77,10 +77,10 @@ pub(crate) fn temp_dist_token(
         return Err(SampleError::AllMasked);
     }
     let e = |l: f32| {
-        let e = (scaled(l, t) - max).exp();
+        let e = sampler_core::numerics::exp(scaled(l, t) - max);
         if e.is_nan() { 0.0 } else { e }
     };
-    let sum: f64 = current.fold(0.0f64, |s, l| s + f64::from(e(l)));
+    let sum = sampler_core::numerics::sum_f64(current.map(e));
     if !(sum > 0.0) {
         return Err(SampleError::AllMasked);
     }

@@ -1,7 +1,8 @@
 //! Full-vocabulary `top_p` (nucleus) without a full sort.
 //!
 //! The reference (`stages::top_p`, llama.cpp semantics) computes
-//! `e_i = exp(l_i - max)` in f32, `S = Σ e_i` in f64 in id order,
+//! `e_i = exp(l_i - max)` in f32 and `S = Σ e_i` in f64 with the project's
+//! numerics (`sampler_core::numerics`: its `exp`, lane sums in id order),
 //! `p_i = (e_i · (1/S)) as f32`, sorts descending and keeps the shortest
 //! prefix whose f32 running sum reaches `p` (and holds `min_keep`).
 //!
@@ -19,6 +20,7 @@
 //! set) the caller falls back to the reference.
 
 use sampler_core::TokenId;
+use sampler_core::numerics::{LANES as SUM_LANES, combine, exp};
 
 use super::scan::{
     Invalid, LANES, as_block, blocks, desc_key, key_id, lane_mask, max_checked, set_bits,
@@ -82,22 +84,35 @@ pub(crate) fn top_p_full(
     let counts = &mut scratch.counts;
     counts.clear();
     counts.resize(4 * BUCKETS, 0);
-    let mut sum = 0.0f64;
+    // The sum in the lanes of `numerics::sum_f64` (position mod its LANES;
+    // a chunk of 64 starts at a multiple of them).
+    let mut lanes = [0.0f64; SUM_LANES];
     let mut e = [0.0f32; 64];
     let mut bk = [0usize; 64];
     for chunk in row.chunks(64) {
-        // The libm calls first, then the serial sum with no call inside.
+        let n = chunk.len();
         for (ei, &l) in e.iter_mut().zip(chunk) {
-            *ei = (l - max).exp();
+            *ei = exp(l - max);
+        }
+        // Whole blocks with the lanes in registers; only the row's last
+        // chunk has a partial block.
+        let full = n - n % SUM_LANES;
+        for block in e[..full].chunks_exact(SUM_LANES) {
+            for (lane, &v) in lanes.iter_mut().zip(block) {
+                *lane += f64::from(v);
+            }
+        }
+        for (lane, &v) in lanes.iter_mut().zip(&e[full..n]) {
+            *lane += f64::from(v);
         }
         for (b, &l) in bk.iter_mut().zip(chunk) {
             *b = bucket(max, l);
         }
-        for (j, (&ei, &b)) in e.iter().zip(&bk).take(chunk.len()).enumerate() {
-            sum += f64::from(ei);
+        for (j, &b) in bk[..n].iter().enumerate() {
             counts[4 * b + (j & 3)] += 1;
         }
     }
+    let sum = combine(lanes);
     let inv = 1.0 / sum;
     // The bucket where the estimated mass (count x the bucket's middle
     // exponential) crosses p, plus two of margin; widened below if the exact
@@ -171,7 +186,7 @@ fn head_cut(
     for (i, &k) in sorted.iter().enumerate() {
         let id = key_id(k);
         let l = row[id as usize];
-        let e = (l - max).exp();
+        let e = exp(l - max);
         let pi = (f64::from(e) * (1.0 / sum)) as f32;
         out.ids.push(id);
         out.logits.push(l);

@@ -78,12 +78,10 @@ pub fn dist_select(row: &mut Candidates, u: f64) -> Result<usize, SampleError> {
     let vocab = row.vocab_size();
     let (sum, chosen) = {
         let raw = row.raw_mut();
-        let mut sum = 0.0f64;
         for (p, &l) in raw.probs.iter_mut().zip(raw.logits.iter()) {
-            let e = (l - max).exp();
-            *p = e;
-            sum += f64::from(e);
+            *p = sampler_core::numerics::exp(l - max);
         }
+        let sum = sampler_core::numerics::sum_f64_slice(raw.probs);
         // `probs` hold the exponentials e_i until normalised below.
         let chosen = select_in_id_order(raw.ids, raw.probs, u * sum, vocab);
         if sum > 0.0 {

@@ -68,8 +68,12 @@ impl Sampler for TopP {
         let finite = row.logits().iter().filter(|l| l.is_finite()).count();
         let min_keep = self.min_keep.min(finite);
         let max = row.max_logit();
-        let e: Vec<f32> = row.logits().iter().map(|&l| (l - max).exp()).collect();
-        let s: f64 = e.iter().map(|&x| f64::from(x)).sum();
+        let e: Vec<f32> = row
+            .logits()
+            .iter()
+            .map(|&l| sampler_core::numerics::exp(l - max))
+            .collect();
+        let s = sampler_core::numerics::sum_f64_slice(&e);
         if row.is_sorted() {
             let keep = cut(e.iter().copied(), s, self.p, min_keep).unwrap_or(finite);
             if keep < n {

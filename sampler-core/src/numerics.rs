@@ -1,0 +1,181 @@
+//! The project's softmax numerics: one exponential and one summation order,
+//! used by the reference stages and by sampler-cpu's fast kernels alike, so
+//! the two give bit-identical probabilities, and fast enough to run at
+//! memory speed over a whole vocabulary.
+//!
+//! * [`exp`]: `e^x` in f32 by range reduction (`x = n·ln 2 + r`,
+//!   `|r| <= ln 2 / 2`, `ln 2` split in two parts) and a degree-7 polynomial
+//!   for `e^r`, scaled by `2^n` through the exponent bits. Plain f32
+//!   multiplies and adds in a fixed order (Rust never fuses them into FMA),
+//!   so every x86-64 level and aarch64 give the same bits, scalar or
+//!   auto-vectorised. Error at most 2 ulp over `[-87.3, 88.7]` (1.18 ulp
+//!   the worst in the tests' sweep against f64); `exp(x) = 0` below `-87.33` (where `e^x` is no
+//!   longer a normal f32), `+inf` above `88.72`, `exp(-inf) = 0`, NaN stays
+//!   NaN.
+//! * [`sum_f64`]: the sum of f32 values in f64 in [`LANES`] lanes (value
+//!   `i` goes to lane `i % LANES`), the lanes added as a fixed pairwise tree.
+//!   Any implementation that follows this rule gets the same bits.
+
+/// Lanes of [`sum_f64`].
+pub const LANES: usize = 8;
+
+const LOG2_E: f32 = std::f32::consts::LOG2_E;
+/// `ln 2` split so that `n · LN2_HI` is exact for `|n| <= 128` (9
+/// significant bits) and `LN2_HI + LN2_LO` is `ln 2` to f32 precision.
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// Below this `e^x` is not a normal f32.
+const MIN_X: f32 = -87.336_55;
+/// Above this `e^x` overflows.
+const MAX_X: f32 = 88.722_83;
+
+/// `e^x` in f32 with the project's numerics (module docs): at most 2 ulp
+/// from the exact value, the same bits on every platform.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    // Branch-free (selects only), so that loops over rows vectorise.
+    let xc = x.clamp(MIN_X, MAX_X);
+    // n = round(x / ln 2) by adding and subtracting 1.5 · 2^23; the integer
+    // is the difference of the bit patterns (no float-to-int conversion).
+    let shifter = 12_582_912.0f32;
+    let t = xc * LOG2_E + shifter;
+    let n = t - shifter;
+    let ni = t.to_bits() as i32 - shifter.to_bits() as i32;
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    // e^r on |r| <= 0.3466: Taylor to degree 7 in Horner form.
+    let p = 1.0 / 5040.0;
+    let p = p * r + 1.0 / 720.0;
+    let p = p * r + 1.0 / 120.0;
+    let p = p * r + 1.0 / 24.0;
+    let p = p * r + 1.0 / 6.0;
+    let p = p * r + 0.5;
+    let p = p * r + 1.0;
+    let p = p * r + 1.0;
+    // 2^n through the exponent bits, in two halves (n in [-126, 128]).
+    let half = ni >> 1;
+    let scale_a = f32::from_bits(((half + 127) as u32) << 23);
+    let scale_b = f32::from_bits(((ni - half + 127) as u32) << 23);
+    let y = p * scale_a * scale_b;
+    // The ends: 0 below the normal range, +inf above; NaN went through.
+    let y = if x < MIN_X { 0.0 } else { y };
+    if x > MAX_X { f32::INFINITY } else { y }
+}
+
+/// The sum of `values` in f64, in [`LANES`] lanes combined as a fixed
+/// pairwise tree (module docs).
+pub fn sum_f64(values: impl IntoIterator<Item = f32>) -> f64 {
+    let mut lanes = [0.0f64; LANES];
+    let mut it = values.into_iter();
+    'outer: loop {
+        for lane in &mut lanes {
+            match it.next() {
+                Some(v) => *lane += f64::from(v),
+                None => break 'outer,
+            }
+        }
+    }
+    combine(lanes)
+}
+
+/// [`sum_f64`] of a slice (the same result, faster: whole blocks of
+/// [`LANES`] values at a time).
+pub fn sum_f64_slice(values: &[f32]) -> f64 {
+    let mut lanes = [0.0f64; LANES];
+    let mut blocks = values.chunks_exact(LANES);
+    for block in &mut blocks {
+        for (lane, &v) in lanes.iter_mut().zip(block) {
+            *lane += f64::from(v);
+        }
+    }
+    for (lane, &v) in lanes.iter_mut().zip(blocks.remainder()) {
+        *lane += f64::from(v);
+    }
+    combine(lanes)
+}
+
+/// Lanes `[a0..a7]` -> `((a0+a1)+(a2+a3)) + ((a4+a5)+(a6+a7))`.
+#[inline]
+pub fn combine(l: [f64; LANES]) -> f64 {
+    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ulp distance between an f32 result and the exact (f64) value.
+    fn ulps(got: f32, exact: f64) -> f64 {
+        let e = exact as f32;
+        let ulp = f64::from(f32::from_bits(e.to_bits() + 1) - e);
+        (f64::from(got) - exact).abs() / ulp
+    }
+
+    #[test]
+    fn exp_is_within_two_ulp() {
+        let mut worst = 0.0f64;
+        let mut x = -87.3f32;
+        while x < 88.7 {
+            let d = ulps(exp(x), f64::from(x).exp());
+            assert!(d <= 2.0, "exp({x}) = {} is {d} ulp off", exp(x));
+            worst = worst.max(d);
+            x += 0.000_731;
+        }
+        // Every f32 in [-1, 0] and around 0.
+        let mut b = (-1.0f32).to_bits();
+        while b > 0x8000_0000 {
+            let x = f32::from_bits(b);
+            assert!(ulps(exp(x), f64::from(x).exp()) <= 2.0, "{x}");
+            b -= 97;
+        }
+        assert!(worst > 0.0);
+    }
+
+    #[test]
+    fn exp_ends() {
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(-0.0), 1.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-90.0), 0.0);
+        assert_eq!(exp(-1e30), 0.0);
+        assert_eq!(exp(89.0), f32::INFINITY);
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        assert!(exp(f32::NAN).is_nan());
+        assert!(exp(-87.3) > 0.0 && exp(-87.3).is_normal());
+        assert!(exp(88.7).is_finite());
+    }
+
+    /// The same bits on every platform: pinned outputs (computed once with
+    /// this code; a platform or compiler that fuses or reorders operations
+    /// would change them).
+    #[test]
+    fn exp_bits_are_pinned() {
+        let cases: [(f32, u32); 8] = [
+            (-0.5, 0x3f1b_4598),
+            (-1.0, 0x3ebc_5ab2),
+            (-2.302_585, 0x3dcc_ccd0),
+            (-10.0, 0x383e_6bce),
+            (-50.5, 0x1b0d_6cfa),
+            (-87.0, 0x00b3_3687),
+            (0.3, 0x3fac_c82c),
+            (5.0, 0x4314_69c5),
+        ];
+        for (x, bits) in cases {
+            assert_eq!(exp(x).to_bits(), bits, "exp({x}) = {:#x}", exp(x).to_bits());
+        }
+    }
+
+    #[test]
+    fn sums_follow_the_lane_rule() {
+        let v: Vec<f32> = (0..1001).map(|i| ((i * 37) % 101) as f32 * 0.013).collect();
+        let a = sum_f64(v.iter().copied());
+        let b = sum_f64_slice(&v);
+        assert_eq!(a.to_bits(), b.to_bits());
+        let mut lanes = [0.0f64; LANES];
+        for (i, &x) in v.iter().enumerate() {
+            lanes[i % LANES] += f64::from(x);
+        }
+        assert_eq!(combine(lanes).to_bits(), a.to_bits());
+        assert!((a - v.iter().map(|&x| f64::from(x)).sum::<f64>()).abs() < 1e-9);
+        assert_eq!(sum_f64([]), 0.0);
+    }
+}
