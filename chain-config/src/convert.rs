@@ -67,6 +67,10 @@ pub(crate) fn parse_seed(at: At<'_>, v: &Node) -> Result<Option<u64>, ConfigErro
     };
     match &v.value {
         Value::Null if at.doc.format == Format::Json => Ok(None),
+        // TOML integers stop at 2^63 - 1 (larger seeds: a decimal string).
+        Value::Int(i) if at.doc.format == Format::Toml && i64::try_from(*i).is_err() => {
+            Err(at.range("seed", v, expected))
+        }
         Value::Int(i) => u64::try_from(*i)
             .map(Some)
             .map_err(|_| at.range("seed", v, expected)),
@@ -213,11 +217,10 @@ pub(crate) fn stage_from_table(
                     meta.param(e.param).map(|p| p.kind),
                     Some(ParamKind::TokenBiases | ParamKind::TokenSequences)
                 );
-                // TOML shows the value as written, JSON as read.
-                let value = if structured || doc.format == Format::Json {
+                let value = if structured {
                     e.value.clone()
                 } else {
-                    doc.written(&entry.value)
+                    doc.shown(&entry.value, &e.value)
                 };
                 ConfigError::OutOfRange {
                     path: format!("{prefix}.{}", entry.key),
@@ -246,6 +249,10 @@ pub(crate) fn parse_int(
 ) -> Result<i64, ConfigError> {
     match &v.value {
         Value::Int(i) => i64::try_from(*i).map_err(|_| at.range(path, v, expected)),
+        // An integer literal too long for any integer type.
+        Value::Float(text) if !text.contains(['.', 'e', 'E', 'i', 'n']) => {
+            Err(at.range(path, v, expected))
+        }
         _ => Err(at.wrong(path, v, expected)),
     }
 }
@@ -336,7 +343,9 @@ fn convert(at: At<'_>, pm: &ParamMeta, path: &str, v: &Node) -> Result<PValue, C
             // A count above 2^63 - 1: a JSON integer, or (TOML's largest
             // integer being 2^63 - 1) a decimal string, as the writer spells it.
             let huge = match &v.value {
-                Value::Int(i) if *i > i128::from(i64::MAX) => u64::try_from(*i).ok(),
+                Value::Int(i) if doc.format == Format::Json && *i > i128::from(i64::MAX) => {
+                    u64::try_from(*i).ok()
+                }
                 Value::Str(s)
                     if doc.format == Format::Toml
                         && !s.is_empty()
@@ -401,12 +410,15 @@ fn convert(at: At<'_>, pm: &ParamMeta, path: &str, v: &Node) -> Result<PValue, C
                 Ok(PValue::Biases(out))
             }
             Value::Array(pairs) => {
-                let mut out = Vec::with_capacity(pairs.len());
+                // A token may be listed twice: a `ChainSpec` allows it (each
+                // entry adds its bias), and every spec must load back.
+                let mut out: Vec<(TokenId, f32)> = Vec::with_capacity(pairs.len());
                 for (i, pair) in pairs.iter().enumerate() {
                     let ppath = format!("{path}[{i}]");
                     match &pair.value {
                         Value::Array(two) if two.len() == 2 => {
-                            let token = parse_token(at, &format!("{ppath}[0]"), &two[0])?;
+                            let tpath = format!("{ppath}[0]");
+                            let token = parse_token(at, &tpath, &two[0])?;
                             let b = parse_bias(at, &format!("{ppath}[1]"), pm, &two[1])?;
                             out.push((token, b));
                         }

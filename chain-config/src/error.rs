@@ -26,7 +26,14 @@ impl Location {
         let before = &source[..offset];
         let line = before.bytes().filter(|&b| b == b'\n').count() + 1;
         let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-        let column = before[line_start..].chars().count() + 1;
+        // A byte-order mark at the start of the text is not a column.
+        let line_text = &before[line_start..];
+        let line_text = if line_start == 0 {
+            line_text.strip_prefix('\u{feff}').unwrap_or(line_text)
+        } else {
+            line_text
+        };
+        let column = line_text.chars().count() + 1;
         Self { line, column }
     }
 }
@@ -40,6 +47,15 @@ impl fmt::Display for Location {
 /// `"line:col: "` or nothing.
 fn at(location: &Option<Location>) -> String {
     location.map_or_else(String::new, |l| format!("{l}: "))
+}
+
+/// `" (also as `other`)"` when the other spelling differs, else nothing.
+fn also(path: &str, other: &str) -> String {
+    if path == other {
+        String::new()
+    } else {
+        format!(" (also as `{other}`)")
+    }
 }
 
 /// `" (did you mean `x`?)"` or nothing.
@@ -138,7 +154,7 @@ pub enum ConfigError {
         location: Option<Location>,
     },
     /// One key given twice under two spellings (`seq_breakers` and `sequence_breakers`).
-    #[error("{}`{path}` is given twice (also as `{other}`)", at(.location))]
+    #[error("{}`{path}` is given twice{}", at(.location), also(.path, .other))]
     DuplicateKey {
         /// Full key path of the second occurrence.
         path: String,

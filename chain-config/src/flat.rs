@@ -8,7 +8,7 @@ use sampler_core::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::convert::{At, TOKEN_RANGE, parse_float, parse_seed, parse_token_seqs};
+use crate::convert::{At, TOKEN_RANGE, parse_float, parse_int, parse_seed, parse_token_seqs};
 use crate::error::{ConfigError, Diagnostic};
 use crate::located::{Doc, Entry, Node, Value as LValue, parse_json};
 use crate::suggest::suggest;
@@ -375,10 +375,17 @@ pub(crate) fn locate_range_error(doc: Doc<'_>, root: &Node, e: ConfigError) -> C
             expected,
             location: None,
         } => {
-            let key = path.split(['.', '[']).next().unwrap_or(&path);
+            let key = path.split(['.', '[']).next().unwrap_or(&path).to_string();
+            // The key as the document wrote it (an alias: `penalty_last_n`).
+            let written = std::iter::once(key.as_str())
+                .chain(ALIASES.iter().filter(|(_, k)| *k == key).map(|(a, _)| *a))
+                .find_map(|k| root.get(k));
             ConfigError::OutOfRange {
-                location: root.get(key).and_then(|e| doc.loc(&e.key_span)),
-                path,
+                location: written.and_then(|e| doc.loc(&e.key_span)),
+                path: match written {
+                    Some(e) => format!("{}{}", e.key, &path[key.len()..]),
+                    None => path,
+                },
                 value,
                 expected,
             }
@@ -386,6 +393,9 @@ pub(crate) fn locate_range_error(doc: Doc<'_>, root: &Node, e: ConfigError) -> C
         other => other,
     }
 }
+
+/// Flat keys accepted under a second name: `(alias, key)`.
+const ALIASES: [(&str, &str); 1] = [("penalty_last_n", "repeat_last_n")];
 
 /// The valid range of a flat parameter, in words.
 pub(crate) fn range_of(key: &str) -> &'static str {
@@ -421,19 +431,9 @@ pub(crate) fn check_field_type(doc: Doc<'_>, entry: &Entry) -> Result<(), Config
         expected: expected.to_string(),
         location: at.loc(v),
     };
-    let out_of_range = || ConfigError::OutOfRange {
-        path: key.to_string(),
-        value: doc.written(v),
-        expected: range.to_string(),
-        location: at.loc(v),
-    };
     match kind {
         FieldKind::Float => parse_float(at, key, range, v).map(|_| ()),
-        FieldKind::Int => match &v.value {
-            LValue::Int(i) if i64::try_from(*i).is_ok() => Ok(()),
-            LValue::Int(_) => Err(out_of_range()),
-            _ => Err(wrong(doc.found(v), range)),
-        },
+        FieldKind::Int => parse_int(at, key, range, v).map(|_| ()),
         FieldKind::Seed => parse_seed(at, v).map(|_| ()),
         FieldKind::Bool => match &v.value {
             LValue::Bool(_) => Ok(()),
@@ -582,11 +582,25 @@ impl SamplingParams {
                 });
             }
         }
+        for (alias, key) in ALIASES {
+            if let (Some(a), Some(b)) = (root.get(alias), root.get(key)) {
+                let (first, second) = if a.key_span.start < b.key_span.start {
+                    (a, b)
+                } else {
+                    (b, a)
+                };
+                return Err(ConfigError::DuplicateKey {
+                    path: second.key.clone(),
+                    other: first.key.clone(),
+                    location: doc.loc(&second.key_span),
+                });
+            }
+        }
         for e in entries {
             check_field_type(doc, e)?;
         }
         let params: SamplingParams =
-            serde_json::from_str(text).map_err(|e| crate::json::schema_error(text, &e))?;
+            serde_json::from_str(doc.text).map_err(|e| crate::json::schema_error(doc.text, &e))?;
         params
             .check()
             .map_err(|e| locate_range_error(doc, &root, e))?;

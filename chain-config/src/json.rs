@@ -10,16 +10,24 @@ use crate::error::{ConfigError, Location};
 use crate::located::{Value, parse_json};
 use crate::suggest::suggest;
 
-/// `line:column` of a serde_json error (serde_json counts from 1; 0 = none).
-pub(crate) fn json_location(e: &serde_json::Error) -> Option<Location> {
-    (e.line() > 0).then(|| Location {
-        line: e.line(),
-        column: e.column().max(1),
-    })
+/// `line:column` of a serde_json error in `text`, the column in characters
+/// (serde_json counts bytes from 1 on the line; line 0 = no position).
+pub(crate) fn json_location(text: &str, e: &serde_json::Error) -> Option<Location> {
+    if e.line() == 0 {
+        return None;
+    }
+    let line_start = if e.line() == 1 {
+        0
+    } else {
+        text.match_indices('\n')
+            .nth(e.line() - 2)
+            .map_or(text.len(), |(i, _)| i + 1)
+    };
+    let offset = line_start + e.column().saturating_sub(1);
+    Some(Location::from_offset(text, offset.min(text.len())))
 }
 
 pub(crate) fn schema_error(text: &str, e: &serde_json::Error) -> ConfigError {
-    let _ = text;
     // serde_json appends " at line L column C"; the location says it.
     let msg = e.to_string();
     let msg = msg
@@ -30,13 +38,13 @@ pub(crate) fn schema_error(text: &str, e: &serde_json::Error) -> ConfigError {
         ConfigError::Syntax {
             format: "JSON",
             message: msg,
-            location: json_location(e),
+            location: json_location(text, e),
         }
     } else {
         ConfigError::Schema {
             format: "JSON",
             message: msg,
-            location: json_location(e),
+            location: json_location(text, e),
         }
     }
 }

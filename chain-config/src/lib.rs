@@ -331,6 +331,8 @@ impl ChainConfig {
     /// As [`ChainConfig::from_json`].
     pub fn from_json_with(text: &str, opts: &LoadOptions) -> Result<Self, ConfigError> {
         // Every stage is validated where it is read (with its location).
+        // Errors about the chain as a whole (empty, nothing selects) carry
+        // no location in JSON, as pinned in the error tests.
         let chain = json::load(text)?;
         Self::finish(
             "stages",

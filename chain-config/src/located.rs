@@ -188,23 +188,23 @@ impl Doc<'_> {
         format!("{} {}", node.type_word(self.format), shorten(value, 40))
     }
 
-    /// A number as shown in messages: as written in TOML; in JSON as
-    /// usually written (`1e39`, `0.5`; JSON's own spelling of the literal).
+    /// A number as shown in messages: as written.
     pub(crate) fn number_text(&self, node: &Node) -> String {
-        match self.format {
-            Format::Toml => self.raw(&node.span).trim().to_string(),
-            Format::Json => match &node.value {
-                Value::Int(i) => i.to_string(),
-                Value::Float(text) => match text
-                    .parse::<f64>()
-                    .ok()
-                    .and_then(serde_json::Number::from_f64)
-                {
-                    Some(n) => n.to_string().replace("e+", "e"),
-                    None => text.clone(),
-                },
-                _ => self.raw(&node.span).trim().to_string(),
-            },
+        self.raw(&node.span).trim().to_string()
+    }
+
+    /// A parameter value that failed validation, for "`path` = value":
+    /// TOML as written; JSON as read (`2.0` read as `2`) unless reading it
+    /// changed the number (`0.99999999` read as f32 is `1`) or made it
+    /// longer (`1e-45`): then as written.
+    pub(crate) fn shown(&self, node: &Node, as_read: &str) -> String {
+        let written = self.written(node);
+        match (self.format, node.as_f64(), as_read.parse::<f64>()) {
+            (Format::Json, Some(w), Ok(r)) if w == r && as_read.len() < written.len() => {
+                as_read.to_string()
+            }
+            (Format::Json, None, _) => as_read.to_string(),
+            _ => written,
         }
     }
 
@@ -212,7 +212,6 @@ impl Doc<'_> {
     /// if long).
     pub(crate) fn written(&self, node: &Node) -> String {
         let raw = match (&node.value, self.format) {
-            (Value::Int(_) | Value::Float(_), Format::Json) => self.number_text(node),
             (Value::Str(s), Format::Json) => {
                 serde_json::to_string(s).unwrap_or_else(|_| format!("\"{s}\""))
             }
@@ -250,8 +249,10 @@ pub(crate) fn parse_toml<'a>(
     // defined twice (a table header given twice, a key repeated in a table,
     // a dotted key over a table). Found from the tree, not from the message.
     if let Some(span) = first.span()
+        && is_key_position(text, &span)
         && let Some(name) = key_name(doc.raw(&span))
-        && let Some((path, value)) = earlier_key(&root, &name, span.start)
+        && let Some((path, value)) =
+            written_key(&root, text, &span, &name).or_else(|| earlier_key(&root, &name, span.start))
     {
         if let (Some(stage), Value::Table(_)) = (table_is_stage(&path), &value.value) {
             return Err(ConfigError::DuplicateStage {
@@ -272,6 +273,107 @@ pub(crate) fn parse_toml<'a>(
         message: first.message().trim().to_string(),
         location,
     })
+}
+
+/// Whether `span` is where a key is written: followed by `=`, `.` or (in a
+/// `[table]` header) `]`, and not preceded by `=` (a value).
+fn is_key_position(text: &str, span: &Range<usize>) -> bool {
+    let after = text
+        .get(span.end..)
+        .and_then(|r| r.trim_start_matches([' ', '\t']).chars().next());
+    let before_text = text.get(..span.start).unwrap_or("");
+    let before = before_text
+        .trim_end_matches([' ', '\t'])
+        .chars()
+        .next_back();
+    let line = &before_text[before_text.rfind('\n').map_or(0, |i| i + 1)..];
+    match after {
+        Some('=' | '.') => before != Some('='),
+        Some(']') => line.trim_start().starts_with('['),
+        _ => false,
+    }
+}
+
+/// One step of a key path.
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+/// The full path of the key written at `span` (its dotted prefix on the
+/// line, under the nearest `[table]` / `[[array]]` header above it), when
+/// the tree has it: `(path, value)`. `None` for keys inside inline tables.
+fn written_key<'n>(
+    root: &'n Node,
+    text: &str,
+    span: &Range<usize>,
+    name: &str,
+) -> Option<(String, &'n Node)> {
+    let before = text.get(..span.start)?;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let prefix = before[line_start..].trim_start();
+    let dotted = |s: &str| -> Option<Vec<String>> {
+        s.split('.')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(key_name)
+            .collect()
+    };
+    let mut segs: Vec<Seg> = Vec::new();
+    if let Some(header) = prefix.strip_prefix('[') {
+        let header = header.strip_prefix('[').unwrap_or(header);
+        segs.extend(dotted(header)?.into_iter().map(Seg::Key));
+    } else {
+        if prefix.contains(['=', '{', '[', ',']) {
+            return None;
+        }
+        // The nearest header above: `[a.b]`, or `[[a]]` (its entry index).
+        let lines: Vec<&str> = before[..line_start].lines().collect();
+        if let Some(pos) = lines.iter().rposition(|l| l.trim_start().starts_with('[')) {
+            let h = lines[pos].trim();
+            if let Some(inner) = h.strip_prefix("[[").and_then(|r| r.split_once("]]")) {
+                let parts = dotted(inner.0)?;
+                let same = |l: &&str| {
+                    l.trim()
+                        .strip_prefix("[[")
+                        .and_then(|r| r.split_once("]]"))
+                        .is_some_and(|(n, _)| dotted(n).as_ref() == Some(&parts))
+                };
+                let index = lines[..=pos]
+                    .iter()
+                    .filter(|l| same(l))
+                    .count()
+                    .saturating_sub(1);
+                segs.extend(parts.into_iter().map(Seg::Key));
+                segs.push(Seg::Index(index));
+            } else if let Some(inner) = h.strip_prefix('[').and_then(|r| r.split_once(']')) {
+                segs.extend(dotted(inner.0)?.into_iter().map(Seg::Key));
+            }
+        }
+        segs.extend(dotted(prefix)?.into_iter().map(Seg::Key));
+    }
+    segs.push(Seg::Key(name.to_string()));
+    let mut node = root;
+    let mut path = String::new();
+    for seg in &segs {
+        match seg {
+            Seg::Key(k) => {
+                node = &node.get(k)?.value;
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(k);
+            }
+            Seg::Index(i) => {
+                let Value::Array(items) = &node.value else {
+                    return None;
+                };
+                node = items.get(*i)?;
+                path.push_str(&format!("[{i}]"));
+            }
+        }
+    }
+    Some((path, node))
 }
 
 /// The name a key's text stands for: bare, or a quoted key without escapes.
@@ -349,10 +451,11 @@ fn toml_table(t: &DeTable<'_>) -> Vec<Entry> {
 fn toml_node(v: &Spanned<DeValue<'_>>) -> Node {
     let value = match v.get_ref() {
         DeValue::String(s) => Value::Str(s.to_string()),
-        DeValue::Integer(i) => match i128::from_str_radix(i.as_str(), i.radix()) {
-            Ok(n) => Value::Int(n),
-            Err(_) => Value::Float(i.as_str().to_string()),
-        },
+        // TOML integers are 64-bit (the spec): every reader refuses one
+        // beyond i64 as out of range (one beyond i128 reads as i128::MAX).
+        DeValue::Integer(i) => {
+            Value::Int(i128::from_str_radix(i.as_str(), i.radix()).unwrap_or(i128::MAX))
+        }
         DeValue::Float(f) => Value::Float(f.as_str().replace('_', "")),
         DeValue::Boolean(b) => Value::Bool(*b),
         DeValue::Datetime(_) => Value::Datetime,
@@ -375,6 +478,8 @@ fn toml_node(v: &Spanned<DeValue<'_>>) -> Node {
 /// twice in one object, with its full path (`stages[1].k`) and the
 /// location of the second one.
 pub(crate) fn parse_json(text: &str) -> Result<(Doc<'_>, Node), ConfigError> {
+    // A byte-order mark (Windows editors write one) is not JSON: skip it.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let doc = Doc {
         text,
         format: Format::Json,

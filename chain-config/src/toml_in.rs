@@ -263,7 +263,12 @@ fn parse_device(doc: Doc<'_>, v: &Node) -> Result<DeviceConfig, ConfigError> {
                         "device" => OffloadPolicy::Device,
                         _ => return Err(bad()),
                     },
-                    Value::Int(i) => OffloadPolicy::Stages(usize::try_from(*i).map_err(|_| bad())?),
+                    Value::Int(i) => OffloadPolicy::Stages(
+                        i64::try_from(*i)
+                            .ok()
+                            .and_then(|n| usize::try_from(n).ok())
+                            .ok_or_else(bad)?,
+                    ),
                     _ => {
                         return Err(ConfigError::WrongType {
                             path: "device.offload".into(),

@@ -74,7 +74,9 @@ pub(crate) fn to_toml(cfg: &ChainConfig) -> String {
         OffloadPolicy::Off => out.push_str("offload = \"off\"\n"),
         OffloadPolicy::Device => out.push_str("offload = \"device\"\n"),
         OffloadPolicy::Stages(n) => {
-            let _ = writeln!(out, "offload = {n}");
+            // Any cap at or above the chain's length offloads the whole
+            // prefix; TOML integers stop at 2^63 - 1.
+            let _ = writeln!(out, "offload = {}", n.min(i64::MAX as usize));
         }
     }
     if repeats_differ {

@@ -168,3 +168,73 @@ fn json_is_strict_json() {
         assert!(e.location().is_some(), "{e}");
     }
 }
+
+/// Findings of a hostile review of the located pipeline, one assertion each.
+#[test]
+fn review_findings_stay_fixed() {
+    // JSON syntax errors: columns in characters (serde_json counts bytes).
+    let e = json_err(r#"{"a": "ü✓✓✓", "stages": [{"type": "dist"},]}"#);
+    assert!(matches!(e, ConfigError::Syntax { .. }), "{e}");
+    assert_eq!(e.location(), at(1, 43), "{e}");
+    // A TOML value that looks like an earlier key is not a duplicate key.
+    let e = toml_err("samplers = \"top_k;top_p;dist\"\n[top_k]\nk = 1\n[top_p]\np = k");
+    assert!(!e.to_string().contains("duplicate"), "{e}");
+    let e = toml_err("seed = 1\nsamplers = seed");
+    assert!(!e.to_string().contains("duplicate"), "{e}");
+    // A dotted duplicate names its own table.
+    let e =
+        toml_err("samplers = \"top_p;min_p;dist\"\ntop_p.p = 0.9\nmin_p.p = 0.05\ntop_p.p = 0.95");
+    assert!(e.to_string().contains("duplicate key `top_p.p`"), "{e}");
+    // Flat aliases: the key as written, located; both spellings refused.
+    let e = SamplingParams::from_json_str(r#"{"penalty_last_n": -2}"#).unwrap_err();
+    assert!(
+        e.to_string().starts_with("1:2: `penalty_last_n` = -2"),
+        "{e}"
+    );
+    let e =
+        SamplingParams::from_json_str(r#"{"repeat_last_n": 1, "penalty_last_n": 2}"#).unwrap_err();
+    assert!(
+        matches!(e, ConfigError::DuplicateKey { ref path, ref other, .. }
+            if path == "penalty_last_n" && other == "repeat_last_n"),
+        "{e}"
+    );
+    assert_eq!(e.location(), at(1, 22), "{e}");
+    // A byte-order mark: no column in TOML, skipped in JSON.
+    let e = toml_err("\u{feff}samplers = \"top_kk;dist\"");
+    assert_eq!(e.location(), at(1, 13), "{e}");
+    assert!(GenerationConfig::from_json_str("\u{feff}{\"top_k\": 5}").is_ok());
+    assert!(ChainConfig::from_json("\u{feff}{\"stages\": [{\"type\": \"dist\"}]}").is_ok());
+    // The same key twice is not "also as" itself.
+    let e = json_err(r#"{"stages": [{"type": "top_k", "k": 1, "k": 2}]}"#);
+    assert_eq!(e.to_string(), "1:39: `stages[0].k` is given twice");
+    // JSON values that reading changes are shown as written.
+    let e = json_err(r#"{"stages": [{"type": "epsilon", "epsilon": 0.99999999}]}"#);
+    assert!(
+        e.to_string().contains("= 0.99999999 is out of range"),
+        "{e}"
+    );
+    let e = json_err(r#"{"stages": [{"type": "top_p", "p": -1e-45}]}"#);
+    assert!(e.to_string().contains("= -1e-45 is out of range"), "{e}");
+    let e = json_err(r#"{"stages": [{"type": "top_k", "k": 1e2}]}"#);
+    assert!(e.to_string().contains("found number 1e2"), "{e}");
+    // An integer too long for any integer type is out of range, as written.
+    let big = "9".repeat(41);
+    let e = json_err(&format!(
+        r#"{{"stages": [{{"type": "top_k", "k": {big}}}]}}"#
+    ));
+    assert!(matches!(e, ConfigError::OutOfRange { .. }), "{e}");
+    let e = toml_err(&format!("seed = {big}\nsamplers = \"dist\""));
+    assert!(matches!(e, ConfigError::OutOfRange { .. }), "{e}");
+    // TOML integers stop at 2^63 - 1: larger seeds and counts are strings.
+    for text in [
+        "seed = 18446744073709551615\nsamplers = \"dist\"",
+        "samplers = \"top_p;dist\"\n[top_p]\np = 0.5\nmin_keep = 18446744073709551615",
+        "samplers = \"dist\"\n[device]\noffload = 18446744073709551615",
+    ] {
+        let e = toml_err(text);
+        assert!(matches!(e, ConfigError::OutOfRange { .. }), "{text}: {e}");
+    }
+    assert!(
+        ChainConfig::from_toml_str("seed = \"18446744073709551615\"\nsamplers = \"dist\"").is_ok()
+    );
+}
