@@ -241,7 +241,7 @@ pub const FIELDS: [&str; 28] = [
     "do_sample",
 ];
 
-/// Every flat key: [`FIELDS`], then the keys stages declare in the
+/// Every flat key: the keys of `SamplingParams`'s own fields, then the keys stages declare in the
 /// registry ([`sampler_core::StageMeta::flat_key`]).
 pub fn flat_keys() -> Vec<&'static str> {
     FIELDS

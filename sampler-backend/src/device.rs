@@ -34,7 +34,7 @@ fn unknown(given: &str, reason: impl Into<String>) -> BackendError {
 
 /// The device and offload policy for a `[device] kind` / `--device` name: the
 /// one place that gives `cpu` its meaning. `cpu` is the whole chain on the
-/// host with sampler-cpu (logits on `flex`, [`OffloadPolicy::Off`] whatever
+/// host with sampler-cpu (logits on `flex`, [`sampler_core::OffloadPolicy::Off`] whatever
 /// `policy` says); any other name is [`parse_device`] with `policy` unchanged.
 ///
 /// # Errors

@@ -20,9 +20,12 @@
 //! | `top_p(p)` | max; exp + histogram; gather head; sort head only | nucleus, sorted |
 //!
 //! Each kernel validates the row on the way (NaN, `+inf`); a bad row, an
-//! all-`-inf` row, an empty row, a custom first stage, or any case the kernel
-//! cannot decide exactly (e.g. `min_p` keeping fewer than `min_keep`) runs the
-//! reference: `Candidates::from_logits` and [`Chain::sample`].
+//! all-`-inf` row, an empty row, or any case the kernel cannot decide exactly
+//! (e.g. `min_p` keeping fewer than `min_keep`) runs the reference:
+//! `Candidates::from_logits` and the stages one by one
+//! ([`Chain::sample_from`]). A custom first stage runs on the full row; when
+//! it only edited logits (the row is still [`Candidates::is_full_row`]), the
+//! next built-in stage's kernel runs on the edited logits.
 //!
 //! Why `penalties; top_k(k)` may look at only `k + last_n` tokens: when
 //! `repeat >= 1`, `frequency >= 0` and `presence >= 0` a penalty never raises
