@@ -77,10 +77,15 @@ fn registered_flat_rows() -> String {
     out
 }
 
+/// The text of docs/config.md (empty if missing: the assertions then fail).
+fn config_md() -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md");
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
 #[test]
 fn docs_config_lists_the_registered_flat_keys() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md");
-    let doc = std::fs::read_to_string(&path).unwrap_or_default();
+    let doc = config_md();
     let rows = registered_flat_rows();
     assert!(
         rows.contains("`epsilon_cutoff`") && rows.contains("`eta_cutoff`"),
@@ -96,8 +101,7 @@ fn docs_config_lists_the_registered_flat_keys() {
 
 #[test]
 fn docs_config_lists_every_stage_and_parameter() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md");
-    let doc = std::fs::read_to_string(&path).unwrap_or_default();
+    let doc = config_md();
     let reference = stage_reference();
     assert!(
         doc.contains(&reference),

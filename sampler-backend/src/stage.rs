@@ -113,14 +113,14 @@ pub trait DeviceStage: Send {
     /// `accept_prompt`, `restore`). From the stage's registry metadata
     /// (`needs_history`); a stage the registry does not know gets them.
     fn needs_history(&self) -> bool {
-        StageKind::from_name(self.name()).is_none_or(|k| k.meta().needs_history)
+        registered(self.name()).is_none_or(|k| k.meta().needs_history)
     }
     /// Whether the batch must call `set_input` before each step: the stage
     /// needs history deltas or the rows' random streams (`needs_history`,
     /// `needs_randomness` in its metadata). A stage the registry does not
     /// know is called.
     fn needs_step_input(&self) -> bool {
-        StageKind::from_name(self.name()).is_none_or(|k| {
+        registered(self.name()).is_none_or(|k| {
             let meta = k.meta();
             meta.needs_history || meta.needs_randomness
         })
@@ -153,6 +153,13 @@ pub trait DeviceStage: Send {
     fn restore(&mut self, _slot: usize, _history: &[(TokenId, TokenOrigin)]) {}
     /// Forget history.
     fn reset(&mut self) {}
+}
+
+/// The registered kind whose canonical name is `name` (device stages report
+/// canonical names). Asked per step, so an exact comparison: no alias
+/// normalisation, no allocation.
+fn registered(name: &str) -> Option<StageKind> {
+    StageKind::ALL.into_iter().find(|k| k.name() == name)
 }
 
 macro_rules! device_builder {

@@ -174,7 +174,16 @@ impl Chain {
             .take(end)
             .skip(range.start)
         {
-            if stage.is_noop() {
+            // One `spec()` per stage (it clones a built-in's parameters): a
+            // built-in's no-op rule is its spec's; a custom stage answers
+            // `is_noop` itself.
+            let spec = stage.spec();
+            let custom = spec.is_none();
+            let noop = match &spec {
+                Some(s) => s.is_noop(),
+                None => stage.is_noop(),
+            };
+            if noop {
                 continue;
             }
             let ctx = StageContext {
@@ -187,7 +196,7 @@ impl Chain {
             stage.apply(row, &ctx)?;
             // Built-in stages keep logits finite or -inf; a custom one is
             // checked, so that no later stage sees NaN or +inf.
-            if stage.spec().is_none()
+            if custom
                 && let Some(i) = row
                     .logits()
                     .iter()

@@ -299,13 +299,14 @@ pub fn sample_row(logits: &[f32], chain: &mut Chain) -> Result<TokenId, SampleEr
     if logits.is_empty() || !chain.selects() {
         return reference(logits, chain);
     }
-    let first = chain.stages().iter().position(|s| !s.is_noop());
-    if let Some(first) = first
-        && chain.stages()[first].spec().is_none()
-    {
+    // One look at the first active stage: custom, a lead, or neither.
+    let Some(first) = chain.stages().iter().position(|s| !s.is_noop()) else {
+        return reference(logits, chain);
+    };
+    if chain.stages()[first].spec().is_none() {
         return custom_first(logits, chain, first);
     }
-    let Some(lead) = lead(chain.stages()) else {
+    let Some(lead) = lead_from(chain.stages(), first) else {
         return reference(logits, chain);
     };
     run_lead(logits, lead, chain, 0)
