@@ -33,7 +33,8 @@ use burn_tensor::{DType, Device, FloatDType, Int, IntDType, Tensor, TensorData, 
 use rayon::prelude::*;
 use sampler_core::plan::{self, HostReason, OffloadPolicy, Plan, PlanStage, Readback};
 use sampler_core::{
-    Candidates, Chain, ChainSpec, DeviceRefusal, SampleError, StageKind, TokenId, TokenOrigin,
+    Candidates, Chain, ChainSpec, DeviceRefusal, Logprobs, LogprobsMode, SampleError, StageKind,
+    TokenId, TokenOrigin,
 };
 
 use crate::BackendError;
@@ -65,9 +66,60 @@ pub struct BatchStep {
     /// One entry per step row, in the order of the ids given: the token, or
     /// why that row could not be sampled (the other rows are unaffected).
     pub tokens: Vec<Result<TokenId, SampleError>>,
+    /// Per step row: the logprobs its request asked for
+    /// ([`ChainSpec::logprobs`]), `None` when it asked for none or failed.
+    pub logprobs: Vec<Option<Logprobs>>,
     /// Bytes read back from the device in this step (all rows together):
-    /// the sum of each row's own [`Plan::bytes_per_row`].
+    /// the sum of each row's own [`Plan::bytes_per_row`] and, for requests
+    /// with logprobs computed on the device, `8` per entry.
     pub bytes_read: usize,
+}
+
+/// A pipelined step in flight: returned by [`SamplingBatch::submit`],
+/// consumed by [`SamplingBatch::finish`].
+pub struct PendingStep {
+    serial: u64,
+    select: bool,
+    ids: Vec<RequestId>,
+    row_of: HashMap<RequestId, usize>,
+    host_rows: Vec<usize>,
+    host_at: Option<usize>,
+    group_rows: Vec<(GroupKey, Vec<usize>)>,
+    group_at: Vec<usize>,
+    group_slots: Vec<Vec<i64>>,
+    readback: Option<InFlight>,
+}
+
+/// A submitted step's readback: still running, or already done (a CPU
+/// device reads synchronously).
+enum InFlight {
+    Waiting(Readback_),
+    Done(Result<Vec<TensorData>, burn_tensor::ExecutionError>),
+}
+
+impl fmt::Debug for PendingStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PendingStep")
+            .field("serial", &self.serial)
+            .field("rows", &self.ids.len())
+            .finish()
+    }
+}
+
+/// The readback future of a submitted step.
+type Readback_ = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = Result<Vec<TensorData>, burn_tensor::ExecutionError>>
+            + Send,
+    >,
+>;
+
+/// What `finish_inner` produced per step row.
+#[derive(Default)]
+struct StepRows {
+    rows: Vec<Result<RowResult, SampleError>>,
+    logprobs: Vec<Option<Logprobs>>,
+    bytes_read: usize,
 }
 
 /// What [`SamplingBatch::filter`] produced: each row's candidates after its
@@ -86,6 +138,8 @@ pub struct BatchFilter {
 struct GroupKey {
     device: Vec<(usize, StageKind, Option<usize>)>,
     readback: Readback,
+    /// Logprobs the device computes: mode, top `n`, `m` requested ids.
+    logprobs: Option<(LogprobsMode, usize, usize)>,
 }
 
 struct Request {
@@ -112,6 +166,8 @@ struct Group {
     members: Vec<RequestId>,
     /// The device stages for `members`, `None` until (re)built.
     stages: Option<Vec<Box<dyn DeviceStage>>>,
+    /// The members' requested logprob token ids `[S, m]`, with the stages.
+    lp_ids: Option<Tensor<2, Int>>,
 }
 
 /// A persistent batch of sampling requests for a serving engine (vLLM's
@@ -147,6 +203,10 @@ pub struct SamplingBatch {
     requests: BTreeMap<RequestId, Request>,
     groups: HashMap<GroupKey, Group>,
     next_id: u64,
+    /// Steps submitted so far (identifies a [`PendingStep`]).
+    serial: u64,
+    /// The submitted step waiting for `finish`.
+    in_flight: Option<u64>,
 }
 
 impl fmt::Debug for SamplingBatch {
@@ -221,6 +281,8 @@ impl SamplingBatch {
             requests: BTreeMap::new(),
             groups: HashMap::new(),
             next_id: 0,
+            serial: 0,
+            in_flight: None,
         })
     }
 
@@ -323,6 +385,7 @@ impl SamplingBatch {
     /// # Errors
     /// [`BackendError::UnknownRequest`].
     pub fn remove(&mut self, id: RequestId) -> Result<(), BackendError> {
+        self.idle("remove")?;
         let req = self
             .requests
             .remove(&id)
@@ -338,6 +401,7 @@ impl SamplingBatch {
     /// # Errors
     /// [`BackendError::UnknownRequest`].
     pub fn reset(&mut self, id: RequestId) -> Result<(), BackendError> {
+        self.idle("reset")?;
         let req = self
             .requests
             .get_mut(&id)
@@ -356,6 +420,7 @@ impl SamplingBatch {
     /// # Errors
     /// [`BackendError::UnknownRequest`].
     pub fn accept_prompt(&mut self, id: RequestId, tokens: &[TokenId]) -> Result<(), BackendError> {
+        self.idle("accept_prompt")?;
         let req = self
             .requests
             .get_mut(&id)
@@ -387,6 +452,7 @@ impl SamplingBatch {
     /// [`BackendError::UnknownRequest`], [`BackendError::InvalidRequest`],
     /// [`BackendError::RequestBuild`]; on error nothing changes.
     pub fn update(&mut self, id: RequestId, mut spec: ChainSpec) -> Result<(), BackendError> {
+        self.idle("update")?;
         let old_seed = self
             .requests
             .get(&id)
@@ -442,8 +508,41 @@ impl SamplingBatch {
         ids: &[RequestId],
         logits: Tensor<2>,
     ) -> Result<BatchStep, BackendError> {
-        let (rows, bytes_read) = self.run(ids, logits, true)?;
-        let tokens = rows
+        let pending = self.submit(ids, logits)?;
+        self.finish(pending)
+    }
+
+    /// The first half of a pipelined [`SamplingBatch::step`]: validate the
+    /// step, queue each group's device work and start the readback, without
+    /// waiting for it. The host can then queue the next forward pass;
+    /// [`SamplingBatch::finish`] waits for the readback, runs the host
+    /// suffixes and records the tokens, which equal the blocking step's.
+    ///
+    /// Until `finish`, the batch refuses calls that would change what the
+    /// step samples or records ([`BackendError::StepPending`]): `step`,
+    /// `submit`, `filter`, `remove`, `reset`, `update`, `accept_prompt`,
+    /// `set_mask`. `insert` is allowed (the new request joins the next step).
+    ///
+    /// # Errors
+    /// As [`SamplingBatch::step`], and [`BackendError::StepPending`].
+    pub fn submit(
+        &mut self,
+        ids: &[RequestId],
+        logits: Tensor<2>,
+    ) -> Result<PendingStep, BackendError> {
+        self.submit_inner(ids, logits, true)
+    }
+
+    /// The second half of a pipelined step (see [`SamplingBatch::submit`]).
+    ///
+    /// # Errors
+    /// [`BackendError::NotPending`] for a step this batch is not waiting
+    /// for; [`BackendError::Readback`]. Per-row errors as
+    /// [`SamplingBatch::step`].
+    pub fn finish(&mut self, pending: PendingStep) -> Result<BatchStep, BackendError> {
+        let out = self.finish_inner(pending)?;
+        let tokens = out
+            .rows
             .into_iter()
             .map(|r| match r {
                 Ok(RowResult::Token(t)) => Ok(t),
@@ -451,7 +550,16 @@ impl SamplingBatch {
                 Err(e) => Err(e),
             })
             .collect();
-        Ok(BatchStep { tokens, bytes_read })
+        Ok(BatchStep {
+            tokens,
+            logprobs: out.logprobs,
+            bytes_read: out.bytes_read,
+        })
+    }
+
+    /// Whether a submitted step waits for [`SamplingBatch::finish`].
+    pub fn in_flight(&self) -> bool {
+        self.in_flight.is_some()
     }
 
     /// Run each request's chain on its row of `logits` `[ids.len(), vocab]`
@@ -465,9 +573,11 @@ impl SamplingBatch {
         ids: &[RequestId],
         logits: Tensor<2>,
     ) -> Result<BatchFilter, BackendError> {
-        let (rows, bytes_read) = self.run(ids, logits, false)?;
+        let pending = self.submit_inner(ids, logits, false)?;
+        let out = self.finish_inner(pending)?;
         let vocab = self.vocab;
-        let rows = rows
+        let rows = out
+            .rows
             .into_iter()
             .map(|r| match r {
                 Ok(RowResult::Cands(c)) => Ok(c),
@@ -475,7 +585,18 @@ impl SamplingBatch {
                 Err(e) => Err(e),
             })
             .collect();
-        Ok(BatchFilter { rows, bytes_read })
+        Ok(BatchFilter {
+            rows,
+            bytes_read: out.bytes_read,
+        })
+    }
+
+    /// Refuse `call` while a submitted step waits for `finish`.
+    fn idle(&self, call: &'static str) -> Result<(), BackendError> {
+        match self.in_flight {
+            Some(_) => Err(BackendError::StepPending { call }),
+            None => Ok(()),
+        }
     }
 
     fn join(&mut self, id: RequestId, key: &GroupKey) {
@@ -507,6 +628,19 @@ impl SamplingBatch {
     fn prepare(&self, spec: &mut ChainSpec) -> Result<(Chain, Planned), BackendError> {
         spec.validate()
             .map_err(|(stage, source)| BackendError::InvalidRequest { stage, source })?;
+        if let Some(lp) = &spec.logprobs
+            && let Some(&t) = lp.token_ids.iter().find(|&&t| t as usize >= self.vocab)
+        {
+            return Err(BackendError::InvalidRequest {
+                stage: spec.stages.len(),
+                source: sampler_core::ParamError {
+                    stage: "logprobs",
+                    param: "logprob_token_ids",
+                    value: t.to_string(),
+                    expected: format!("token ids below the vocabulary size {}", self.vocab),
+                },
+            });
+        }
         let chain = sampler_cpu::build_chain(spec)
             .map_err(|source| BackendError::RequestBuild { source })?;
         spec.seed = Some(chain.seed());
@@ -568,15 +702,36 @@ impl SamplingBatch {
         if stages.len() != key.device.len() {
             stages.clear();
         }
+        g.lp_ids = match key.logprobs {
+            Some((_, _, m)) if m > 0 => {
+                let ids: Vec<i32> = g
+                    .members
+                    .iter()
+                    .flat_map(|mem| {
+                        let lp = self.requests[mem].spec.logprobs.as_ref();
+                        lp.map(|l| l.token_ids.clone()).unwrap_or_default()
+                    })
+                    .map(|t| t as i32)
+                    .collect();
+                Some(Tensor::<2, Int>::from_data(
+                    TensorData::new(ids, [slots, m]),
+                    &self.device,
+                ))
+            }
+            _ => None,
+        };
         g.stages = Some(stages);
     }
 
-    fn run(
+    /// Validate a step, queue every group's device work and start the
+    /// readback; nothing is accepted yet.
+    fn submit_inner(
         &mut self,
         ids: &[RequestId],
         logits: Tensor<2>,
         select: bool,
-    ) -> Result<(Vec<Result<RowResult, SampleError>>, usize), BackendError> {
+    ) -> Result<PendingStep, BackendError> {
+        self.idle(if select { "step" } else { "filter" })?;
         let dims = logits.dims();
         if dims != [ids.len(), self.vocab] {
             return Err(BackendError::Shape {
@@ -605,15 +760,29 @@ impl SamplingBatch {
                 });
             }
         }
+        self.serial += 1;
+        let mut pending = PendingStep {
+            serial: self.serial,
+            select,
+            ids: ids.to_vec(),
+            row_of,
+            host_rows: Vec::new(),
+            host_at: None,
+            group_rows: Vec::new(),
+            group_at: Vec::new(),
+            group_slots: Vec::new(),
+            readback: None,
+        };
         if ids.is_empty() {
-            return Ok((Vec::new(), 0));
+            self.in_flight = Some(pending.serial);
+            return Ok(pending);
         }
         let logits = if logits.dtype() == DType::F32 {
             logits
         } else {
             logits.cast(FloatDType::F32)
         };
-        let (b, v) = (ids.len(), self.vocab);
+        let b = ids.len();
 
         // Rows by group, in order of first appearance; host rows apart.
         let mut host_rows = Vec::new();
@@ -690,13 +859,23 @@ impl SamplingBatch {
                     }
                 })
                 .collect();
+            let slots_t = (!identity).then(|| ops::vec_int(&slots, &d));
+            let lp = key.logprobs.map(|(mode, n, _)| DeviceLogprobs {
+                mode,
+                n,
+                ids: g.lp_ids.as_ref().map(|t| match &slots_t {
+                    Some(s) => t.clone().select(0, s.clone()),
+                    None => t.clone(),
+                }),
+            });
             let stages = g.stages.as_mut().expect("built above");
             let out = device_pass(
                 stages,
                 select_rows(logits.as_ref().expect("some rows run on the device"), rows),
-                (!identity).then(|| ops::vec_int(&slots, &d)),
+                slots_t,
                 &row_states,
                 key.readback,
+                lp,
                 &d,
             );
             group_slots.push(slots);
@@ -709,50 +888,128 @@ impl SamplingBatch {
                 n_reg += 1;
             }
         }
-        let data = tx
-            .try_execute()
-            .map_err(|e| BackendError::Readback(format!("{e:?}")))?;
+        // Start the readback now (device work is queued and, on a GPU, the
+        // copy is requested); `finish` waits for it.
+        let mut readback: Readback_ = Box::pin(tx.execute_async());
+        pending.readback = Some(
+            match futures_lite::future::block_on(futures_lite::future::poll_once(&mut readback)) {
+                Some(done) => InFlight::Done(done),
+                None => InFlight::Waiting(readback),
+            },
+        );
+        pending.host_rows = host_rows;
+        pending.host_at = host_at;
+        pending.group_rows = group_rows;
+        pending.group_at = group_at;
+        pending.group_slots = group_slots;
+        self.in_flight = Some(pending.serial);
+        Ok(pending)
+    }
+
+    /// Wait for a submitted step's readback, run the host parts and record
+    /// the tokens.
+    fn finish_inner(&mut self, pending: PendingStep) -> Result<StepRows, BackendError> {
+        if self.in_flight != Some(pending.serial) {
+            return Err(BackendError::NotPending);
+        }
+        self.in_flight = None;
+        let PendingStep {
+            select,
+            ids,
+            row_of,
+            host_rows,
+            host_at,
+            group_rows,
+            group_at,
+            group_slots,
+            readback,
+            ..
+        } = pending;
+        let Some(readback) = readback else {
+            return Ok(StepRows::default());
+        };
+        let data = match readback {
+            InFlight::Done(done) => done,
+            InFlight::Waiting(f) => futures_lite::future::block_on(f),
+        }
+        .map_err(|e| BackendError::Readback(format!("{e:?}")))?;
         let bytes_read = data.iter().map(|x| x.as_bytes().len()).sum();
+        let (b, v) = (ids.len(), self.vocab);
 
         // Decode into per-row work.
-        let mut work: Vec<Option<Work>> = (0..b).map(|_| None).collect();
+        let mut work: Vec<Option<(Work, Option<DeviceRowLp>)>> = (0..b).map(|_| None).collect();
         let raw: &[f32] = match host_at {
             Some(i) => as_f32(&data[i])?,
             None => &[],
         };
         for (j, &r) in host_rows.iter().enumerate() {
-            work[r] = Some(Work::Raw(j * v));
+            work[r] = Some((Work::Raw(j * v), None));
         }
         for ((key, rows), &at) in group_rows.iter().zip(&group_at) {
-            match key.readback {
-                Readback::TokenIds => {
-                    let codes = read_i64(&data[at]);
-                    for (j, &r) in rows.iter().enumerate() {
-                        work[r] = Some(Work::Token(self.decode_token(codes[j])));
-                    }
+            let mut next = at;
+            let mut take = || {
+                next += 1;
+                &data[next - 1]
+            };
+            let main: Vec<&TensorData> = match key.readback {
+                Readback::Candidates { .. } => vec![take(), take()],
+                _ => vec![take()],
+            };
+            let lp = match key.logprobs {
+                Some((mode, n, m)) => {
+                    let sampled = usize::from(key.readback == Readback::TokenIds);
+                    let (lids, lvals) = if n + m + sampled > 0 {
+                        (read_i64(take()), as_f32(take())?)
+                    } else {
+                        (Vec::new(), &[][..])
+                    };
+                    let cand = match (mode, key.readback) {
+                        (LogprobsMode::Raw, Readback::Candidates { .. }) => Some(as_f32(take())?),
+                        _ => None,
+                    };
+                    Some((n, m, lids, lvals, cand))
                 }
-                Readback::Candidates { .. } => {
-                    let cids = read_i64(&data[at]);
-                    let clog = as_f32(&data[at + 1])?;
-                    let k = cids.len() / rows.len().max(1);
-                    for (j, &r) in rows.iter().enumerate() {
-                        let req = &self.requests[&ids[r]];
+                None => None,
+            };
+            for (j, &r) in rows.iter().enumerate() {
+                let req = &self.requests[&ids[r]];
+                let w = match key.readback {
+                    Readback::TokenIds => {
+                        let codes = read_i64(main[0]);
+                        Work::Token(self.decode_token(codes[j]))
+                    }
+                    Readback::Candidates { .. } => {
+                        let cids = read_i64(main[0]);
+                        let clog = as_f32(main[1])?;
+                        let k = cids.len() / rows.len().max(1);
                         let c = self.candidates_row(
                             req,
                             &cids[j * k..(j + 1) * k],
                             &clog[j * k..(j + 1) * k],
                         );
-                        work[r] = Some(Work::Cands(c, req.plan.host_start));
+                        Work::Cands(c, req.plan.host_start)
                     }
-                }
-                Readback::FullLogits { .. } => {
-                    let all = as_f32(&data[at])?;
-                    for (j, &r) in rows.iter().enumerate() {
-                        let req = &self.requests[&ids[r]];
+                    Readback::FullLogits { .. } => {
+                        let all = as_f32(main[0])?;
                         let c = full_row(req, &all[j * v..(j + 1) * v], v);
-                        work[r] = Some(Work::Cands(c, req.plan.host_start));
+                        Work::Cands(c, req.plan.host_start)
                     }
-                }
+                };
+                let row_lp = lp.as_ref().map(|(n, m, lids, lvals, cand)| {
+                    let e = lvals.len() / rows.len().max(1);
+                    let (ri, rv) = (&lids[j * e..(j + 1) * e], &lvals[j * e..(j + 1) * e]);
+                    let cand = cand.map(|c| {
+                        let k = c.len() / rows.len().max(1);
+                        let cids = read_i64(main[0]);
+                        cids[j * k..(j + 1) * k]
+                            .iter()
+                            .zip(&c[j * k..(j + 1) * k])
+                            .map(|(&i, &l)| (i, l))
+                            .collect()
+                    });
+                    DeviceRowLp::decode(ri, rv, *n, *m, v, cand)
+                });
+                work[r] = Some((w, row_lp));
             }
         }
 
@@ -763,17 +1020,17 @@ impl SamplingBatch {
             .filter_map(|(id, req)| row_of.get(id).map(|&r| (r, req)))
             .collect();
         reqs.sort_unstable_by_key(|(r, _)| *r);
-        let host = |req: &mut Request, w: Option<Work>| {
-            let w = w.expect("every row has work");
-            let res = run_host(req, w, raw, v, select);
-            if select && let Ok(RowResult::Token(t)) = &res {
+        let host = |req: &mut Request, w: Option<(Work, Option<DeviceRowLp>)>| {
+            let (w, lp) = w.expect("every row has work");
+            let res = run_host(req, w, lp, raw, v, select);
+            if select && let Ok((RowResult::Token(t), _)) = &res {
                 req.outputs.push(*t);
                 req.history.push((*t, TokenOrigin::Output));
             }
             res
         };
         // One row: no thread pool round trip (a few microseconds).
-        let results: Vec<Result<RowResult, SampleError>> = if reqs.len() == 1 {
+        let results: Vec<Result<(RowResult, Option<Logprobs>), SampleError>> = if reqs.len() == 1 {
             reqs.iter_mut()
                 .zip(work)
                 .map(|((_, req), w)| host(req, w))
@@ -788,21 +1045,43 @@ impl SamplingBatch {
         // Device state records each group's tokens, per slot.
         if select {
             for ((key, rows), slots) in group_rows.iter().zip(&group_slots) {
-                let g = self.groups.get_mut(key).expect("group built above");
+                let Some(g) = self.groups.get_mut(key) else {
+                    continue;
+                };
+                let Some(stages) = &mut g.stages else {
+                    // Rebuilt before the next step, from the histories.
+                    continue;
+                };
                 let mut per_slot = vec![None; g.members.len()];
                 for (&r, &s) in rows.iter().zip(slots) {
-                    if let Ok(RowResult::Token(t)) = results[r] {
+                    if let Ok((RowResult::Token(t), _)) = results[r] {
                         per_slot[s as usize] = Some(t);
                     }
                 }
-                if let Some(stages) = &mut g.stages {
-                    for st in stages.iter_mut().filter(|st| st.needs_history()) {
-                        st.accept(&per_slot);
-                    }
+                for st in stages.iter_mut().filter(|st| st.needs_history()) {
+                    st.accept(&per_slot);
                 }
             }
         }
-        Ok((results, bytes_read))
+        let mut rows = Vec::with_capacity(b);
+        let mut logprobs = Vec::with_capacity(b);
+        for r in results {
+            match r {
+                Ok((row, lp)) => {
+                    rows.push(Ok(row));
+                    logprobs.push(lp);
+                }
+                Err(e) => {
+                    rows.push(Err(e));
+                    logprobs.push(None);
+                }
+            }
+        }
+        Ok(StepRows {
+            rows,
+            logprobs,
+            bytes_read,
+        })
     }
 
     fn decode_token(&self, code: i64) -> Result<TokenId, SampleError> {
@@ -865,36 +1144,126 @@ fn full_row(req: &Request, row: &[f32], vocab: usize) -> Result<Candidates, Samp
     Ok(Candidates::from_logits(row))
 }
 
+/// Logprobs a device computed for one row, decoded from the readback.
+struct DeviceRowLp {
+    /// Top entries, canonical order, finite only.
+    top: Vec<(TokenId, f32)>,
+    /// Requested ids' values, in the order asked.
+    requested: Vec<f32>,
+    /// The sampled token's value (a fully offloaded chain).
+    sampled: Option<f32>,
+    /// `raw` logprobs of the read-back candidates `(id, logprob)` (a
+    /// candidates readback): the host's token is looked up there.
+    cand: Option<Vec<(i64, f32)>>,
+}
+
+impl DeviceRowLp {
+    /// From one row's entries: `n` top, `m` requested, then (when present)
+    /// the sampled token's.
+    fn decode(
+        ids: &[i64],
+        vals: &[f32],
+        n: usize,
+        m: usize,
+        vocab: usize,
+        cand: Option<Vec<(i64, f32)>>,
+    ) -> Self {
+        let mut top: Vec<(TokenId, f32)> = ids[..n]
+            .iter()
+            .zip(&vals[..n])
+            .filter(|&(&i, &l)| i >= 0 && (i as u64) < vocab as u64 && l.is_finite())
+            .map(|(&i, &l)| (i as TokenId, l))
+            .collect();
+        // The device finds the set; the order is the host's (ties to the lowest id).
+        top.sort_by(|a, b| sampler_core::desc_cmp(a.1, a.0, b.1, b.0));
+        Self {
+            top,
+            requested: vals[n..n + m].to_vec(),
+            sampled: vals.get(n + m).copied(),
+            cand,
+        }
+    }
+
+    fn into_logprobs(self, spec: &sampler_core::LogprobsSpec, token: TokenId) -> Logprobs {
+        let value = match (&self.sampled, &self.cand) {
+            (Some(v), _) => *v,
+            (None, Some(c)) => c
+                .iter()
+                .find(|(i, _)| *i == token as i64)
+                .map_or(f32::NEG_INFINITY, |p| p.1),
+            (None, None) => f32::NEG_INFINITY,
+        };
+        Logprobs {
+            token: (token, value),
+            top: self.top,
+            requested: spec.token_ids.iter().copied().zip(self.requested).collect(),
+        }
+    }
+}
+
 fn run_host(
     req: &mut Request,
     work: Work,
+    device_lp: Option<DeviceRowLp>,
     raw: &[f32],
     vocab: usize,
     select: bool,
-) -> Result<RowResult, SampleError> {
+) -> Result<(RowResult, Option<Logprobs>), SampleError> {
+    let spec = if select {
+        req.spec.logprobs.as_ref()
+    } else {
+        None
+    };
     match (work, select) {
         (Work::Raw(off), true) => {
-            sampler_cpu::fast::sample_row(&raw[off..off + vocab], &mut req.chain)
-                .map(RowResult::Token)
+            let row = &raw[off..off + vocab];
+            match spec {
+                Some(lp) => req
+                    .chain
+                    .sample_logprobs(row, lp)
+                    .map(|(t, l)| (RowResult::Token(t), Some(l))),
+                None => sampler_cpu::fast::sample_row(row, &mut req.chain)
+                    .map(|t| (RowResult::Token(t), None)),
+            }
         }
         (Work::Raw(off), false) => {
             sampler_cpu::fast::apply_row(&raw[off..off + vocab], &mut req.chain)
-                .map(RowResult::Cands)
+                .map(|c| (RowResult::Cands(c), None))
         }
         (Work::Token(t), true) => {
             let t = t?;
             req.chain.commit(t);
-            Ok(RowResult::Token(t))
+            let lp = spec.zip(device_lp).map(|(s, d)| d.into_logprobs(s, t));
+            Ok((RowResult::Token(t), lp))
         }
-        (Work::Token(t), false) => t.map(RowResult::Token),
+        (Work::Token(t), false) => t.map(|t| (RowResult::Token(t), None)),
         (Work::Cands(c, start), true) => {
             let mut c = c?;
-            req.chain.sample_from(start, &mut c).map(RowResult::Token)
+            match (spec, device_lp) {
+                // Raw logprobs from the device: the host only picks the token.
+                (Some(s), Some(d)) => {
+                    let t = req.chain.sample_from(start, &mut c)?;
+                    Ok((RowResult::Token(t), Some(d.into_logprobs(s, t))))
+                }
+                // Processed logprobs: the host's final candidate set.
+                (Some(s), None) => {
+                    if !req.chain.selects() {
+                        return Err(SampleError::NoSelectingStage);
+                    }
+                    req.chain.apply_from(start, &mut c)?;
+                    let (t, lp) = req.chain.commit_logprobs(&c, s)?;
+                    Ok((RowResult::Token(t), Some(lp)))
+                }
+                (None, _) => req
+                    .chain
+                    .sample_from(start, &mut c)
+                    .map(|t| (RowResult::Token(t), None)),
+            }
         }
         (Work::Cands(c, start), false) => {
             let mut c = c?;
             req.chain.apply_from(start, &mut c)?;
-            Ok(RowResult::Cands(c))
+            Ok((RowResult::Cands(c), None))
         }
     }
 }
@@ -975,6 +1344,14 @@ fn plan_request(
     if host_kernels && !plan.host.is_empty() {
         plan.host_reason = Some(HostReason::CpuDevice);
     }
+    let lp = spec.logprobs.as_ref();
+    if lp.is_some_and(|l| l.mode == LogprobsMode::Raw)
+        && matches!(plan.readback, Readback::FullLogits { .. })
+        && !plan.device.is_empty()
+    {
+        plan = plan::plan(&plan_stages, vocab, OffloadPolicy::Off);
+        plan.host_reason = Some(HostReason::RawLogprobs);
+    }
     let mut keep = vocab;
     for &i in &plan.device {
         let st = &spec.stages[i];
@@ -998,6 +1375,14 @@ fn plan_request(
             })
             .collect(),
         readback: plan.readback,
+        // The device computes raw logprobs whenever it runs a prefix, and
+        // processed ones when it runs the whole chain.
+        logprobs: lp
+            .filter(|l| {
+                !plan.device.is_empty()
+                    && (l.mode == LogprobsMode::Raw || plan.readback == Readback::TokenIds)
+            })
+            .map(|l| (l.mode, l.top_n, l.token_ids.len())),
     };
     Planned {
         plan,
@@ -1012,15 +1397,106 @@ enum Out {
     I(Tensor<1, Int>),
 }
 
+/// What a group's device computes for logprobs.
+struct DeviceLogprobs {
+    mode: LogprobsMode,
+    /// Top entries per row.
+    n: usize,
+    /// The step rows' requested ids `[B, m]` (`None` when `m == 0`).
+    ids: Option<Tensor<2, Int>>,
+}
+
+/// `l - logsumexp(l)` per row `[B, N]` (`-inf` stays `-inf`). The sum runs
+/// in blocks of [`ops::DIST_BLOCK`] so that its rounding does not grow with
+/// the vocabulary.
+fn log_softmax(l: &Tensor<2>) -> Tensor<2> {
+    let [b, n] = l.dims();
+    let (e, m) = ops::exps(l);
+    let s = if n > ops::DIST_BLOCK && n % ops::DIST_BLOCK == 0 {
+        e.reshape([b, n / ops::DIST_BLOCK, ops::DIST_BLOCK])
+            .sum_dim(2)
+            .reshape([b, n / ops::DIST_BLOCK])
+            .sum_dim(1)
+    } else if n > ops::DIST_BLOCK {
+        let full = n / ops::DIST_BLOCK * ops::DIST_BLOCK;
+        let head = e
+            .clone()
+            .slice([0..b, 0..full])
+            .reshape([b, full / ops::DIST_BLOCK, ops::DIST_BLOCK])
+            .sum_dim(2)
+            .reshape([b, full / ops::DIST_BLOCK])
+            .sum_dim(1);
+        head.add(e.slice([0..b, full..n]).sum_dim(1))
+    } else {
+        e.sum_dim(1)
+    };
+    let lse = s.log().add(m);
+    l.clone().sub(wide(lse, n))
+}
+
+/// The canonical top `n` of `lp` `[B, N]` (ties to the lowest `order` id):
+/// `(ids, values)` `[B, n]`, padded with id `-1` / `-inf` past the width.
+fn lp_top(
+    lp: &Tensor<2>,
+    order: &Tensor<2, Int>,
+    gather_ids: Option<&Tensor<2, Int>>,
+    n: usize,
+    d: &Device,
+) -> (Tensor<2, Int>, Tensor<2>) {
+    let [b, w] = lp.dims();
+    let k = n.min(w);
+    let n_row = ops::col_int(&vec![k as i64; b], d);
+    let (vals, pos, _) = ops::canonical_topk_positions(lp, order, &n_row, k);
+    let ids = match gather_ids {
+        Some(g) => g.clone().gather(1, pos),
+        None => pos,
+    };
+    if k == n {
+        return (ids, vals);
+    }
+    let pad_i = Tensor::<2, Int>::zeros([b, n - k], d).sub_scalar(1);
+    let pad_f = Tensor::<2>::full([b, n - k], f32::NEG_INFINITY, d);
+    (
+        Tensor::cat(vec![ids, pad_i], 1),
+        Tensor::cat(vec![vals, pad_f], 1),
+    )
+}
+
+/// Values of `lp` `[B, N]` at the tokens `want` `[B, m]`, where position
+/// `j` of row `b` holds token `order[b, j]`; `-inf` where a token is absent.
+fn lp_at(lp: &Tensor<2>, order: Option<&Tensor<2, Int>>, want: &Tensor<2, Int>) -> Tensor<2> {
+    match order {
+        None => lp.clone().gather(1, want.clone()),
+        Some(order) => {
+            let [b, w] = lp.dims();
+            let [_, m] = want.dims();
+            let eq = order
+                .clone()
+                .reshape([b, 1, w])
+                .expand([b, m, w])
+                .equal(want.clone().reshape([b, m, 1]).expand([b, m, w]));
+            lp.clone()
+                .reshape([b, 1, w])
+                .expand([b, m, w])
+                .mask_fill(eq.bool_not(), f32::NEG_INFINITY)
+                .max_dim(2)
+                .reshape([b, m])
+        }
+    }
+}
+
 /// One group's device pass over its rows: validation, the stages, the
 /// outputs its readback registers (`[B]` codes, or `[B, K]` ids and logits,
-/// or `[B, V]` logits).
+/// or `[B, V]` logits), then, with logprobs, `[B, L]` ids and values (and
+/// for `raw` logprobs with a candidates readback the candidates' `[B, K]`
+/// raw logprobs).
 fn device_pass(
     stages: &mut [Box<dyn DeviceStage>],
     logits: Tensor<2>,
     slots: Option<Tensor<1, Int>>,
     rows: &[RowState],
     readback: Readback,
+    lp: Option<DeviceLogprobs>,
     d: &Device,
 ) -> Vec<Out> {
     let [b, v] = logits.dims();
@@ -1032,7 +1508,7 @@ fn device_pass(
         .is_inf()
         .bool_and(logits.clone().greater_elem(0.0));
     let nan_first = ops::min_where_int(pos.clone(), nan, v as i64);
-    let inf_first = ops::min_where_int(pos, posinf, v as i64);
+    let inf_first = ops::min_where_int(pos.clone(), posinf, v as i64);
     let invalid = nan_first
         .clone()
         .lower_elem(v as i64)
@@ -1041,6 +1517,21 @@ fn device_pass(
     let inf_code = inf_first.clone().mul_scalar(-2).sub_scalar(3);
     let code = inf_code.mask_where(nan_first.lower_equal(inf_first), nan_code);
     let clean = logits.clone().mask_fill(wide(invalid.clone(), v), 0.0);
+
+    // Raw logprobs come from the input row (invalid rows fail anyway).
+    let raw_lp = lp
+        .as_ref()
+        .filter(|l| l.mode == LogprobsMode::Raw)
+        .map(|_| log_softmax(&clean));
+    let mut entries: Vec<(Tensor<2, Int>, Tensor<2>)> = Vec::new();
+    if let (Some(l), Some(raw)) = (&lp, &raw_lp) {
+        if l.n > 0 {
+            entries.push(lp_top(raw, &pos, None, l.n, d));
+        }
+        if let Some(want) = &l.ids {
+            entries.push((want.clone(), lp_at(raw, None, want)));
+        }
+    }
 
     let mut data = StepData {
         logits: clean,
@@ -1055,37 +1546,86 @@ fn device_pass(
         width: v,
         device: d.clone(),
     };
-    for st in stages.iter_mut() {
+    // Processed logprobs: the candidates entering the (device) selecting stage.
+    let processed = lp
+        .as_ref()
+        .is_some_and(|l| l.mode == LogprobsMode::Processed)
+        && readback == Readback::TokenIds;
+    let mut before_select = None;
+    let last = stages.len().saturating_sub(1);
+    for (i, st) in stages.iter_mut().enumerate() {
         if st.needs_step_input() {
             st.set_input(rows);
         }
+        if processed && i == last {
+            let order = data.order_ids.clone().or(data.ids.clone());
+            before_select = Some((data.logits.clone(), order, data.ids.clone()));
+        }
         st.apply(&mut data);
     }
+    if let (Some(l), Some((cl, order, gids))) = (&lp, &before_select) {
+        let plp = log_softmax(cl);
+        if l.n > 0 {
+            let ord = order.clone().unwrap_or_else(|| pos.clone());
+            entries.push(lp_top(&plp, &ord, gids.as_ref(), l.n, d));
+        }
+        if let Some(want) = &l.ids {
+            entries.push((want.clone(), lp_at(&plp, order.as_ref(), want)));
+        }
+    }
+    let mut out = Vec::with_capacity(5);
+    let mut raw_cands = None;
     match readback {
         Readback::TokenIds => {
             let sampled = data
                 .sampled
                 .unwrap_or_else(|| Tensor::<1, Int>::zeros([b], d).sub_scalar(1));
-            let out = sampled
+            if lp.is_some() {
+                let at = sampled.clone().reshape([b, 1]).clamp(0, v as i64 - 1);
+                let value = match (&raw_lp, &before_select) {
+                    (Some(raw), _) => raw.clone().gather(1, at.clone()),
+                    (None, Some((cl, order, _))) => lp_at(&log_softmax(cl), order.as_ref(), &at),
+                    (None, None) => Tensor::<2>::full([b, 1], f32::NEG_INFINITY, d),
+                };
+                entries.push((at, value));
+            }
+            let codes = sampled
                 .reshape([b, 1])
                 .mask_where(invalid, code)
                 .cast(IntDType::I32)
                 .reshape([b]);
-            vec![Out::I(out)]
+            out.push(Out::I(codes));
         }
         Readback::Candidates { .. } => {
             let k = data.width;
             let ids = data.ids.unwrap_or_else(|| ops::positions(b, k, d));
+            if let Some(raw) = &raw_lp {
+                raw_cands = Some(raw.clone().gather(1, ids.clone()));
+            }
             let first = ops::positions(b, k, d)
                 .equal_elem(0)
                 .bool_and(wide(invalid, k));
             let ids: Tensor<2, Int> = ids.mask_where(first, wide(code, k)).cast(IntDType::I32);
-            vec![Out::I(ids.reshape([b * k])), Out::F(data.logits)]
+            out.push(Out::I(ids.reshape([b * k])));
+            out.push(Out::F(data.logits));
         }
         Readback::FullLogits { .. } => {
-            vec![Out::F(data.logits.mask_where(wide(invalid, v), logits))]
+            out.push(Out::F(data.logits.mask_where(wide(invalid, v), logits)));
         }
     }
+    if lp.is_some() {
+        let (ids, vals): (Vec<_>, Vec<_>) = entries.into_iter().unzip();
+        if !ids.is_empty() {
+            let ids = Tensor::cat(ids, 1);
+            let [_, e] = ids.dims();
+            out.push(Out::I(ids.cast(IntDType::I32).reshape([b * e])));
+            out.push(Out::F(Tensor::cat(vals, 1)));
+        }
+        if let Some(c) = raw_cands {
+            out.push(Out::F(c));
+        }
+    }
+    out
 }
 
 fn read_i64(d: &TensorData) -> Vec<i64> {

@@ -115,6 +115,35 @@ pub enum BackendError {
         /// The repeated row.
         second: usize,
     },
+    /// A pipelined step is in flight ([`crate::SamplingBatch::submit`]):
+    /// finish it before stepping again or changing a request.
+    #[error("a submitted step is still in flight: call `finish` before `{call}`")]
+    StepPending {
+        /// The call refused.
+        call: &'static str,
+    },
+    /// `finish` was given a step this batch is not waiting for (already
+    /// finished, or submitted to another batch).
+    #[error("this pending step does not belong to the batch's step in flight")]
+    NotPending,
+    /// A token mask of the wrong length (`ceil(vocab / 32)` `u32` words).
+    #[error(
+        "request {id}: the token mask has {found} u32 words, expected ceil(vocab / 32) = {expected}"
+    )]
+    MaskLength {
+        /// The request.
+        id: u64,
+        /// Words given.
+        found: usize,
+        /// Words expected.
+        expected: usize,
+    },
+    /// A mask was given to a request whose chain has no `mask` stage.
+    #[error("request {id} has no `mask` stage in its chain: add one where the mask applies")]
+    NoMaskStage {
+        /// The request.
+        id: u64,
+    },
     /// Reading the step's results back from the device failed.
     #[error("device readback failed: {0}")]
     Readback(String),

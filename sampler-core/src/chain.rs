@@ -268,6 +268,54 @@ impl Chain {
         }
     }
 
+    /// [`Chain::sample_logits`] that also reports the step's logprobs
+    /// ([`crate::logprobs`]): `raw` ones from `logits`, `processed` ones from
+    /// the final candidate set (the chain runs as [`Chain::apply_logits`],
+    /// then the selected token is committed). Same token and chain state as
+    /// [`Chain::sample_logits`].
+    ///
+    /// # Errors
+    /// As [`Chain::sample`]; [`SampleError::TokenOutOfRange`] for a
+    /// requested id outside the vocabulary (nothing is accepted then).
+    pub fn sample_logprobs(
+        &mut self,
+        logits: &[f32],
+        spec: &crate::LogprobsSpec,
+    ) -> Result<(TokenId, crate::Logprobs), SampleError> {
+        spec.check_vocab(logits.len())?;
+        match spec.mode {
+            crate::LogprobsMode::Raw => {
+                let t = self.sample_logits(logits)?;
+                Ok((t, crate::logprobs::raw(logits, spec, t)?))
+            }
+            crate::LogprobsMode::Processed => {
+                if !self.selects() {
+                    return Err(SampleError::NoSelectingStage);
+                }
+                let row = self.apply_logits(logits)?;
+                self.commit_logprobs(&row, spec)
+            }
+        }
+    }
+
+    /// The host half of a `processed`-logprobs step on a final candidate set
+    /// `row` (the chain already applied): commit its selected token and
+    /// compute the logprobs.
+    ///
+    /// # Errors
+    /// [`SampleError::NoSelectingStage`] when `row` has no selection; as
+    /// [`crate::logprobs::processed`].
+    pub fn commit_logprobs(
+        &mut self,
+        row: &Candidates,
+        spec: &crate::LogprobsSpec,
+    ) -> Result<(TokenId, crate::Logprobs), SampleError> {
+        let t = row.selected_token().ok_or(SampleError::NoSelectingStage)?;
+        let lp = crate::logprobs::processed(row, spec, t)?;
+        self.commit(t);
+        Ok((t, lp))
+    }
+
     /// [`Chain::sample`] running stages `start..` only.
     ///
     /// # Errors

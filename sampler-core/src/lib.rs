@@ -8,6 +8,7 @@
 //! * [`StageSpec`], [`ChainSpec`]: declarative chains (what `chain-config` builds);
 //! * [`Sampler`], [`Chain`]: the CPU hooks `apply` / `accept` / `reset` (contract 3);
 //! * [`plan`]: the planner and readback formats (contracts 5 and 6);
+//! * [`logprobs`]: raw and processed log-probabilities of a step;
 //! * [`rng`]: counter-based randomness (contract 7);
 //! * [`SampleError`], [`ParamError`]: structured errors (contract 9).
 //!
@@ -19,6 +20,7 @@
 mod candidates;
 mod chain;
 mod error;
+pub mod logprobs;
 mod meta;
 pub mod plan;
 mod registry;
@@ -30,6 +32,7 @@ pub use candidates::{Candidates, RawCandidates, desc_cmp, validate_logits};
 pub mod numerics;
 pub use chain::{Chain, RowKernels};
 pub use error::{ParamError, SampleError};
+pub use logprobs::{Logprobs, LogprobsMode, LogprobsSpec};
 pub use meta::{
     DeviceEffects, Effects, ParamField, ParamKind, ParamMeta, ParamValue, SetParamError, StageMeta,
 };

@@ -59,12 +59,16 @@ pub enum HostReason {
     /// `auto`: sampler-cpu's kernels over the rows beat burn's generic ops
     /// there, so the whole chain runs on the host.
     CpuDevice,
+    /// The request wants `raw` logprobs and its device prefix would read
+    /// back full rows: the raw row read once and everything on the host is
+    /// cheaper than both rows.
+    RawLogprobs,
 }
 
 impl HostReason {
     /// The reason as one snake_case word, for scripts: `policy`,
     /// `custom_stage`, `no_device_recipe`, `refused`, `selects_before_end`,
-    /// `cpu_device`.
+    /// `cpu_device`, `raw_logprobs`.
     pub fn word(&self) -> &'static str {
         match self {
             HostReason::Policy => "policy",
@@ -73,6 +77,7 @@ impl HostReason {
             HostReason::Refused(_) => "refused",
             HostReason::SelectsBeforeEnd => "selects_before_end",
             HostReason::CpuDevice => "cpu_device",
+            HostReason::RawLogprobs => "raw_logprobs",
         }
     }
 }
@@ -90,6 +95,10 @@ impl fmt::Display for HostReason {
             HostReason::CpuDevice => write!(
                 f,
                 "the logits are on a CPU device: sampler-cpu's kernels over the rows are faster than burn ops there (offload \"device\" offloads anyway)"
+            ),
+            HostReason::RawLogprobs => write!(
+                f,
+                "raw logprobs need the input row, and the device prefix would read back full rows: one raw row and the whole chain on the host is cheaper"
             ),
         }
     }

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ParamError;
+use crate::logprobs::LogprobsSpec;
 pub use crate::registry::StageSpec;
 
 /// Which accepted tokens count as a history-based stage's history.
@@ -54,19 +55,32 @@ pub struct ChainSpec {
     /// Seed of the row's counter-based random stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// Logprobs to report with each sampled token (off when `None`); see
+    /// [`crate::logprobs`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<LogprobsSpec>,
 }
 
 impl ChainSpec {
     /// A chain of these stages with a fixed seed.
     pub fn new(stages: Vec<StageSpec>, seed: Option<u64>) -> Self {
-        Self { stages, seed }
+        Self {
+            stages,
+            seed,
+            logprobs: None,
+        }
     }
 
     /// Validate every stage's parameters.
     ///
     /// # Errors
     /// The first [`ParamError`] with its stage index.
+    /// A stage's error comes with its index; a logprobs error with the
+    /// index `stages.len()`.
     pub fn validate(&self) -> Result<(), (usize, ParamError)> {
+        if let Some(lp) = &self.logprobs {
+            lp.validate().map_err(|e| (self.stages.len(), e))?;
+        }
         for (i, s) in self.stages.iter().enumerate() {
             s.validate().map_err(|e| (i, e))?;
         }

@@ -1,0 +1,460 @@
+//! Logprobs (raw and processed) on the CPU and every compiled device, and
+//! the pipelined step: hand-computed values, CPU == device on random rows,
+//! bytes read back, submit + finish == step.
+
+mod device_support;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use sampler_backend::burn_tensor::{Device, Tensor, TensorData};
+use sampler_backend::{BackendError, SamplingBatch};
+use sampler_core::{
+    ChainSpec, Logprobs, LogprobsMode, LogprobsSpec, OffloadPolicy, Readback, StageSpec, TokenId,
+};
+
+const NI: f32 = f32::NEG_INFINITY;
+
+fn temp(t: f32) -> StageSpec {
+    StageSpec::Temperature {
+        t,
+        dynatemp_range: 0.0,
+        dynatemp_exponent: 1.0,
+    }
+}
+
+fn with_lp(stages: Vec<StageSpec>, seed: u64, lp: LogprobsSpec) -> ChainSpec {
+    let mut s = ChainSpec::new(stages, Some(seed));
+    s.logprobs = Some(lp);
+    s
+}
+
+fn upload(rows: &[Vec<f32>], d: &Device) -> Tensor<2> {
+    let v = rows[0].len();
+    let flat: Vec<f32> = rows.concat();
+    Tensor::<2>::from_data(TensorData::new(flat, [rows.len(), v]), d)
+}
+
+/// `ln softmax` of `logits` over the survivors `keep` (by id), in f64:
+/// the hand computation.
+fn hand(logits: &[f64], keep: &[usize]) -> Vec<f64> {
+    let m = keep.iter().map(|&i| logits[i]).fold(f64::MIN, f64::max);
+    let s: f64 = keep.iter().map(|&i| (logits[i] - m).exp()).sum();
+    (0..logits.len())
+        .map(|i| {
+            if keep.contains(&i) {
+                logits[i] - m - s.ln()
+            } else {
+                f64::NEG_INFINITY
+            }
+        })
+        .collect()
+}
+
+/// One step of `spec` on `row` in a fresh batch under `policy`.
+fn one_step(
+    spec: &ChainSpec,
+    row: &[f32],
+    d: &Device,
+    policy: OffloadPolicy,
+) -> (TokenId, Logprobs, usize, Readback) {
+    let mut batch = SamplingBatch::new(row.len(), d, policy).unwrap();
+    let id = batch.insert(spec.clone(), &[]).unwrap();
+    let readback = batch.plan(id).unwrap().readback;
+    let out = batch.step(&[id], upload(&[row.to_vec()], d)).unwrap();
+    let t = *out.tokens[0].as_ref().unwrap();
+    let lp = out.logprobs[0].clone().expect("logprobs were asked for");
+    (t, lp, out.bytes_read, readback)
+}
+
+fn check(name: &str, lp: &Logprobs, want: &[f64], token: TokenId, n: usize, ids: &[TokenId]) {
+    let close = |a: f32, b: f64| (a == NI && b == f64::NEG_INFINITY) || (a as f64 - b).abs() < 1e-5;
+    assert_eq!(lp.token.0, token, "{name}");
+    assert!(
+        close(lp.token.1, want[token as usize]),
+        "{name}: sampled {lp:?} vs {want:?}"
+    );
+    // The top n: highest first, ties to the lowest id, finite only.
+    let mut order: Vec<usize> = (0..want.len()).filter(|&i| want[i].is_finite()).collect();
+    order.sort_by(|&a, &b| want[b].partial_cmp(&want[a]).unwrap().then(a.cmp(&b)));
+    order.truncate(n);
+    let got: Vec<usize> = lp.top.iter().map(|p| p.0 as usize).collect();
+    assert_eq!(got, order, "{name}: top ids");
+    for &(t, v) in &lp.top {
+        assert!(
+            close(v, want[t as usize]),
+            "{name}: top {t}: {v} vs {}",
+            want[t as usize]
+        );
+    }
+    let mass: f64 = lp.top.iter().map(|p| (p.1 as f64).exp()).sum();
+    assert!(mass <= 1.0 + 1e-5, "{name}: top mass {mass}");
+    assert_eq!(lp.requested.len(), ids.len(), "{name}");
+    for (&(t, v), &want_t) in lp.requested.iter().zip(ids) {
+        assert_eq!(t, want_t, "{name}");
+        assert!(
+            close(v, want[t as usize]),
+            "{name}: requested {t}: {v} vs {}",
+            want[t as usize]
+        );
+    }
+}
+
+/// (chain, its stages, the processed distribution by hand, the token by
+/// hand or `None` for `dist`).
+type Case = (&'static str, Vec<StageSpec>, Vec<f64>, Option<TokenId>);
+
+/// Hand-computed raw and processed logprobs after temperature, top_k, top_p
+/// and min_p, greedy and dist, on the host and on the device (fully and
+/// partly offloaded); the bytes read back per row.
+fn hand_computed_values(d: &Device, name: &str) {
+    let row = [2.0f32, 1.0, 0.5, -1.0, 1.0, -3.0];
+    let l: Vec<f64> = row.iter().map(|&x| x as f64).collect();
+    let all: Vec<usize> = (0..row.len()).collect();
+    let raw = hand(&l, &all);
+    // The example: logits [2, 1] -> -0.3133 for the greedy token.
+    let two = hand(&[2.0, 1.0], &[0, 1]);
+    assert!((two[0] - -0.3133).abs() < 1e-4);
+    let scaled: Vec<f64> = l.iter().map(|x| x / 0.5).collect();
+    let ids = [3u32, 4, 5];
+    let cases: Vec<Case> = vec![
+        ("greedy", vec![StageSpec::Greedy], raw.clone(), Some(0)),
+        (
+            "temperature(0.5);dist",
+            vec![temp(0.5), StageSpec::Dist],
+            hand(&scaled, &all),
+            None,
+        ),
+        (
+            // Ties at the top-3 boundary (ids 1 and 4, logit 1.0): lowest id kept.
+            "top_k(2);dist",
+            vec![StageSpec::TopK { k: 2 }, StageSpec::Dist],
+            hand(&l, &[0, 1]),
+            None,
+        ),
+        (
+            // p = [.496, .183, .111, .025, .183, .003]: .496 + .183 < 0.7,
+            // then the tie at .183 goes to id 1 first, id 4 crosses 0.7.
+            "top_p(0.7);dist",
+            vec![
+                StageSpec::TopP {
+                    p: 0.7,
+                    min_keep: 0,
+                },
+                StageSpec::Dist,
+            ],
+            hand(&l, &[0, 1, 4]),
+            None,
+        ),
+        (
+            // min_p 0.2: keep p >= 0.2 * p_max, i.e. logit >= 2 + ln 0.2 = 0.39.
+            "min_p(0.2);greedy",
+            vec![
+                StageSpec::MinP {
+                    p: 0.2,
+                    min_keep: 0,
+                },
+                StageSpec::Greedy,
+            ],
+            hand(&l, &[0, 1, 2, 4]),
+            Some(0),
+        ),
+        (
+            "top_k(4);temperature(0.5);top_p(0.9);dist",
+            vec![
+                StageSpec::TopK { k: 4 },
+                temp(0.5),
+                StageSpec::TopP {
+                    p: 0.9,
+                    min_keep: 0,
+                },
+                StageSpec::Dist,
+            ],
+            // After top_k(4) {0, 1, 2, 4} at t = 0.5: p = [.757, .103, .038,
+            // .103] (ids 0, 1, 2, 4): .757 + .103 < 0.9, + .103 (id 4) >= 0.9.
+            hand(&scaled, &[0, 1, 4]),
+            None,
+        ),
+    ];
+    let mut offloaded = 0;
+    for (chain, stages, processed, token) in cases {
+        for mode in [LogprobsMode::Raw, LogprobsMode::Processed] {
+            for policy in [
+                OffloadPolicy::Off,
+                OffloadPolicy::Device,
+                OffloadPolicy::Stages(1),
+            ] {
+                let (n, m) = (3, ids.len());
+                let spec = with_lp(
+                    stages.clone(),
+                    9,
+                    LogprobsSpec {
+                        top_n: n,
+                        token_ids: ids.to_vec(),
+                        mode,
+                    },
+                );
+                let (t, lp, bytes, readback) = one_step(&spec, &row, d, policy);
+                if let Some(want_t) = token {
+                    assert_eq!(t, want_t, "[{name}] {chain}");
+                }
+                let want = match mode {
+                    LogprobsMode::Raw => &raw,
+                    LogprobsMode::Processed => &processed,
+                };
+                let what = format!("[{name}] {chain} {mode:?} {policy:?}");
+                check(&what, &lp, want, t, n, &ids);
+                if policy == OffloadPolicy::Off {
+                    assert_eq!(bytes, 4 * row.len(), "{what}: the host reads the row");
+                }
+                // A fully offloaded chain reads back 4 + 8 (n + m + 1) bytes.
+                if readback == Readback::TokenIds && policy == OffloadPolicy::Device {
+                    assert_eq!(bytes, 4 + 8 * (n + m + 1), "{what}");
+                    offloaded += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(
+        offloaded, 12,
+        "[{name}] every chain ran fully on the device"
+    );
+}
+
+/// Random rows and chains: the device's logprobs equal the CPU's (values
+/// within 1e-5, the same top ids), the tokens are the same.
+fn cpu_and_device_agree(d: &Device, name: &str) {
+    let mut r = ChaCha8Rng::seed_from_u64(0x1095);
+    let v = 700;
+    let mut compared = 0;
+    for case in 0..24 {
+        let row: Vec<f32> = (0..v)
+            .map(|i| {
+                let zipf = -((i % 97 + 1) as f32).ln() * 1.5;
+                zipf + r.random_range(-0.5..0.5) + if i % 50 == 0 { 1.0 } else { 0.0 }
+            })
+            .collect();
+        let mut stages = Vec::new();
+        if r.random_bool(0.5) {
+            stages.push(StageSpec::TopK {
+                k: r.random_range(1..60),
+            });
+        }
+        if r.random_bool(0.6) {
+            stages.push(temp(r.random_range(0.3..1.5)));
+        }
+        if r.random_bool(0.5) {
+            stages.push(StageSpec::TopP {
+                p: r.random_range(0.3..0.99),
+                min_keep: 0,
+            });
+        }
+        if r.random_bool(0.3) {
+            stages.push(StageSpec::MinP {
+                p: r.random_range(0.01..0.3),
+                min_keep: 0,
+            });
+        }
+        stages.push(if r.random_bool(0.3) {
+            StageSpec::Greedy
+        } else {
+            StageSpec::Dist
+        });
+        let mode = if case % 2 == 0 {
+            LogprobsMode::Raw
+        } else {
+            LogprobsMode::Processed
+        };
+        let lp = LogprobsSpec {
+            top_n: r.random_range(0..=20),
+            token_ids: (0..r.random_range(0..12))
+                .map(|_| r.random_range(0..v as u32))
+                .collect(),
+            mode,
+        };
+        let spec = with_lp(stages, case, lp.clone());
+        let (t0, host, _, _) = one_step(&spec, &row, d, OffloadPolicy::Off);
+        for policy in [OffloadPolicy::Device, OffloadPolicy::Stages(1)] {
+            let (t1, dev, _, _) = one_step(&spec, &row, d, policy);
+            let what = format!("[{name}] case {case} {policy:?} {}", spec.chain_string());
+            assert_eq!(t0, t1, "{what}");
+            let ids0: Vec<_> = host.top.iter().map(|p| p.0).collect();
+            let ids1: Vec<_> = dev.top.iter().map(|p| p.0).collect();
+            assert_eq!(ids0, ids1, "{what}");
+            let pairs = std::iter::once((host.token, dev.token))
+                .chain(host.top.iter().copied().zip(dev.top.iter().copied()))
+                .chain(
+                    host.requested
+                        .iter()
+                        .copied()
+                        .zip(dev.requested.iter().copied()),
+                );
+            for ((ia, a), (ib, b)) in pairs {
+                assert_eq!(ia, ib, "{what}");
+                assert!(
+                    (a == NI && b == NI) || (a - b).abs() < 1e-5,
+                    "{what}: token {ia}: host {a} device {b}"
+                );
+                compared += 1;
+            }
+            let mass: f32 = dev.top.iter().map(|p| p.1.exp()).sum();
+            assert!(mass <= 1.0 + 1e-5, "{what}: {mass}");
+        }
+    }
+    println!("[{name}] {compared} logprobs compared");
+}
+
+/// submit + finish gives the blocking step's tokens and logprobs; the batch
+/// refuses changes while a step is in flight and accepts new requests.
+fn pipelined_equals_blocking(d: &Device, name: &str) {
+    let v = 300;
+    let chains = [
+        vec![StageSpec::TopK { k: 20 }, temp(0.8), StageSpec::Dist],
+        vec![StageSpec::Greedy],
+        vec![
+            StageSpec::TopP {
+                p: 0.9,
+                min_keep: 0,
+            },
+            StageSpec::Dist,
+        ],
+    ];
+    let row = |s: usize, i: usize| -> Vec<f32> {
+        (0..v)
+            .map(|j| (((j * 31 + s * 7 + i * 13) % 101) as f32 / 17.0).sin() * 3.0)
+            .collect()
+    };
+    let run = |pipelined: bool| {
+        let mut batch = SamplingBatch::new(v, d, OffloadPolicy::Device).unwrap();
+        let lp = LogprobsSpec {
+            top_n: 2,
+            token_ids: vec![5],
+            mode: LogprobsMode::Processed,
+        };
+        let ids: Vec<_> = chains
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                batch
+                    .insert(with_lp(c.clone(), i as u64, lp.clone()), &[1])
+                    .unwrap()
+            })
+            .collect();
+        let mut out = Vec::new();
+        for s in 0..6 {
+            let rows: Vec<Vec<f32>> = (0..ids.len()).map(|i| row(s, i)).collect();
+            let step = if pipelined {
+                let p = batch.submit(&ids, upload(&rows, d)).unwrap();
+                assert!(batch.in_flight());
+                assert_eq!(
+                    batch.remove(ids[0]),
+                    Err(BackendError::StepPending { call: "remove" })
+                );
+                assert!(matches!(
+                    batch.step(&ids, upload(&rows, d)),
+                    Err(BackendError::StepPending { .. })
+                ));
+                batch.finish(p).unwrap()
+            } else {
+                batch.step(&ids, upload(&rows, d)).unwrap()
+            };
+            out.push((step.tokens, step.logprobs));
+        }
+        // A stale pending step is refused.
+        let p = batch.submit(&[], Tensor::<2>::zeros([0, v], d)).unwrap();
+        let extra = batch.insert(ChainSpec::new(vec![StageSpec::Greedy], None), &[]);
+        assert!(extra.is_ok(), "insert is allowed while a step is in flight");
+        batch.finish(p).unwrap();
+        let p2 = batch.submit(&[], Tensor::<2>::zeros([0, v], d)).unwrap();
+        batch.finish(p2).unwrap();
+        out
+    };
+    let blocking = run(false);
+    let pipelined = run(true);
+    assert_eq!(blocking, pipelined, "[{name}]");
+    assert!(blocking.iter().all(|(t, l)| {
+        t.iter().all(|t| t.is_ok())
+            && l.iter()
+                .all(|l| l.as_ref().is_some_and(|l| l.top.len() <= 2))
+    }));
+}
+
+device_tests!(
+    hand_computed_values,
+    cpu_and_device_agree,
+    pipelined_equals_blocking
+);
+
+/// The CPU chain on its own (no batch) gives the same token as without
+/// logprobs, and the same logprobs as the batch's host path.
+#[test]
+fn chain_sample_logprobs_keeps_the_token() {
+    let row: Vec<f32> = (0..2000)
+        .map(|i| ((i * 7919) % 1000) as f32 / 100.0)
+        .collect();
+    for mode in [LogprobsMode::Raw, LogprobsMode::Processed] {
+        let spec = ChainSpec::new(
+            vec![StageSpec::TopK { k: 50 }, temp(0.7), StageSpec::Dist],
+            Some(3),
+        );
+        let mut a = sampler_cpu::build_chain(&spec).unwrap();
+        let mut b = a.clone();
+        let lp = LogprobsSpec {
+            top_n: 5,
+            token_ids: vec![0, 1999],
+            mode,
+        };
+        for _ in 0..5 {
+            let t = a.sample_logits(&row).unwrap();
+            let (t2, l) = b.sample_logprobs(&row, &lp).unwrap();
+            assert_eq!(t, t2);
+            assert_eq!(l.token.0, t);
+            assert_eq!(l.top.len(), 5);
+        }
+        assert_eq!(a.step(), b.step());
+        let bad = LogprobsSpec {
+            token_ids: vec![2000],
+            ..lp.clone()
+        };
+        assert_eq!(
+            b.sample_logprobs(&row, &bad),
+            Err(sampler_core::SampleError::TokenOutOfRange {
+                token: 2000,
+                vocab: 2000
+            })
+        );
+        assert_eq!(a.step(), b.step(), "nothing accepted on error");
+    }
+}
+
+/// Bad logprobs requests are refused at insert with the field and range.
+#[test]
+fn bad_logprobs_requests_are_refused() {
+    let d = sampler_backend::parse_device("flex").unwrap();
+    let mut batch = SamplingBatch::new(10, &d, OffloadPolicy::Auto).unwrap();
+    let lp = |top_n, ids: Vec<u32>| {
+        with_lp(
+            vec![StageSpec::Greedy],
+            1,
+            LogprobsSpec {
+                top_n,
+                token_ids: ids,
+                mode: LogprobsMode::Raw,
+            },
+        )
+    };
+    let e = batch.insert(lp(21, vec![]), &[]).unwrap_err().to_string();
+    assert!(
+        e.contains("logprobs.top_logprobs = 21") && e.contains("[0, 20]"),
+        "{e}"
+    );
+    let e = batch.insert(lp(1, vec![10]), &[]).unwrap_err().to_string();
+    assert!(
+        e.contains("logprob_token_ids = 10") && e.contains("10"),
+        "{e}"
+    );
+    let e = batch
+        .insert(lp(1, vec![0; 129]), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at most 128"), "{e}");
+}
