@@ -215,7 +215,7 @@ pub(crate) fn stage_from_table(
             Some((_, entry)) => {
                 let structured = matches!(
                     meta.param(e.param).map(|p| p.kind),
-                    Some(ParamKind::TokenBiases | ParamKind::TokenSequences)
+                    Some(ParamKind::TokenBiases | ParamKind::TokenSequences | ParamKind::TokenIds)
                 );
                 let value = if structured {
                     e.value.clone()
@@ -316,6 +316,24 @@ pub(crate) fn parse_token_seqs(
     Ok(seqs)
 }
 
+/// A list of token ids: `[2, 32000]`, or one id (`2`, as Hugging Face's
+/// `eos_token_id` may be written).
+pub(crate) fn parse_token_ids(
+    at: At<'_>,
+    path: &str,
+    v: &Node,
+) -> Result<Vec<TokenId>, ConfigError> {
+    match &v.value {
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, tok)| parse_token(at, &format!("{path}[{i}]"), tok))
+            .collect(),
+        Value::Int(_) => Ok(vec![parse_token(at, path, v)?]),
+        _ => Err(at.wrong(path, v, "an array of token ids, e.g. [2, 32000]")),
+    }
+}
+
 /// A bias: finite, or `-inf` (a ban; TOML and Rust only).
 fn parse_bias(at: At<'_>, path: &str, pm: &ParamMeta, v: &Node) -> Result<f32, ConfigError> {
     let expected = match at.doc.format {
@@ -382,6 +400,7 @@ fn convert(at: At<'_>, pm: &ParamMeta, path: &str, v: &Node) -> Result<PValue, C
             None => Err(at.wrong(path, v, format!("a string ({})", pm.range))),
         },
         ParamKind::TokenSequences => parse_token_seqs(at, path, pm.range, v).map(PValue::Seqs),
+        ParamKind::TokenIds => parse_token_ids(at, path, v).map(PValue::Ids),
         ParamKind::TokenBiases => match &v.value {
             // `{ "token id" = bias }`: TOML's form (the tagged JSON form is
             // serde's: pairs).

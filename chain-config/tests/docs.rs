@@ -11,6 +11,7 @@ fn kind_word(k: ParamKind) -> &'static str {
         ParamKind::Enum(_) => "string",
         ParamKind::TokenSequences => "array of token-id arrays",
         ParamKind::TokenBiases => "table token id -> float",
+        ParamKind::TokenIds => "array of token ids",
     }
 }
 

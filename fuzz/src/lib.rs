@@ -443,6 +443,11 @@ fn random_spec(r: &mut ChaCha8Rng) -> ChainSpec {
                             })
                             .collect(),
                     ),
+                    ParamKind::TokenIds => ParamValue::Ids(
+                        (0..r.random_range(0..3))
+                            .map(|_| r.random_range(0..20))
+                            .collect(),
+                    ),
                     ParamKind::TokenBiases => ParamValue::Biases(
                         (0..r.random_range(0..4))
                             .map(|_| {

@@ -28,6 +28,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
 use burn_tensor::{DType, Device, FloatDType, Int, IntDType, Tensor, TensorData, Transaction};
 use rayon::prelude::*;
@@ -158,6 +159,8 @@ struct Request {
     history: Vec<(TokenId, TokenOrigin)>,
     /// The generated tokens since insert / reset.
     outputs: Vec<TokenId>,
+    /// The token mask for the next step ([`SamplingBatch::set_mask`]).
+    mask: Option<Arc<[u32]>>,
 }
 
 #[derive(Default)]
@@ -371,6 +374,7 @@ impl SamplingBatch {
             drop_masked: planned.drop_masked,
             history: Vec::new(),
             outputs: Vec::new(),
+            mask: None,
         };
         req.chain.accept_prompt(prompt);
         req.history
@@ -438,6 +442,41 @@ impl SamplingBatch {
                 st.accept_prompt(slot, tokens);
             }
         }
+        Ok(())
+    }
+
+    /// Constrain a request's next step to the tokens of `mask`: an
+    /// allowed-token bitmask of `ceil(vocab / 32)` `u32` words (bit
+    /// `id % 32` of word `id / 32` allows token `id`; the format of
+    /// llguidance and XGrammar), applied where the chain's `mask` stage
+    /// stands, on the device or the host. It holds for the next step only
+    /// (`None`, or no call, allows every token). A mask that allows nothing
+    /// left makes that row's step fail with [`SampleError::AllMasked`]; the
+    /// other rows are unaffected.
+    ///
+    /// # Errors
+    /// [`BackendError::UnknownRequest`], [`BackendError::NoMaskStage`],
+    /// [`BackendError::MaskLength`], [`BackendError::StepPending`].
+    pub fn set_mask(&mut self, id: RequestId, mask: Option<&[u32]>) -> Result<(), BackendError> {
+        self.idle("set_mask")?;
+        let vocab = self.vocab;
+        let req = self
+            .requests
+            .get_mut(&id)
+            .ok_or(BackendError::UnknownRequest { id: id.0 })?;
+        if !req.spec.stages.iter().any(|s| s.kind() == StageKind::Mask) {
+            return Err(BackendError::NoMaskStage { id: id.0 });
+        }
+        if let Some(m) = mask
+            && m.len() != vocab.div_ceil(32)
+        {
+            return Err(BackendError::MaskLength {
+                id: id.0,
+                found: m.len(),
+                expected: vocab.div_ceil(32),
+            });
+        }
+        req.mask = mask.map(Arc::from);
         Ok(())
     }
 
@@ -783,6 +822,15 @@ impl SamplingBatch {
             logits.cast(FloatDType::F32)
         };
         let b = ids.len();
+        // This step's token masks go to the rows' chains (the host stages)
+        // and, through them, to the device stages.
+        for id in ids {
+            if let Some(req) = self.requests.get_mut(id)
+                && let Some(mask) = req.mask.take()
+            {
+                req.chain.set_token_mask(Some(mask));
+            }
+        }
 
         // Rows by group, in order of first appearance; host rows apart.
         let mut host_rows = Vec::new();
@@ -856,6 +904,10 @@ impl SamplingBatch {
                     RowState {
                         seed: c.seed(),
                         step: c.step(),
+                        mask: c
+                            .stages()
+                            .iter()
+                            .find_map(|st| st.token_mask().map(Arc::from)),
                     }
                 })
                 .collect();
@@ -1062,6 +1114,14 @@ impl SamplingBatch {
                     st.accept(&per_slot);
                 }
             }
+        }
+        // A mask holds for one step.
+        for (_, req) in self
+            .requests
+            .iter_mut()
+            .filter(|(id, _)| row_of.contains_key(id))
+        {
+            req.chain.set_token_mask(None);
         }
         let mut rows = Vec::with_capacity(b);
         let mut logprobs = Vec::with_capacity(b);

@@ -23,12 +23,15 @@ pub struct InitContext {
 }
 
 /// Host data of one row for one step, handed to [`DeviceStage::set_input`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowState {
     /// The row's seed (its CPU chain's seed).
     pub seed: u64,
     /// Tokens the row has sampled since its chain was reset.
     pub step: u64,
+    /// The row's allowed-token bitmask for this step (`ceil(V / 32)` words),
+    /// `None`: every token allowed (the `mask` stage's input).
+    pub mask: Option<std::sync::Arc<[u32]>>,
 }
 
 /// The tensors of one step, passed through the device stages in order.
@@ -116,13 +119,13 @@ pub trait DeviceStage: Send {
         registered(self.name()).is_none_or(|k| k.meta().needs_history)
     }
     /// Whether the batch must call `set_input` before each step: the stage
-    /// needs history deltas or the rows' random streams (`needs_history`,
-    /// `needs_randomness` in its metadata). A stage the registry does not
-    /// know is called.
+    /// needs history deltas, the rows' random streams or other per-step row
+    /// data (`needs_history`, `needs_randomness`, `needs_step_input` in its
+    /// metadata). A stage the registry does not know is called.
     fn needs_step_input(&self) -> bool {
         registered(self.name()).is_none_or(|k| {
             let meta = k.meta();
-            meta.needs_history || meta.needs_randomness
+            meta.needs_history || meta.needs_randomness || meta.needs_step_input
         })
     }
     /// Allocate state and upload per-row parameters.

@@ -369,6 +369,22 @@ impl Chain {
         }
     }
 
+    /// Give every `mask` stage of the chain this allowed-token bitmask (see
+    /// [`Sampler::set_token_mask`]); it applies until replaced. Returns
+    /// whether the chain has a `mask` stage.
+    pub fn set_token_mask(&mut self, mask: Option<std::sync::Arc<[u32]>>) -> bool {
+        let mut any = false;
+        for s in &mut self.stages {
+            if s.spec()
+                .is_some_and(|sp| sp.kind() == crate::StageKind::Mask)
+            {
+                s.set_token_mask(mask.clone());
+                any = true;
+            }
+        }
+        any
+    }
+
     /// Forget history and adaptive state; the step restarts at 0, so a fixed
     /// seed replays the same random numbers.
     pub fn reset(&mut self) {

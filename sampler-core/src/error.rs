@@ -39,6 +39,16 @@ pub enum SampleError {
         /// Position in the row.
         index: usize,
     },
+    /// A token mask whose length does not match the vocabulary.
+    #[error(
+        "the token mask has {found} u32 words, but the vocabulary needs ceil(vocab / 32) = {expected}"
+    )]
+    TokenMaskLength {
+        /// Words given.
+        found: usize,
+        /// Words the row's vocabulary needs.
+        expected: usize,
+    },
     /// Every remaining candidate has logit `-inf` (probability 0), so no
     /// token can be drawn. llama.cpp would return NaN probabilities here.
     #[error("every candidate logit is -inf: no token has positive probability")]
@@ -120,7 +130,7 @@ pub enum SampleError {
 impl SampleError {
     /// The error's kind as one snake_case word, for scripts (the JSON
     /// output of the example commands): `empty_row`, `nan_logit`,
-    /// `pos_inf_logit`, `all_masked`, `no_selecting_stage`, `shape`,
+    /// `pos_inf_logit`, `all_masked`, `token_mask_length`, `no_selecting_stage`, `shape`,
     /// `shape_overflow`, `chain_count`, `token_out_of_range`,
     /// `duplicate_token`, `param`, `custom_stage_output`, `device`.
     pub fn kind(&self) -> &'static str {
@@ -129,6 +139,7 @@ impl SampleError {
             SampleError::NanLogit { .. } => "nan_logit",
             SampleError::PosInfLogit { .. } => "pos_inf_logit",
             SampleError::AllMasked => "all_masked",
+            SampleError::TokenMaskLength { .. } => "token_mask_length",
             SampleError::NoSelectingStage => "no_selecting_stage",
             SampleError::Shape { .. } => "shape",
             SampleError::ShapeOverflow { .. } => "shape_overflow",

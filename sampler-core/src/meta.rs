@@ -32,6 +32,8 @@ pub enum ParamKind {
     TokenSequences,
     /// A map token id -> bias.
     TokenBiases,
+    /// A list of token ids.
+    TokenIds,
 }
 
 /// A parameter value, type-checked against its [`ParamKind`]: what the config
@@ -51,6 +53,8 @@ pub enum ParamValue {
     Seqs(Vec<Vec<TokenId>>),
     /// [`ParamKind::TokenBiases`].
     Biases(Vec<(TokenId, f32)>),
+    /// [`ParamKind::TokenIds`].
+    Ids(Vec<TokenId>),
 }
 
 impl ParamValue {
@@ -83,6 +87,10 @@ impl ParamValue {
                     })
                     .collect();
                 format!("[{}]", inner.join(", "))
+            }
+            ParamValue::Ids(ids) => {
+                let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+                format!("[{}]", ids.join(", "))
             }
             ParamValue::Biases(b) => {
                 let mut ids: Vec<TokenId> = b.iter().map(|(t, _)| *t).collect();
@@ -205,6 +213,19 @@ impl ParamField for Vec<Vec<TokenId>> {
     }
 }
 
+impl ParamField for Vec<TokenId> {
+    const KIND: ParamKind = ParamKind::TokenIds;
+    fn to_value(&self) -> ParamValue {
+        ParamValue::Ids(self.clone())
+    }
+    fn from_value(v: ParamValue) -> Result<Self, SetParamError> {
+        match v {
+            ParamValue::Ids(ids) => Ok(ids),
+            _ => Err(SetParamError::WrongKind),
+        }
+    }
+}
+
 impl ParamField for Vec<(TokenId, f32)> {
     const KIND: ParamKind = ParamKind::TokenBiases;
     fn to_value(&self) -> ParamValue {
@@ -285,6 +306,9 @@ pub struct StageMeta {
     pub needs_history: bool,
     /// Needs random numbers (the row's counter-based stream).
     pub needs_randomness: bool,
+    /// Needs per-step host data per row besides history and randomness
+    /// (the `mask` stage's allowed-token bitmask).
+    pub needs_step_input: bool,
     /// A device recipe exists (sampler-backend); the device's `init` may still refuse.
     pub device_hook: bool,
     /// What the device recipe does to the candidates.

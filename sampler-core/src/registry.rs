@@ -71,12 +71,13 @@ macro_rules! device_effects {
 struct Needs {
     history: bool,
     randomness: bool,
+    input: bool,
 }
 
 macro_rules! needs {
     ($($n:ident),*) => {{
         #[allow(unused_mut)]
-        let mut needs = Needs { history: false, randomness: false };
+        let mut needs = Needs { history: false, randomness: false, input: false };
         $( needs.$n = true; )*
         needs
     }};
@@ -197,6 +198,7 @@ macro_rules! define_stages {
                                 effects: effects!($($effect),*),
                                 needs_history: needs!($($need),*).history,
                                 needs_randomness: needs!($($need),*).randomness,
+                                needs_step_input: needs!($($need),*).input,
                                 device_hook: device_flag!($device),
                                 device_effects: device_effects!($($deffect),*),
                                 noop_rule: $rule,
@@ -777,6 +779,52 @@ define_stages! {
         order: 0,
         seq: None,
         source: "llama.cpp logit-bias / OpenAI logit_bias",
+    }
+    /// Allow only the tokens of a per-step bitmask (grammar-constrained
+    /// decoding); no mask at a step allows every token.
+    Mask(mask) {
+        name: "mask",
+        aliases: ["token_mask", "bitmask", "grammar"],
+        params: [],
+        effects: [logits],
+        needs: [input],
+        device: yes [],
+        noop: false,
+        noop_rule: "never a no-op (a step without a mask allows every token)",
+        survivors: None,
+        bans: true,
+        order: 1,
+        seq: None,
+        source: "llguidance / XGrammar token bitmasks: u32 words, bit (id % 32) of word (id / 32) allows token id",
+    }
+    /// Ban the stop tokens until `n` tokens have been generated.
+    MinTokens(min_tokens) {
+        name: "min_tokens",
+        aliases: ["min-tokens", "min_new_tokens"],
+        params: [
+            /// Generated tokens before a stop token may be sampled.
+            n: usize = 0 => {
+                aliases: ["min_tokens", "min_new_tokens"], required: true, min: Some(0.0), max: None, valid: any,
+                range: "an integer >= 0 (0 disables)",
+                doc: "generated tokens (since the request started or was reset) before a stop token may be sampled",
+            },
+            /// The stop (end-of-sequence) token ids.
+            stop: Vec<TokenId> = Vec::new() => {
+                aliases: ["stop_token_ids", "eos_token_id"], required: false, min: None, max: None, valid: any,
+                range: "a list of token ids",
+                doc: "token ids banned (logit -inf) while fewer than n tokens have been generated",
+            },
+        ],
+        effects: [logits],
+        needs: [history],
+        device: yes [],
+        noop: *n == 0 || stop.is_empty(),
+        noop_rule: "n = 0 or no stop ids",
+        survivors: None,
+        bans: true,
+        order: 2,
+        seq: None,
+        source: "vLLM min_tokens / Hugging Face MinNewTokensLengthLogitsProcessor (stop ids masked until n generated tokens)",
     }
     /// Ban tokens that would complete an n-gram already in the history.
     NoRepeatNgram(no_repeat_ngram) {

@@ -57,6 +57,18 @@ pub trait Sampler: Send {
     /// Forget all history and adaptive state.
     fn reset(&mut self) {}
 
+    /// Give a `mask` stage the allowed-token bitmask (`ceil(vocab / 32)`
+    /// `u32` words, bit `id % 32` of word `id / 32` allows token `id`) for
+    /// the following steps, or `None` to allow every token. Other stages
+    /// ignore it.
+    fn set_token_mask(&mut self, _mask: Option<std::sync::Arc<[u32]>>) {}
+
+    /// The bitmask a `mask` stage holds now (`None`: every token allowed,
+    /// or not a mask stage).
+    fn token_mask(&self) -> Option<&[u32]> {
+        None
+    }
+
     /// Clone into a box (chains are cloneable per row).
     fn box_clone(&self) -> Box<dyn Sampler>;
 }

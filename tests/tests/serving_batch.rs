@@ -545,7 +545,7 @@ fn device_hooks_follow_the_metadata() {
         assert_eq!(st.needs_history(), meta.needs_history, "{kind:?}");
         assert_eq!(
             st.needs_step_input(),
-            meta.needs_history || meta.needs_randomness,
+            meta.needs_history || meta.needs_randomness || meta.needs_step_input,
             "{kind:?}"
         );
     }

@@ -196,6 +196,13 @@ fn parse_param(text: &str) -> Result<(StageKind, &'static str, ParamValue), AppE
         ParamKind::Int => ParamValue::Int(value.parse().map_err(|_| bad())?),
         ParamKind::Float => ParamValue::Float(parse_f32(value).map_err(&usage)?),
         ParamKind::Enum(_) => ParamValue::Scope(HistoryScope::from_word(value).ok_or_else(bad)?),
+        ParamKind::TokenIds => ParamValue::Ids(
+            value
+                .split(',')
+                .map(|t| t.trim().parse::<u32>())
+                .collect::<Result<_, _>>()
+                .map_err(|_| bad())?,
+        ),
         ParamKind::TokenSequences | ParamKind::TokenBiases => {
             return Err(usage(format!(
                 "`{}.{}` takes a list; set it in a --config TOML file",

@@ -23,9 +23,11 @@
 //! all-`-inf` row, an empty row, or any case the kernel cannot decide exactly
 //! (e.g. `min_p` keeping fewer than `min_keep`) runs the reference:
 //! `Candidates::from_logits` and the stages one by one
-//! ([`Chain::sample_from`]). A custom first stage runs on the full row; when
-//! it only edited logits (the row is still [`Candidates::is_full_row`]), the
-//! next built-in stage's kernel runs on the edited logits.
+//! ([`Chain::sample_from`]). A first stage that only edits logits (a custom
+//! stage, `logit_bias`, `mask`, `min_tokens`) runs on the full row, in a
+//! buffer reused across rows; when the row is still
+//! [`Candidates::is_full_row`] afterwards, the next stage's kernel runs on
+//! the edited logits.
 //!
 //! Why `penalties; top_k(k)` may look at only `k + last_n` tokens: when
 //! `repeat >= 1`, `frequency >= 0` and `presence >= 0` a penalty never raises
@@ -132,6 +134,8 @@ struct Scratch {
     blocks: Vec<(usize, f32)>,
     sel: Vec<f32>,
     top_p: TopPScratch,
+    /// A full row for stages that edit logits before a lead.
+    row: Candidates,
 }
 
 thread_local! {
@@ -152,18 +156,48 @@ fn reference(logits: &[f32], chain: &mut Chain) -> Result<TokenId, SampleError> 
     chain.sample_from(0, &mut row)
 }
 
-/// The first active stage is custom: run it (and any custom stages right
-/// after it) on the full row as the reference does; when the row is still a
-/// full row afterwards (the custom stages only edited logits) and the next
-/// built-in stage is a lead, its kernel runs on the edited logits.
-fn custom_first(logits: &[f32], chain: &mut Chain, first: usize) -> Result<TokenId, SampleError> {
-    let mut row = Candidates::from_logits(logits);
+/// Whether stage `i` only edits logits of a full row without a kernel of
+/// its own: a custom stage (checked afterwards: still a full row?), or a
+/// built-in that only edits logits and is not a lead (`logit_bias`, `mask`,
+/// `min_tokens`, penalties not followed by `top_k`, ...).
+fn edits_only(stages: &[Box<dyn Sampler>], i: usize) -> bool {
+    match stages[i].spec() {
+        None => true,
+        Some(spec) => {
+            let fx = spec.kind().meta().effects;
+            fx.logits
+                && !fx.candidates
+                && !fx.probs
+                && !fx.selects
+                && lead_from(stages, i).is_none()
+        }
+    }
+}
+
+/// The first active stage only edits logits (custom, or a built-in such as
+/// `logit_bias`, `mask`, `min_tokens`): run it (and any such stages right
+/// after it) on a full row in a reused buffer as the reference does; when the
+/// row is still a full row afterwards and the next stage is a lead, its
+/// kernel runs on the edited logits.
+fn edit_first(logits: &[f32], chain: &mut Chain, first: usize) -> Result<TokenId, SampleError> {
+    let mut row = with_scratch(|s| std::mem::take(&mut s.row));
+    row.fill_from_logits(logits);
+    let out = edit_first_in(&mut row, chain, first);
+    with_scratch(|s| s.row = row);
+    out
+}
+
+fn edit_first_in(
+    row: &mut Candidates,
+    chain: &mut Chain,
+    first: usize,
+) -> Result<TokenId, SampleError> {
     row.validate()?;
     let stages = chain.stages();
     let next = (first..stages.len())
-        .find(|&i| !stages[i].is_noop() && stages[i].spec().is_some())
+        .find(|&i| !stages[i].is_noop() && !edits_only(stages, i))
         .unwrap_or(stages.len());
-    chain.apply_stages(first..next, &mut row)?;
+    chain.apply_stages(first..next, row)?;
     if next < chain.end()
         && row.is_full_row()
         && row.validate().is_ok()
@@ -171,7 +205,7 @@ fn custom_first(logits: &[f32], chain: &mut Chain, first: usize) -> Result<Token
     {
         return run_lead(row.logits(), lead, chain, next);
     }
-    chain.finish_sample(next, &mut row)
+    chain.finish_sample(next, row)
 }
 
 /// What the kernel of a [`Lead`] produced.
@@ -303,10 +337,10 @@ pub fn sample_row(logits: &[f32], chain: &mut Chain) -> Result<TokenId, SampleEr
     let Some(first) = chain.stages().iter().position(|s| !s.is_noop()) else {
         return reference(logits, chain);
     };
-    if chain.stages()[first].spec().is_none() {
-        return custom_first(logits, chain, first);
-    }
     let Some(lead) = lead_from(chain.stages(), first) else {
+        if edits_only(chain.stages(), first) {
+            return edit_first(logits, chain, first);
+        }
         return reference(logits, chain);
     };
     run_lead(logits, lead, chain, 0)
