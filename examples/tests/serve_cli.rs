@@ -41,3 +41,51 @@ fn serve_finishes_every_request_and_batch_company_does_not_change_tokens() {
     let (ta, tb) = (text(&a), text(&b));
     assert!(ta.len() > 20 && tb.starts_with(&ta), "{ta:?}\n{tb:?}");
 }
+
+/// `--ban-words`: a custom stage first in every chain (through
+/// `SamplingBatch::insert_chain`); the requests finish and their texts lose
+/// the word where the unconstrained run wrote it.
+#[test]
+fn serve_with_a_custom_ban_words_stage() {
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--requests", "6", "--every", "2", "--device", "flex"];
+        args.extend_from_slice(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_serve"))
+            .args(&args)
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .output()
+            .expect("serve runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let free = run(&[]);
+    let banned = run(&["--ban-words", "little,park"]);
+    let count = |s: &str, w: &str| s.matches(w).count();
+    assert!(
+        count(&free, " little") + count(&free, " park") > 0,
+        "the unconstrained run writes the words: {free}"
+    );
+    for i in 0..6 {
+        let l = line_of(&banned, i);
+        assert!(l.contains("ban_words;"), "{l}");
+    }
+    // The prompts "The little dog" and "In the park" contain the words;
+    // what follows them must not.
+    let generated: String = banned
+        .lines()
+        .filter_map(|l| l.split_once(": ").map(|(_, t)| t.to_string()))
+        .map(|t| {
+            t.replacen("The little dog", "", 1)
+                .replacen("In the park", "", 1)
+        })
+        .collect();
+    assert!(
+        count(&generated, " little") + count(&generated, " park")
+            < count(&free, " little") + count(&free, " park"),
+        "{generated}"
+    );
+}

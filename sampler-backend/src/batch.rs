@@ -362,7 +362,65 @@ impl SamplingBatch {
         mut spec: ChainSpec,
         prompt: &[TokenId],
     ) -> Result<RequestId, BackendError> {
-        let (chain, planned) = self.prepare(&mut spec)?;
+        let (chain, planned) = self.prepare(&mut spec, &[])?;
+        Ok(self.add(spec, chain, planned, prompt))
+    }
+
+    /// Add a request whose chain the caller built, custom stages included
+    /// (any [`sampler_core::Sampler`]; e.g. `Chain::new(stages, seed)`),
+    /// with the logprobs it asks for. The planner offloads the built-in
+    /// stages before the first custom stage (as for any request) and runs the
+    /// custom stage and everything after it on the host, on the candidates
+    /// that come back; the plan names the custom stage as the reason
+    /// ([`HostReason::CustomStage`]). The chain keeps its own seed, state
+    /// and fast kernels (sampler-cpu's are installed when it has none).
+    /// [`SamplingBatch::spec`] then returns the built-in stages before the
+    /// first custom one; [`SamplingBatch::update`] replaces the whole chain.
+    ///
+    /// # Errors
+    /// [`BackendError::InvalidRequest`] for a built-in stage's parameter
+    /// out of range or bad logprobs; [`BackendError::StepPending`] never
+    /// (inserting is allowed while a step is in flight).
+    pub fn insert_chain(
+        &mut self,
+        chain: Chain,
+        logprobs: Option<sampler_core::LogprobsSpec>,
+        prompt: &[TokenId],
+    ) -> Result<RequestId, BackendError> {
+        let specs = chain.specs();
+        let first_custom = specs
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or(specs.len());
+        let mut spec = ChainSpec {
+            stages: specs[..first_custom].iter().flatten().cloned().collect(),
+            seed: Some(chain.seed()),
+            logprobs,
+        };
+        let tail: Vec<PlanStage> = chain.stages()[first_custom..]
+            .iter()
+            .zip(&specs[first_custom..])
+            .map(|(st, sp)| PlanStage {
+                name: st.name().to_string(),
+                spec: sp.clone(),
+                device: Ok(()),
+            })
+            .collect();
+        let (_, planned) = self.prepare(&mut spec, &tail)?;
+        let chain = match chain.kernels() {
+            Some(_) => chain,
+            None => chain.with_kernels(sampler_cpu::ROW_KERNELS),
+        };
+        Ok(self.add(spec, chain, planned, prompt))
+    }
+
+    fn add(
+        &mut self,
+        spec: ChainSpec,
+        chain: Chain,
+        planned: Planned,
+        prompt: &[TokenId],
+    ) -> RequestId {
         let id = RequestId(self.next_id);
         self.next_id += 1;
         let mut req = Request {
@@ -381,7 +439,7 @@ impl SamplingBatch {
             .extend(prompt.iter().map(|&t| (t, TokenOrigin::Prompt)));
         self.join(id, &req.key);
         self.requests.insert(id, req);
-        Ok(id)
+        id
     }
 
     /// Remove a request (finished or cancelled); its id becomes unknown.
@@ -464,7 +522,12 @@ impl SamplingBatch {
             .requests
             .get_mut(&id)
             .ok_or(BackendError::UnknownRequest { id: id.0 })?;
-        if !req.spec.stages.iter().any(|s| s.kind() == StageKind::Mask) {
+        let has_mask = req
+            .chain
+            .stages()
+            .iter()
+            .any(|s| s.spec().is_some_and(|sp| sp.kind() == StageKind::Mask));
+        if !has_mask {
             return Err(BackendError::NoMaskStage { id: id.0 });
         }
         if let Some(m) = mask
@@ -499,7 +562,7 @@ impl SamplingBatch {
             .spec
             .seed;
         spec.seed = spec.seed.or(old_seed);
-        let (mut chain, planned) = self.prepare(&mut spec)?;
+        let (mut chain, planned) = self.prepare(&mut spec, &[])?;
         let Some(req) = self.requests.get_mut(&id) else {
             return Err(BackendError::UnknownRequest { id: id.0 });
         };
@@ -663,8 +726,13 @@ impl SamplingBatch {
         }
     }
 
-    /// Validate and plan a request alone; fills in its seed.
-    fn prepare(&self, spec: &mut ChainSpec) -> Result<(Chain, Planned), BackendError> {
+    /// Validate and plan a request alone; fills in its seed. `tail`: the
+    /// stages of a caller-built chain from its first custom stage on.
+    fn prepare(
+        &self,
+        spec: &mut ChainSpec,
+        tail: &[PlanStage],
+    ) -> Result<(Chain, Planned), BackendError> {
         spec.validate()
             .map_err(|(stage, source)| BackendError::InvalidRequest { stage, source })?;
         if let Some(lp) = &spec.logprobs
@@ -685,6 +753,7 @@ impl SamplingBatch {
         spec.seed = Some(chain.seed());
         let planned = plan_request(
             spec,
+            tail,
             self.vocab,
             &self.device,
             self.policy,
@@ -1340,6 +1409,7 @@ struct Planned {
 /// along the prefix.
 fn plan_request(
     spec: &ChainSpec,
+    tail: &[PlanStage],
     vocab: usize,
     device: &Device,
     policy: OffloadPolicy,
@@ -1383,6 +1453,7 @@ fn plan_request(
             device: answer,
         });
     }
+    plan_stages.extend(tail.iter().cloned());
     let mut plan = plan::plan(&plan_stages, vocab, policy);
     // The host drops the `-inf` candidates a masking device stage left
     // (top_p, min_p, epsilon, eta); a later device stage that bans

@@ -231,7 +231,7 @@ pub fn processed(
     // up in one pass (a full row is indexed directly).
     let token_lp = match row.selected() {
         Some(i) if row.ids()[i] == token => lp(row.logits()[i]),
-        _ => find(row, &[token])[0],
+        _ => lp(find(row, &[token])[0]),
     };
     let requested = find(row, &spec.token_ids).into_iter().map(lp);
     Ok(Logprobs {
@@ -308,7 +308,7 @@ mod tests {
     fn processed_renormalises_over_survivors() {
         let row = Candidates::from_parts(vec![4, 1], vec![2.0, 1.0], 6).unwrap();
         let lp = processed(&row, &spec(3, &[1, 5], LogprobsMode::Processed), 4).unwrap();
-        assert!((lp.token.1 - -0.313_261_7).abs() < 1e-6);
+        assert!((lp.token.1 - -0.313_261_7).abs() < 1e-6, "{lp:?}");
         assert_eq!(lp.top.len(), 2);
         assert_eq!(lp.requested[1], (5, f32::NEG_INFINITY));
         let sum: f32 = lp.top.iter().map(|p| p.1.exp()).sum();

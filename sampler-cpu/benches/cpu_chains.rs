@@ -331,9 +331,78 @@ fn bench_batch32(c: &mut Criterion) {
     }
 }
 
+/// What logprobs and a per-step token mask add to `top_k(40);
+/// temperature(0.8); dist`, batch 1, with the floor in the same group.
+fn bench_extras(c: &mut Criterion) {
+    use sampler_core::{LogprobsMode, LogprobsSpec};
+    let stages = vec![StageSpec::TopK { k: 40 }, temp(0.8), StageSpec::Dist];
+    for vocab in [32_000, 151_936] {
+        let (pool, rows) = zipf_pool(vocab, MIN_POOL_BYTES, 0x5eed);
+        let mut group = c.benchmark_group(format!("extras/V={vocab}"));
+        group.throughput(Throughput::Elements(1));
+        let mut r = 0usize;
+        group.bench_function("floor_read", |b| {
+            b.iter(|| {
+                r = (r + 1) % rows;
+                black_box(floor_read(&pool[r * vocab..(r + 1) * vocab]))
+            })
+        });
+        let mut chain = chain_with_history(&stages, vocab, 42);
+        let mut r = 0usize;
+        group.bench_function("top_k40_t0.8_dist", |b| {
+            b.iter(|| {
+                r = (r + 1) % rows;
+                black_box(
+                    chain
+                        .sample_logits(&pool[r * vocab..(r + 1) * vocab])
+                        .unwrap(),
+                )
+            })
+        });
+        for (name, mode) in [
+            ("logprobs_raw_top5_ids4", LogprobsMode::Raw),
+            ("logprobs_processed_top5_ids4", LogprobsMode::Processed),
+        ] {
+            let spec = LogprobsSpec {
+                top_n: 5,
+                token_ids: vec![0, 1, 2, 3],
+                mode,
+            };
+            let mut chain = chain_with_history(&stages, vocab, 42);
+            let mut r = 0usize;
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    r = (r + 1) % rows;
+                    let row = &pool[r * vocab..(r + 1) * vocab];
+                    black_box(chain.sample_logprobs(row, &spec).unwrap())
+                })
+            });
+        }
+        // A dense mask (every other token allowed), set each step as a
+        // grammar engine would.
+        let mut masked = vec![StageSpec::Mask];
+        masked.extend(stages.iter().cloned());
+        let mut chain = chain_with_history(&masked, vocab, 42);
+        let words: std::sync::Arc<[u32]> = vec![0x5555_5555u32; vocab.div_ceil(32)].into();
+        let mut r = 0usize;
+        group.bench_function("mask_dense_then_chain", |b| {
+            b.iter(|| {
+                r = (r + 1) % rows;
+                chain.set_token_mask(Some(words.clone()));
+                black_box(
+                    chain
+                        .sample_logits(&pool[r * vocab..(r + 1) * vocab])
+                        .unwrap(),
+                )
+            })
+        });
+        group.finish();
+    }
+}
+
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_batch1, bench_batch32
+    targets = bench_batch1, bench_batch32, bench_extras
 }
 criterion_main!(benches);

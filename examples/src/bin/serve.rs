@@ -21,7 +21,8 @@ use burn_tensor::Tensor;
 use chain_config::SamplingParams;
 use clap::Parser;
 use sampler_backend::{RequestId, SamplingBatch};
-use sampler_core::{OffloadPolicy, TokenId};
+use sampler_core::{Chain, OffloadPolicy, TokenId};
+use sampler_examples::ban_words::BanWords;
 use sampler_examples::llama2::generate::encode_prompt;
 use sampler_examples::llama2::{BOS, EOS, KvCache, Llama2, ModelFiles};
 
@@ -74,6 +75,11 @@ struct Args {
     /// Seed of request 0; request i uses seed + i.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Comma-separated words no request may write: a custom stage
+    /// (`sampler_examples::ban_words`, Hugging Face `bad_words_ids`) put
+    /// first in every request's chain, through `SamplingBatch::insert_chain`.
+    #[arg(long, value_delimiter = ',')]
+    ban_words: Vec<String>,
 }
 
 struct Live {
@@ -127,9 +133,17 @@ fn run(a: Args) -> Result<(), String> {
             let prompt = encode_prompt(&model, &tokenizer, PROMPTS[i % PROMPTS.len()])
                 .map_err(|e| e.to_string())?;
             let history: Vec<TokenId> = prompt.iter().copied().filter(|&t| t != BOS).collect();
-            let id = batch
-                .insert(cfg.chain.clone(), &history)
-                .map_err(|e| format!("request {i}: {e}"))?;
+            let id = if a.ban_words.is_empty() {
+                batch.insert(cfg.chain.clone(), &history)
+            } else {
+                let words: Vec<&str> = a.ban_words.iter().map(String::as_str).collect();
+                let built = sampler_cpu::build_chain(&cfg.chain).map_err(|e| e.to_string())?;
+                let mut stages: Vec<Box<dyn sampler_core::Sampler>> =
+                    vec![Box::new(BanWords::from_words(&tokenizer, &words))];
+                stages.extend(built.stages().iter().cloned());
+                batch.insert_chain(Chain::new(stages, Some(built.seed())), None, &history)
+            }
+            .map_err(|e| format!("request {i}: {e}"))?;
             let mut cache = model.new_cache();
             let last = prompt.len() - 1;
             for (pos, &t) in prompt[..last].iter().enumerate() {
@@ -149,7 +163,11 @@ fn run(a: Args) -> Result<(), String> {
                 tokens: Vec::new(),
                 max_tokens: 16 + (i * 7) % 32,
                 arrived: step,
-                chain: cfg.chain.chain_string(),
+                chain: if a.ban_words.is_empty() {
+                    cfg.chain.chain_string()
+                } else {
+                    format!("ban_words;{}", cfg.chain.chain_string())
+                },
             });
         }
         if live.is_empty() {
