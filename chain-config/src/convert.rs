@@ -39,7 +39,12 @@ impl<'d> At<'d> {
         }
     }
 
-    fn wrong(&self, path: &str, node: &Node, expected: impl Into<String>) -> ConfigError {
+    pub(crate) fn wrong(
+        &self,
+        path: &str,
+        node: &Node,
+        expected: impl Into<String>,
+    ) -> ConfigError {
         ConfigError::WrongType {
             path: path.to_string(),
             found: self.doc.found(node),
@@ -48,7 +53,12 @@ impl<'d> At<'d> {
         }
     }
 
-    fn range(&self, path: &str, node: &Node, expected: impl Into<String>) -> ConfigError {
+    pub(crate) fn range(
+        &self,
+        path: &str,
+        node: &Node,
+        expected: impl Into<String>,
+    ) -> ConfigError {
         ConfigError::OutOfRange {
             path: path.to_string(),
             value: self.doc.written(node),

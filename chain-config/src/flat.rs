@@ -2,10 +2,12 @@
 
 use std::collections::BTreeMap;
 
+use sampler_core::logprobs::{MAX_LOGPROB_TOKEN_IDS, MAX_TOP_LOGPROBS};
 use sampler_core::{
     ChainSpec, GREEDY_TEMPERATURE, HistoryScope, ParamValue as PValue, StageKind, StageSpec,
     TokenId,
 };
+use sampler_core::{LogprobsMode, LogprobsSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::convert::{At, TOKEN_RANGE, parse_float, parse_int, parse_seed, parse_token_seqs};
@@ -144,6 +146,29 @@ pub struct SamplingParams {
     /// `false` means greedy (transformers). Default sampling.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub do_sample: Option<bool>,
+    /// Report logprobs: `true` / `false` (OpenAI chat), or the number of top
+    /// tokens, `0..=20` (vLLM, OpenAI completions). Default off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<LogprobsFlag>,
+    /// Top tokens reported per step, `0..=20` (OpenAI chat; needs
+    /// `logprobs` not `false`). Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<i64>,
+    /// Token ids whose logprobs are reported every step, at most 128 (vLLM).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprob_token_ids: Option<Vec<TokenId>>,
+    /// `"raw"` (log-softmax of the model's logits) or `"processed"` (after
+    /// the chain's stages); vLLM's `raw_logprobs` / `processed_logprobs` too.
+    /// Default raw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs_mode: Option<LogprobsMode>,
+    /// Generated tokens before a stop token may be sampled, `>= 0` (vLLM);
+    /// the stop tokens are `stop_token_ids` (the host app adds its EOS).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_tokens: Option<i64>,
+    /// Stop token ids (vLLM); `min_tokens` bans them. Default none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_token_ids: Option<Vec<TokenId>>,
     /// The keys that stages declare in the stage registry
     /// ([`sampler_core::StageMeta::flat_key`]: `epsilon_cutoff`,
     /// `eta_cutoff`), written at the top level like the others. Each sets
@@ -151,6 +176,97 @@ pub struct SamplingParams {
     /// the stage is off.
     #[serde(flatten)]
     pub stage_keys: StageKeys,
+}
+
+/// `logprobs` as OpenAI chat (`true`) or vLLM (`5`) write it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum LogprobsFlag {
+    /// On or off.
+    On(bool),
+    /// On, with this many top tokens.
+    Top(i64),
+}
+
+/// The logprobs a request asks for, from the four flat keys (`None`: off).
+///
+/// # Errors
+/// [`ConfigError::OutOfRange`] (no location) naming the key: a count
+/// outside `0..=20`, more than 128 ids, `top_logprobs` / `logprob_token_ids`
+/// / `logprobs_mode` with `logprobs = false`, or both `logprobs = N` and
+/// `top_logprobs`.
+pub(crate) fn logprobs_of(
+    flag: Option<LogprobsFlag>,
+    top: Option<i64>,
+    ids: Option<&Vec<TokenId>>,
+    mode: Option<LogprobsMode>,
+) -> Result<Option<LogprobsSpec>, ConfigError> {
+    let top_range = range_of("top_logprobs");
+    let count_ok = |n: i64| (0..=MAX_TOP_LOGPROBS as i64).contains(&n);
+    if let Some(LogprobsFlag::Top(n)) = flag
+        && !count_ok(n)
+    {
+        return Err(range_err("logprobs", n.to_string(), range_of("logprobs")));
+    }
+    if let Some(n) = top
+        && !count_ok(n)
+    {
+        return Err(range_err("top_logprobs", n.to_string(), top_range));
+    }
+    if let Some(ids) = ids
+        && ids.len() > MAX_LOGPROB_TOKEN_IDS
+    {
+        return Err(range_err(
+            "logprob_token_ids",
+            format!("{} ids", ids.len()),
+            range_of("logprob_token_ids"),
+        ));
+    }
+    let asked = [
+        ("top_logprobs", top.is_some()),
+        ("logprob_token_ids", ids.is_some()),
+        ("logprobs_mode", mode.is_some()),
+    ];
+    let on = match flag {
+        Some(LogprobsFlag::On(false)) => {
+            if let Some((key, _)) = asked.iter().find(|(_, given)| *given) {
+                return Err(range_err(
+                    key,
+                    "given".into(),
+                    "absent when `logprobs` is false (set `logprobs` to true)",
+                ));
+            }
+            false
+        }
+        Some(LogprobsFlag::Top(_)) if top.is_some() => {
+            return Err(range_err(
+                "top_logprobs",
+                top.unwrap_or_default().to_string(),
+                "absent when `logprobs` is a number (that number is the top count)",
+            ));
+        }
+        Some(_) => true,
+        None => top.is_some() || ids.is_some(),
+    };
+    if !on {
+        if mode.is_some() {
+            return Err(range_err(
+                "logprobs_mode",
+                "given".into(),
+                "absent unless logprobs are asked for (`logprobs`, `top_logprobs` or `logprob_token_ids`)",
+            ));
+        }
+        return Ok(None);
+    }
+    let top_n = match flag {
+        Some(LogprobsFlag::Top(n)) => n,
+        _ => top.unwrap_or(0),
+    };
+    Ok(Some(LogprobsSpec {
+        top_n: usize::try_from(top_n).unwrap_or(0),
+        token_ids: ids.cloned().unwrap_or_default(),
+        mode: mode.unwrap_or_default(),
+    }))
 }
 
 /// Values of the flat keys declared by stages in the registry, by key
@@ -210,7 +326,7 @@ impl<'de> Deserialize<'de> for StageKeys {
 
 /// The JSON keys of [`SamplingParams`]'s own fields (and their aliases);
 /// [`flat_keys`] adds the registry's.
-pub const FIELDS: [&str; 28] = [
+pub const FIELDS: [&str; 34] = [
     "temperature",
     "top_k",
     "top_p",
@@ -239,6 +355,12 @@ pub const FIELDS: [&str; 28] = [
     "logit_bias",
     "seed",
     "do_sample",
+    "logprobs",
+    "top_logprobs",
+    "logprob_token_ids",
+    "logprobs_mode",
+    "min_tokens",
+    "stop_token_ids",
 ];
 
 /// Every flat key: the keys of `SamplingParams`'s own fields, then the keys stages declare in the
@@ -266,11 +388,17 @@ pub(crate) enum FieldKind {
     Seqs,
     /// `{"token id": bias}`.
     Bias,
+    /// `true` / `false` or an integer.
+    BoolOrInt,
+    /// A list of token ids.
+    Ids,
+    /// One of a fixed set of strings.
+    Word(&'static [&'static str]),
 }
 
 /// Every JSON key of [`SamplingParams`] with its kind and valid range in
 /// words (used verbatim in errors, also for `generation_config.json`).
-pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 28] = [
+pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 34] = [
     (
         "temperature",
         FieldKind::Float,
@@ -363,6 +491,24 @@ pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 28] = [
     ),
     ("seed", FieldKind::Seed, crate::convert::SEED_RANGE),
     ("do_sample", FieldKind::Bool, "a boolean (false = greedy)"),
+    (
+        "logprobs",
+        FieldKind::BoolOrInt,
+        "true / false, or the number of top logprobs in [0, 20]",
+    ),
+    ("top_logprobs", FieldKind::Int, "an integer in [0, 20]"),
+    (
+        "logprob_token_ids",
+        FieldKind::Ids,
+        "a list of at most 128 token ids",
+    ),
+    (
+        "logprobs_mode",
+        FieldKind::Word(&["raw", "processed", "raw_logprobs", "processed_logprobs"]),
+        "\"raw\" or \"processed\"",
+    ),
+    ("min_tokens", FieldKind::Int, "an integer >= 0 (0 = off)"),
+    ("stop_token_ids", FieldKind::Ids, "a list of token ids"),
 ];
 
 /// An [`ConfigError::OutOfRange`] from [`SamplingParams::check`] (which
@@ -440,6 +586,24 @@ pub(crate) fn check_field_type(doc: Doc<'_>, entry: &Entry) -> Result<(), Config
             _ => Err(wrong(doc.found(v), range)),
         },
         FieldKind::Seqs => parse_token_seqs(at, key, range, v).map(|_| ()),
+        FieldKind::BoolOrInt => match &v.value {
+            LValue::Bool(_) => Ok(()),
+            _ => parse_int(at, key, range, v).map(|_| ()),
+        },
+        FieldKind::Ids => match &v.value {
+            LValue::Array(_) => crate::convert::parse_token_ids(at, key, v).map(|_| ()),
+            _ => Err(wrong(doc.found(v), range)),
+        },
+        FieldKind::Word(words) => match v.as_str() {
+            Some(w) if words.contains(&w) => Ok(()),
+            Some(w) => Err(ConfigError::OutOfRange {
+                path: key.to_string(),
+                value: format!("\"{w}\""),
+                expected: range.to_string(),
+                location: at.loc(v),
+            }),
+            None => Err(wrong(doc.found(v), range)),
+        },
         FieldKind::Bias => {
             let Some(map) = v.entries() else {
                 return Err(wrong(
@@ -621,6 +785,18 @@ impl SamplingParams {
             range_of("temperature"),
         )?;
         check_i("top_k", self.top_k, |k| k >= -1, range_of("top_k"))?;
+        check_i(
+            "min_tokens",
+            self.min_tokens,
+            |n| n >= 0,
+            range_of("min_tokens"),
+        )?;
+        logprobs_of(
+            self.logprobs,
+            self.top_logprobs,
+            self.logprob_token_ids.as_ref(),
+            self.logprobs_mode,
+        )?;
         check_f("top_p", self.top_p, unit, range_of("top_p"))?;
         check_f("min_p", self.min_p, unit, range_of("min_p"))?;
         check_f("typical_p", self.typical_p, unit, range_of("typical_p"))?;
@@ -810,7 +986,13 @@ impl SamplingParams {
             min_keep,
             logit_bias,
             seed,
-            do_sample
+            do_sample,
+            logprobs,
+            top_logprobs,
+            logprob_token_ids,
+            logprobs_mode,
+            min_tokens,
+            stop_token_ids
         );
         let mut keys = file.stage_keys.0.clone();
         keys.extend(self.stage_keys.0.iter().map(|(k, v)| (k.clone(), *v)));
@@ -851,6 +1033,7 @@ impl SamplingParams {
 
         // Stages that act whatever the sampling mode.
         let mut head = Vec::new();
+        let min_tokens = count(self.min_tokens, 0);
         if let Some(bias) = &self.logit_bias {
             head.push(StageSpec::LogitBias {
                 bias: bias.iter().map(|(t, b)| (*t, *b)).collect(),
@@ -959,6 +1142,18 @@ impl SamplingParams {
         }
 
         let mut stages = head;
+        if min_tokens > 0 {
+            // Kept even without stop ids: the host app adds its EOS
+            // (`ChainSpec::fill_stop_ids`), as vLLM adds the model's.
+            let at = usize::from(matches!(stages.first(), Some(StageSpec::LogitBias { .. })));
+            stages.insert(
+                at,
+                StageSpec::MinTokens {
+                    n: min_tokens,
+                    stop: self.stop_token_ids.clone().unwrap_or_default(),
+                },
+            );
+        }
         if !rules.is_empty() {
             let triggers = ["temperature", "top_k", "top_p", "min_p"];
             let ignored: Vec<String> = shaping
@@ -1052,10 +1247,17 @@ impl SamplingParams {
                 stages.insert(at, spec);
             }
         }
-        stages.retain(|s| !s.is_noop());
+        stages.retain(|s| !s.is_noop() || matches!(s, StageSpec::MinTokens { n, .. } if *n > 0));
+        let mut chain = ChainSpec::new(stages, self.seed);
+        chain.logprobs = logprobs_of(
+            self.logprobs,
+            self.top_logprobs,
+            self.logprob_token_ids.as_ref(),
+            self.logprobs_mode,
+        )?;
         ChainConfig::finish(
             "stage",
-            ChainSpec::new(stages, self.seed),
+            chain,
             DeviceConfig::default(),
             diagnostics,
             &LoadOptions::default(),
@@ -1098,6 +1300,12 @@ mod tests {
             logit_bias: Some(BTreeMap::new()),
             seed: Some(1),
             do_sample: Some(true),
+            logprobs: Some(LogprobsFlag::On(true)),
+            top_logprobs: Some(1),
+            logprob_token_ids: Some(vec![]),
+            logprobs_mode: Some(LogprobsMode::Raw),
+            min_tokens: Some(0),
+            stop_token_ids: Some(vec![]),
             stage_keys: StageKeys::default(),
         };
         let v = serde_json::to_value(&full).unwrap_or_default();

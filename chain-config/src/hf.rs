@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::convert::{At, parse_float, parse_int};
+use crate::convert::{At, parse_float, parse_int, parse_token_ids};
 use crate::error::{ConfigError, Diagnostic};
 use crate::flat::{SamplingParams, StageKeys, locate_range_error, range_of, registered_keys};
 use crate::located::{Doc, Entry, Value as LValue, parse_json};
@@ -15,7 +15,9 @@ use crate::located::{Doc, Entry, Value as LValue, parse_json};
 /// Semantics: `top_k = 0` is off (transformers); `repetition_penalty`
 /// counts prompt and output tokens over the whole history;
 /// `no_repeat_ngram_size` bans n-gram repeats over prompt and output;
-/// `do_sample = false` means greedy (but see [`SamplingParams::over`]).
+/// `do_sample = false` means greedy (but see [`SamplingParams::over`]);
+/// `min_new_tokens` bans `eos_token_id` until that many tokens were
+/// generated (transformers' `MinNewTokensLengthLogitsProcessor`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GenerationConfig {
     /// `temperature`.
@@ -38,6 +40,10 @@ pub struct GenerationConfig {
     pub no_repeat_ngram_size: Option<i64>,
     /// `do_sample`.
     pub do_sample: Option<bool>,
+    /// `min_new_tokens` (the stop ids are `eos_token_id`).
+    pub min_new_tokens: Option<i64>,
+    /// `eos_token_id` (one id or a list).
+    pub eos_token_id: Option<Vec<sampler_core::TokenId>>,
     /// Sampling-related keys present in the file with a non-neutral value
     /// that this crate does not implement (beam search, contrastive search,
     /// ...): [`Diagnostic::Unsupported`].
@@ -125,6 +131,17 @@ impl GenerationConfig {
             };
             cfg.do_sample = Some(b);
         }
+        if let Some(e) = get("min_new_tokens") {
+            let at = At::entry(doc, e);
+            let n = parse_int(at, &e.key, range_of("min_tokens"), &e.value)?;
+            if n < 0 {
+                return Err(at.range(&e.key, &e.value, range_of("min_tokens")));
+            }
+            cfg.min_new_tokens = Some(n);
+        }
+        if let Some(e) = get("eos_token_id") {
+            cfg.eos_token_id = Some(parse_token_ids(At::entry(doc, e), &e.key, &e.value)?);
+        }
         for (key, neutral) in UNSUPPORTED {
             let Some(e) = get(key) else { continue };
             let v = &e.value;
@@ -175,6 +192,8 @@ impl GenerationConfig {
             repetition_penalty: self.repetition_penalty,
             no_repeat_ngram_size: self.no_repeat_ngram_size,
             do_sample: self.do_sample,
+            min_tokens: self.min_new_tokens,
+            stop_token_ids: self.eos_token_id.clone(),
             ..SamplingParams::default()
         }
     }

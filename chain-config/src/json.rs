@@ -59,15 +59,20 @@ pub(crate) fn load(text: &str) -> Result<ChainSpec, ConfigError> {
             location: Some(Location { line: 1, column: 1 }),
         });
     };
+    const KEYS: [&str; 3] = ["stages", "seed", "logprobs"];
     for e in entries {
-        if e.key != "stages" && e.key != "seed" {
+        if !KEYS.contains(&e.key.as_str()) {
             return Err(ConfigError::UnknownKey {
                 path: e.key.clone(),
                 location: doc.loc(&e.key_span),
-                suggestion: suggest(&e.key, ["stages", "seed"]),
+                suggestion: suggest(&e.key, KEYS),
             });
         }
     }
+    let logprobs = match root.get("logprobs").filter(|e| !e.value.is_null()) {
+        Some(e) => Some(logprobs_object(doc, e)?),
+        None => None,
+    };
     let seed = match root.get("seed") {
         Some(e) => parse_seed(At::entry(doc, e), &e.value)?,
         None => None,
@@ -97,5 +102,64 @@ pub(crate) fn load(text: &str) -> Result<ChainSpec, ConfigError> {
         .enumerate()
         .map(|(i, item)| stage_entry(doc, &format!("stages[{i}]"), item, true))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(ChainSpec::new(stages, seed))
+    let mut chain = ChainSpec::new(stages, seed);
+    chain.logprobs = logprobs;
+    Ok(chain)
+}
+
+/// `"logprobs": {"top_n": 5, "token_ids": [1, 2], "mode": "processed"}`
+/// (the serde form of [`sampler_core::LogprobsSpec`]).
+fn logprobs_object(
+    doc: crate::located::Doc<'_>,
+    e: &crate::located::Entry,
+) -> Result<sampler_core::LogprobsSpec, ConfigError> {
+    const KEYS: [&str; 3] = ["top_n", "token_ids", "mode"];
+    let Some(items) = e.value.entries() else {
+        return Err(ConfigError::WrongType {
+            path: "logprobs".into(),
+            found: doc.found(&e.value),
+            expected: "an object {\"top_n\": 5, \"token_ids\": [..], \"mode\": \"raw\"}".into(),
+            location: doc.loc(&e.key_span),
+        });
+    };
+    let mut spec = sampler_core::LogprobsSpec::default();
+    for item in items {
+        let path = format!("logprobs.{}", item.key);
+        let at = At::entry(doc, item);
+        match item.key.as_str() {
+            "top_n" => {
+                let range = crate::flat::range_of("top_logprobs");
+                let n = crate::convert::parse_int(at, &path, range, &item.value)?;
+                spec.top_n = usize::try_from(n)
+                    .ok()
+                    .filter(|&n| n <= sampler_core::logprobs::MAX_TOP_LOGPROBS)
+                    .ok_or_else(|| at.range(&path, &item.value, range))?;
+            }
+            "token_ids" => {
+                spec.token_ids = crate::convert::parse_token_ids(at, &path, &item.value)?;
+                if spec.token_ids.len() > sampler_core::logprobs::MAX_LOGPROB_TOKEN_IDS {
+                    return Err(at.range(
+                        &path,
+                        &item.value,
+                        crate::flat::range_of("logprob_token_ids"),
+                    ));
+                }
+            }
+            "mode" => {
+                spec.mode = item
+                    .value
+                    .as_str()
+                    .and_then(sampler_core::LogprobsMode::from_word)
+                    .ok_or_else(|| at.range(&path, &item.value, "\"raw\" or \"processed\""))?;
+            }
+            _ => {
+                return Err(ConfigError::UnknownKey {
+                    path,
+                    location: doc.loc(&item.key_span),
+                    suggestion: suggest(&item.key, KEYS),
+                });
+            }
+        }
+    }
+    Ok(spec)
 }

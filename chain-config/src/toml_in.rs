@@ -16,7 +16,16 @@ use crate::suggest::suggest;
 use crate::{ChainConfig, DeviceConfig, LoadOptions};
 
 /// Top-level keys other than stage tables.
-pub(crate) const TOP_KEYS: [&str; 4] = ["samplers", "seed", "device", "stage"];
+pub(crate) const TOP_KEYS: [&str; 8] = [
+    "samplers",
+    "seed",
+    "device",
+    "stage",
+    "logprobs",
+    "top_logprobs",
+    "logprob_token_ids",
+    "logprobs_mode",
+];
 /// Keys of the `[device]` table.
 pub(crate) const DEVICE_KEYS: [&str; 2] = ["kind", "offload"];
 
@@ -30,10 +39,15 @@ pub(crate) fn load(text: &str, opts: &LoadOptions) -> Result<ChainConfig, Config
     // (kind, the table's entry)
     let mut tables: Vec<(StageKind, &Entry)> = Vec::new();
 
+    let mut lp_entries: Vec<&Entry> = Vec::new();
     for entry in root.entries().unwrap_or_default() {
         let name = entry.key.as_str();
         let value = &entry.value;
         match name {
+            "logprobs" | "top_logprobs" | "logprob_token_ids" | "logprobs_mode" => {
+                crate::flat::check_field_type(doc, entry)?;
+                lp_entries.push(entry);
+            }
             "seed" => seed = parse_seed(At::entry(doc, entry), value)?,
             "samplers" => order = Some((parse_samplers(doc, value)?, value.span.clone())),
             "device" => device = parse_device(doc, value)?,
@@ -151,7 +165,8 @@ pub(crate) fn load(text: &str, opts: &LoadOptions) -> Result<ChainConfig, Config
         return Err(ConfigError::EmptyChain { location: None });
     };
 
-    let chain = ChainSpec::new(stages, seed);
+    let mut chain = ChainSpec::new(stages, seed);
+    chain.logprobs = toml_logprobs(doc, &lp_entries)?;
     ChainConfig::finish(
         "stage",
         chain,
@@ -160,6 +175,62 @@ pub(crate) fn load(text: &str, opts: &LoadOptions) -> Result<ChainConfig, Config
         opts,
         order_span.and_then(|s| doc.loc(&s)),
     )
+}
+
+/// The top-level logprobs keys (the flat parameters' names and rules).
+fn toml_logprobs(
+    doc: Doc<'_>,
+    entries: &[&Entry],
+) -> Result<Option<sampler_core::LogprobsSpec>, ConfigError> {
+    use crate::flat::LogprobsFlag;
+    let mut flag = None;
+    let mut top = None;
+    let mut ids = None;
+    let mut mode = None;
+    for e in entries {
+        let at = At::entry(doc, e);
+        let v = &e.value;
+        match e.key.as_str() {
+            "logprobs" => {
+                flag = Some(match &v.value {
+                    crate::located::Value::Bool(b) => LogprobsFlag::On(*b),
+                    _ => LogprobsFlag::Top(crate::convert::parse_int(
+                        at,
+                        &e.key,
+                        crate::flat::range_of("logprobs"),
+                        v,
+                    )?),
+                })
+            }
+            "top_logprobs" => {
+                top = Some(crate::convert::parse_int(
+                    at,
+                    &e.key,
+                    crate::flat::range_of("top_logprobs"),
+                    v,
+                )?)
+            }
+            "logprob_token_ids" => ids = Some(crate::convert::parse_token_ids(at, &e.key, v)?),
+            _ => mode = v.as_str().and_then(sampler_core::LogprobsMode::from_word),
+        }
+    }
+    crate::flat::logprobs_of(flag, top, ids.as_ref(), mode).map_err(|err| match err {
+        ConfigError::OutOfRange {
+            path,
+            value,
+            expected,
+            location: None,
+        } => ConfigError::OutOfRange {
+            location: entries
+                .iter()
+                .find(|e| e.key == path)
+                .and_then(|e| doc.loc(&e.value.span)),
+            path,
+            value,
+            expected,
+        },
+        other => other,
+    })
 }
 
 /// Byte offset of the decoded string's first character in the source, when

@@ -56,6 +56,20 @@ pub(crate) fn to_toml(cfg: &ChainConfig) -> String {
             let _ = writeln!(out, "seed = \"{seed}\"");
         }
     }
+    if let Some(lp) = &chain.logprobs {
+        let _ = writeln!(out, "logprobs = true");
+        if lp.top_n > 0 {
+            let _ = writeln!(out, "top_logprobs = {}", lp.top_n);
+        }
+        if !lp.token_ids.is_empty() {
+            let _ = writeln!(
+                out,
+                "logprob_token_ids = {}",
+                PValue::Ids(lp.token_ids.clone()).to_toml()
+            );
+        }
+        let _ = writeln!(out, "logprobs_mode = \"{}\"", lp.mode.word());
+    }
     // A kind listed twice with different parameters needs `[[stage]]`
     // tables. Equality is transitive, so comparing each stage with the first
     // of its kind is enough (linear in the chain).

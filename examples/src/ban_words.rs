@@ -97,6 +97,17 @@ impl Sampler for BanWords {
         if banned.is_empty() {
             return Ok(());
         }
+        if row.is_full_row() {
+            // Token id = position; editing logits keeps the row a full row,
+            // so the fast path's kernel for the next stage still runs.
+            let logits = row.logits_mut();
+            for &t in &banned {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+            return Ok(());
+        }
         let hit = row
             .ids()
             .iter()

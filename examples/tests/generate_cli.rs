@@ -268,3 +268,107 @@ fn json_reports_the_seed_actually_used() {
     assert!(a["plan"]["skipped_stages"].is_array());
     assert!(a["plan"]["readback"].is_string());
 }
+
+/// `--logprobs N`: per step the sampled token's logprob and the N best, the
+/// same on every device and offload split; `--min-tokens` keeps the end of
+/// text away.
+#[test]
+fn logprobs_on_every_device_and_min_tokens() {
+    let mut first: Option<Value> = None;
+    for device in devices() {
+        for offload in ["off", "device"] {
+            let (v, _) = run_json(&[
+                "--prompt",
+                "Once upon a time",
+                "-n",
+                "12",
+                "--seed",
+                "7",
+                "--logprobs",
+                "3",
+                "--logprob-token-ids",
+                "2,5",
+                "--device",
+                &device,
+                "--offload",
+                offload,
+            ]);
+            let tokens = ids(&v);
+            let lps = v["logprobs"].as_array().expect("logprobs");
+            assert_eq!(lps.len(), tokens.len());
+            for (lp, &t) in lps.iter().zip(&tokens) {
+                assert_eq!(lp["token"].as_u64(), Some(t));
+                let x = lp["logprob"]
+                    .as_f64()
+                    .expect("finite for the sampled token");
+                assert!(x <= 0.0, "{lp}");
+                let top = lp["top"].as_array().unwrap();
+                assert_eq!(top.len(), 3, "{lp}");
+                let mass: f64 = top
+                    .iter()
+                    .map(|e| e["logprob"].as_f64().unwrap().exp())
+                    .sum();
+                assert!(mass <= 1.0 + 1e-5);
+                assert_eq!(lp["requested"].as_array().unwrap().len(), 2);
+            }
+            match &first {
+                None => first = Some(v),
+                Some(f) => {
+                    assert_eq!(ids(f), tokens, "{device} {offload}");
+                    for (a, b) in f["logprobs"].as_array().unwrap().iter().zip(lps) {
+                        let (x, y) = (
+                            a["logprob"].as_f64().unwrap(),
+                            b["logprob"].as_f64().unwrap(),
+                        );
+                        assert!((x - y).abs() < 1e-5, "{device} {offload}: {a} vs {b}");
+                    }
+                }
+            }
+        }
+    }
+    // The plain output lists them after the text.
+    let out = Command::new(env!("CARGO_BIN_EXE_generate"))
+        .args([
+            "--model",
+            MODEL_DIR,
+            "--no-progress",
+            "-n",
+            "4",
+            "--seed",
+            "1",
+        ])
+        .args(["--logprobs", "2"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("logprobs (step: token logprob"), "{stdout}");
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("   ")).count(),
+        4,
+        "{stdout}"
+    );
+    let bad = Command::new(env!("CARGO_BIN_EXE_generate"))
+        .args(["--model", MODEL_DIR, "--logprobs", "21"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("21"));
+
+    // Seed 8 reaches the end of text at token 225; with --min-tokens it
+    // cannot before that many tokens.
+    let args = ["--seed", "8", "-n", "250", "--prompt", "The end."];
+    let (free, _) = run_json(&args);
+    assert_eq!(free["stop_reason"], "end_of_text", "{free}");
+    let free_len = ids(&free).len();
+    let hold = (free_len + 5).to_string();
+    let mut held_args = args.to_vec();
+    held_args.extend(["--min-tokens", hold.as_str()]);
+    let (held, _) = run_json(&held_args);
+    let held_ids = ids(&held);
+    assert!(held_ids.len() >= free_len + 5, "{held}");
+    assert!(
+        held_ids[..free_len + 5].iter().all(|&t| t != 1 && t != 2),
+        "no BOS/EOS in the first {} tokens: {held_ids:?}",
+        free_len + 5
+    );
+}

@@ -34,9 +34,11 @@ pub const MAX_LOGPROB_TOKEN_IDS: usize = 128;
 pub enum LogprobsMode {
     /// Log-softmax of the logits as given (vLLM `raw_logprobs`).
     #[default]
+    #[serde(alias = "raw_logprobs")]
     Raw,
     /// Log of the distribution after the chain's stages (vLLM
     /// `processed_logprobs`).
+    #[serde(alias = "processed_logprobs")]
     Processed,
 }
 
@@ -137,15 +139,46 @@ pub struct Logprobs {
     pub requested: Vec<(TokenId, f32)>,
 }
 
-/// `ln Σ exp(l - max)` and `max` over finite-or-`-inf` logits; `None` when
-/// every logit is `-inf`.
-fn log_norm(logits: impl Iterator<Item = f32> + Clone) -> Option<(f32, f64)> {
-    let max = logits.clone().fold(f32::NEG_INFINITY, f32::max);
+/// `max` and `ln Σ exp(l - max)` over finite-or-`-inf` logits; `None` when
+/// every logit is `-inf`. The sum follows [`numerics::sum_f64`]'s lane rule
+/// (value `i` in lane `i % 8`), in blocks so that it vectorises.
+fn log_norm_slice(logits: &[f32]) -> Option<(f32, f64)> {
+    const W: usize = 16;
+    let mut m = [f32::NEG_INFINITY; W];
+    let mut blocks = logits.chunks_exact(W);
+    for b in &mut blocks {
+        for (m, &x) in m.iter_mut().zip(b) {
+            *m = m.max(x);
+        }
+    }
+    let max = blocks
+        .remainder()
+        .iter()
+        .chain(&m)
+        .fold(f32::NEG_INFINITY, |a, &x| a.max(x));
     if max == f32::NEG_INFINITY {
         return None;
     }
-    let s = numerics::sum_f64(logits.map(|l| numerics::exp(l - max)));
-    Some((max, s.ln()))
+    // Exponentials into a buffer first (that loop vectorises), then the
+    // lane sums; a chunk of 64 starts at a multiple of the lanes.
+    let mut lanes = [0.0f64; numerics::LANES];
+    let mut e = [0.0f32; 64];
+    for chunk in logits.chunks(64) {
+        let n = chunk.len();
+        for (ei, &l) in e.iter_mut().zip(chunk) {
+            *ei = numerics::exp(l - max);
+        }
+        let full = n - n % numerics::LANES;
+        for block in e[..full].chunks_exact(numerics::LANES) {
+            for (lane, &v) in lanes.iter_mut().zip(block) {
+                *lane += f64::from(v);
+            }
+        }
+        for (lane, &v) in lanes.iter_mut().zip(&e[full..n]) {
+            *lane += f64::from(v);
+        }
+    }
+    Some((max, numerics::combine(lanes).ln()))
 }
 
 fn logprob(l: f32, max: f32, ln_s: f64) -> f32 {
@@ -164,21 +197,25 @@ fn top_n(values: impl Iterator<Item = (TokenId, f32)>, n: usize) -> Vec<(TokenId
     if n == 0 {
         return best;
     }
+    // The n-th best so far: a value below it (or -inf) is skipped with one
+    // comparison.
+    let mut worst = (f32::NEG_INFINITY, TokenId::MAX);
     for (id, v) in values {
-        if v == f32::NEG_INFINITY {
+        if v < worst.0 || v == f32::NEG_INFINITY {
             continue;
         }
-        if best.len() == n {
-            let &(wid, wv) = &best[n - 1];
-            if crate::desc_cmp(v, id, wv, wid) != std::cmp::Ordering::Less {
-                continue;
-            }
+        if best.len() == n && (v == worst.0 && id > worst.1) {
+            continue;
         }
         let at = best.partition_point(|&(bid, bv)| {
             crate::desc_cmp(bv, bid, v, id) == std::cmp::Ordering::Less
         });
         best.insert(at, (id, v));
         best.truncate(n);
+        if best.len() == n {
+            let &(wid, wv) = &best[n - 1];
+            worst = (wv, wid);
+        }
     }
     best
 }
@@ -191,7 +228,7 @@ fn top_n(values: impl Iterator<Item = (TokenId, f32)>, n: usize) -> Vec<(TokenId
 /// [`SampleError::AllMasked`] for an all-`-inf` row.
 pub fn raw(logits: &[f32], spec: &LogprobsSpec, token: TokenId) -> Result<Logprobs, SampleError> {
     spec.check_vocab(logits.len())?;
-    let (max, ln_s) = log_norm(logits.iter().copied()).ok_or(SampleError::AllMasked)?;
+    let (max, ln_s) = log_norm_slice(logits).ok_or(SampleError::AllMasked)?;
     let lp = |l: f32| logprob(l, max, ln_s);
     let top = top_n(
         logits.iter().enumerate().map(|(i, &l)| (i as TokenId, l)),
@@ -220,7 +257,7 @@ pub fn processed(
     token: TokenId,
 ) -> Result<Logprobs, SampleError> {
     spec.check_vocab(row.vocab_size())?;
-    let (max, ln_s) = log_norm(row.logits().iter().copied()).ok_or(SampleError::AllMasked)?;
+    let (max, ln_s) = log_norm_slice(row.logits()).ok_or(SampleError::AllMasked)?;
     let lp = |l: f32| logprob(l, max, ln_s);
     let pairs = row.ids().iter().copied().zip(row.logits().iter().copied());
     let top = top_n(pairs, spec.top_n)
@@ -313,6 +350,18 @@ mod tests {
         assert_eq!(lp.requested[1], (5, f32::NEG_INFINITY));
         let sum: f32 = lp.top.iter().map(|p| p.1.exp()).sum();
         assert!((sum - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn log_norm_follows_the_lane_rule() {
+        let row: Vec<f32> = (0..1001)
+            .map(|i| ((i * 37) % 101) as f32 / 7.0 - 3.0)
+            .collect();
+        let (max, ln_s) = log_norm_slice(&row).unwrap();
+        assert_eq!(max, row.iter().copied().fold(f32::MIN, f32::max));
+        let s = numerics::sum_f64(row.iter().map(|&l| numerics::exp(l - max)));
+        assert_eq!(ln_s.to_bits(), s.ln().to_bits());
+        assert_eq!(log_norm_slice(&[f32::NEG_INFINITY; 3]), None);
     }
 
     #[test]

@@ -87,6 +87,19 @@ impl ChainSpec {
         Ok(())
     }
 
+    /// Give every `min_tokens` stage that lists no stop ids these (the
+    /// model's EOS ids, as vLLM adds them): flat parameters and
+    /// `generation_config.json` without stop ids leave them to the host app.
+    pub fn fill_stop_ids(&mut self, ids: &[crate::TokenId]) {
+        for s in &mut self.stages {
+            if let StageSpec::MinTokens { stop, .. } = s
+                && stop.is_empty()
+            {
+                stop.extend_from_slice(ids);
+            }
+        }
+    }
+
     /// Whether some active stage selects a token.
     pub fn selects(&self) -> bool {
         self.stages.iter().any(|s| s.selects())

@@ -179,7 +179,9 @@ fn mask_errors_and_lifetime(d: &Device, name: &str) {
     let mut only = vec![0u32; 3];
     only[2] = 1 << (65 - 64);
     batch.set_mask(masked, Some(&only)).unwrap();
-    let out = batch.step(&[masked], upload(&[row.clone()], d)).unwrap();
+    let out = batch
+        .step(&[masked], upload(std::slice::from_ref(&row), d))
+        .unwrap();
     assert_eq!(out.tokens[0], Ok(65), "[{name}]");
     let out = batch.step(&[masked], upload(&[row], d)).unwrap();
     assert_eq!(out.tokens[0], Ok(0), "[{name}] the mask held one step only");
@@ -260,4 +262,48 @@ fn chain_mask_on_the_cpu() {
     assert_eq!(chain.sample_logits(&row), Err(SampleError::AllMasked));
     chain.set_token_mask(None);
     assert_eq!(chain.sample_logits(&row), Ok(39));
+}
+
+/// The fast path with a `mask` (or `min_tokens`) first equals the reference
+/// stages one by one: tokens and chain state, over random masks and rows.
+#[test]
+fn masked_fast_path_equals_the_reference() {
+    let mut r = ChaCha8Rng::seed_from_u64(0xfa57);
+    let v: usize = 5000;
+    for case in 0..60 {
+        let mut spec = random_chain(&mut r, case);
+        // The mask first, so that the fast path's edit-first route runs.
+        spec.stages.retain(|s| *s != StageSpec::Mask);
+        spec.stages.insert(0, StageSpec::Mask);
+        if case % 3 == 0 {
+            spec.stages.insert(
+                1,
+                StageSpec::MinTokens {
+                    n: 2,
+                    stop: vec![1, 2, 3],
+                },
+            );
+        }
+        let mut fast = sampler_cpu::build_chain(&spec).unwrap();
+        let mut reference = fast.clone();
+        for step in 0..4 {
+            let row: Vec<f32> = (0..v).map(|_| r.random_range(-5.0..5.0)).collect();
+            let words: Vec<u32> = match step % 3 {
+                0 => (0..v.div_ceil(32)).map(|_| r.random::<u32>()).collect(),
+                1 => (0..v.div_ceil(32))
+                    .map(|_| r.random::<u32>() & r.random::<u32>() & r.random::<u32>())
+                    .collect(),
+                _ => vec![u32::MAX; v.div_ceil(32)],
+            };
+            fast.set_token_mask(Some(words.clone().into()));
+            reference.set_token_mask(Some(words.clone().into()));
+            let a = fast.sample_logits(&row);
+            let b = reference.sample_from(0, &mut sampler_core::Candidates::from_logits(&row));
+            assert_eq!(a, b, "case {case} step {step}: {}", spec.chain_string());
+            if let Ok(t) = a {
+                assert!(allowed(&words, t));
+            }
+        }
+        assert_eq!(fast.step(), reference.step());
+    }
 }

@@ -18,10 +18,11 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use sampler_backend::{BackendError, SamplingBatch};
 use sampler_core::{
-    ChainSpec, HistoryScope, OffloadPolicy, ParamKind, ParamValue, Plan, StageKind,
+    ChainSpec, HistoryScope, LogprobsMode, OffloadPolicy, ParamKind, ParamValue, Plan, StageKind,
+    StageSpec, TokenId,
 };
 use sampler_examples::llama2::generate::{GenerateError, Generation, encode_prompt, generate};
-use sampler_examples::llama2::{Llama2, Llama2Error, ModelFiles};
+use sampler_examples::llama2::{BOS, EOS, Llama2, Llama2Error, ModelFiles, Tokenizer};
 use serde_json::json;
 
 /// The chain used when neither `--config` nor `--samplers` is given
@@ -104,6 +105,23 @@ struct Args {
     /// every device and split). Default: the config's seed, else random.
     #[arg(long)]
     seed: Option<u64>,
+    /// Report logprobs: the sampled token's and the N most likely tokens'
+    /// (N in 0..=20; OpenAI `top_logprobs`), printed after the text and in
+    /// `--json`.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=20))]
+    logprobs: Option<u64>,
+    /// Logprobs of the model's logits (`raw`) or of the distribution the
+    /// token was drawn from (`processed`).
+    #[arg(long, value_name = "raw|processed", value_parser = parse_mode)]
+    logprobs_mode: Option<LogprobsMode>,
+    /// Token ids whose logprobs are reported every step (comma-separated).
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
+    logprob_token_ids: Vec<u32>,
+    /// No end of text (EOS / BOS) before this many generated tokens (vLLM
+    /// `min_tokens`): adds a `min_tokens` stage at the front of the chain, or
+    /// sets the chain's own.
+    #[arg(long, value_name = "N")]
+    min_tokens: Option<usize>,
     /// Device for the model and the chain: flex (burn's CPU backend), ndarray,
     /// wgpu, vulkan, cuda or cuda:N; only compiled-in backends are accepted.
     /// Default: the config's [device] kind, else flex.
@@ -155,6 +173,10 @@ enum AppError {
     Generate(#[from] GenerateError),
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),
+}
+
+fn parse_mode(s: &str) -> Result<LogprobsMode, String> {
+    LogprobsMode::from_word(s).ok_or_else(|| format!("`{s}` is not raw or processed"))
 }
 
 fn parse_offload(s: &str) -> Result<OffloadPolicy, AppError> {
@@ -294,6 +316,36 @@ fn build_chain(a: &Args) -> Result<(ChainConfig, Vec<String>), AppError> {
     };
     let mut chain = base.chain;
     let warnings = apply_overrides(&mut chain, a)?;
+    if let Some(n) = a.min_tokens {
+        match chain
+            .stages
+            .iter_mut()
+            .find(|s| matches!(s, StageSpec::MinTokens { .. }))
+        {
+            Some(StageSpec::MinTokens { n: m, .. }) => *m = n,
+            _ => chain.stages.insert(
+                0,
+                StageSpec::MinTokens {
+                    n,
+                    stop: Vec::new(),
+                },
+            ),
+        }
+    }
+    // The model's end-of-text tokens are the stop ids of `min_tokens`.
+    chain.fill_stop_ids(&[EOS, BOS]);
+    if a.logprobs.is_some() || a.logprobs_mode.is_some() || !a.logprob_token_ids.is_empty() {
+        let lp = chain.logprobs.get_or_insert_with(Default::default);
+        if let Some(n) = a.logprobs {
+            lp.top_n = n as usize;
+        }
+        if let Some(m) = a.logprobs_mode {
+            lp.mode = m;
+        }
+        if !a.logprob_token_ids.is_empty() {
+            lp.token_ids = a.logprob_token_ids.clone();
+        }
+    }
     if a.seed.is_some() {
         chain.seed = a.seed;
     }
@@ -452,6 +504,7 @@ fn run(a: Args) -> Result<(), AppError> {
             "text": text,
             "generated_text": generated_text,
             "stop_reason": generation.stop.as_str(),
+            "logprobs": logprobs_json(&tokenizer, &generation),
             "plan": sampler_examples::report::plan_json(plan, &device_name, policy),
             "stats": {
                 "steps": generation.steps,
@@ -466,6 +519,7 @@ fn run(a: Args) -> Result<(), AppError> {
         writeln!(out, "{v}")?;
     } else {
         writeln!(out)?;
+        print_logprobs(&mut out, &tokenizer, &generation)?;
     }
     out.flush()?;
 
@@ -473,6 +527,82 @@ fn run(a: Args) -> Result<(), AppError> {
         print_stats(&files.checkpoint, &c, &device_name, plan, seed, &generation);
     }
     Ok(())
+}
+
+/// A token's text for the logprobs listing (its piece, quoted).
+fn piece(tokenizer: &Tokenizer, t: TokenId) -> String {
+    match tokenizer.piece(t) {
+        Some(p) => format!("{:?}", String::from_utf8_lossy(p)),
+        None => format!("<{t}>"),
+    }
+}
+
+/// One line per step: the token, its logprob, the top tokens.
+fn print_logprobs(
+    out: &mut impl Write,
+    tokenizer: &Tokenizer,
+    g: &Generation,
+) -> std::io::Result<()> {
+    if g.logprobs.iter().all(Option::is_none) {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "logprobs (step: token logprob | top tokens | requested ids):"
+    )?;
+    for (step, lp) in g.logprobs.iter().enumerate() {
+        let Some(lp) = lp else { continue };
+        let top: Vec<String> = lp
+            .top
+            .iter()
+            .map(|&(t, l)| format!("{} {l:.4}", piece(tokenizer, t)))
+            .collect();
+        let req: Vec<String> = lp
+            .requested
+            .iter()
+            .map(|&(t, l)| format!("{t} {l:.4}"))
+            .collect();
+        writeln!(
+            out,
+            "{step:>4}: {} {:.4} | {} | {}",
+            piece(tokenizer, lp.token.0),
+            lp.token.1,
+            top.join(", "),
+            req.join(", ")
+        )?;
+    }
+    Ok(())
+}
+
+/// The logprobs for `--json` (`-inf` is written as `null`).
+fn logprobs_json(tokenizer: &Tokenizer, g: &Generation) -> serde_json::Value {
+    let num = |l: f32| {
+        if l.is_finite() {
+            json!(l)
+        } else {
+            serde_json::Value::Null
+        }
+    };
+    let entry = |t: TokenId, l: f32| {
+        let text = tokenizer
+            .piece(t)
+            .map(|p| String::from_utf8_lossy(p).into_owned());
+        json!({"token": t, "text": text, "logprob": num(l)})
+    };
+    serde_json::Value::Array(
+        g.logprobs
+            .iter()
+            .map(|lp| match lp {
+                None => serde_json::Value::Null,
+                Some(lp) => json!({
+                    "token": lp.token.0,
+                    "logprob": num(lp.token.1),
+                    "top": lp.top.iter().map(|&(t, l)| entry(t, l)).collect::<Vec<_>>(),
+                    "requested": lp.requested.iter().map(|&(t, l)| entry(t, l)).collect::<Vec<_>>(),
+                }),
+            })
+            .collect(),
+    )
 }
 
 fn print_stats(

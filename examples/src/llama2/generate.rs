@@ -50,6 +50,9 @@ pub struct Generation {
     pub prompt_time: Duration,
     /// Time of the generation steps (forward + sampling + readback).
     pub gen_time: Duration,
+    /// Per step, the logprobs the chain asked for (`ChainSpec::logprobs`);
+    /// `None` when it asked for none.
+    pub logprobs: Vec<Option<sampler_core::Logprobs>>,
 }
 
 impl Generation {
@@ -170,6 +173,7 @@ pub fn generate(
 
     let t1 = Instant::now();
     let mut tokens = Vec::with_capacity(max_new_tokens);
+    let mut logprobs = Vec::with_capacity(max_new_tokens);
     let mut bytes_read = 0usize;
     let mut token = prompt_tokens[last];
     let mut pos = last;
@@ -178,6 +182,7 @@ pub fn generate(
         let logits = model.forward(token, pos, &mut cache)?; // [1, vocab], on the device
         let out = batch.step(&[id], logits)?;
         bytes_read += out.bytes_read;
+        logprobs.push(out.logprobs.into_iter().next().flatten());
         let step = tokens.len();
         let next = match out.tokens.into_iter().next() {
             Some(Ok(t)) => t,
@@ -209,5 +214,6 @@ pub fn generate(
         bytes_read,
         prompt_time,
         gen_time,
+        logprobs,
     })
 }

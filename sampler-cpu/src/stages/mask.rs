@@ -51,6 +51,22 @@ impl Sampler for Mask {
                 expected,
             });
         }
+        if row.is_full_row() {
+            // Token id = position: word by word, keeping the row a full row
+            // (the fast path's next kernel then runs on it).
+            let logits = row.logits_mut();
+            for (&w, chunk) in words.iter().zip(logits.chunks_mut(32)) {
+                if w == u32::MAX {
+                    continue;
+                }
+                for (b, l) in chunk.iter_mut().enumerate() {
+                    if w >> b & 1 == 0 {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            return Ok(());
+        }
         let banned = row
             .ids()
             .iter()

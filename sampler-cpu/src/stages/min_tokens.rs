@@ -51,7 +51,7 @@ impl Sampler for MinTokens {
         }
         let mut hits = Vec::with_capacity(self.stop.len());
         for_each_token_position(row, &self.stop, |pos, _| hits.push(pos));
-        let logits = &row.logits()[..];
+        let logits = row.logits();
         if hits.iter().all(|&p| logits[p] == f32::NEG_INFINITY) {
             return Ok(());
         }
