@@ -183,7 +183,16 @@ impl ChainConfig {
             });
         }
         if let Err((i, e)) = chain.validate() {
-            let expected = chain.stages[i]
+            // Index `stages.len()`: the logprobs request (its own range text).
+            let Some(stage) = chain.stages.get(i) else {
+                return Err(ConfigError::OutOfRange {
+                    path: e.param.to_string(),
+                    value: e.value,
+                    expected: e.expected,
+                    location: None,
+                });
+            };
+            let expected = stage
                 .kind()
                 .meta()
                 .param(e.param)

@@ -192,3 +192,21 @@ fn generation_config_min_new_tokens() {
     assert_eq!(path, "min_new_tokens");
     assert!(loc.is_some());
 }
+
+/// `ChainConfig::validated` with bad logprobs is an error, not a panic.
+#[test]
+fn validated_reports_bad_logprobs() {
+    let mut chain = sampler_core::ChainSpec::new(vec![StageSpec::Greedy], None);
+    chain.logprobs = Some(LogprobsSpec {
+        top_n: 21,
+        ..LogprobsSpec::default()
+    });
+    let e = ChainConfig::validated(
+        chain,
+        chain_config::DeviceConfig::default(),
+        &chain_config::LoadOptions::default(),
+    )
+    .unwrap_err();
+    let (path, value, _, _) = out_of_range(e);
+    assert_eq!((path.as_str(), value.as_str()), ("top_logprobs", "21"));
+}

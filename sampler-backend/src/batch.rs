@@ -72,7 +72,8 @@ pub struct BatchStep {
     pub logprobs: Vec<Option<Logprobs>>,
     /// Bytes read back from the device in this step (all rows together):
     /// the sum of each row's own [`Plan::bytes_per_row`] and, for requests
-    /// with logprobs computed on the device, `8` per entry.
+    /// with logprobs computed on the device, `8` per entry (plus `4 k` for
+    /// `raw` logprobs after a device `top_k(k)`).
     pub bytes_read: usize,
 }
 
@@ -80,6 +81,8 @@ pub struct BatchStep {
 /// consumed by [`SamplingBatch::finish`].
 pub struct PendingStep {
     serial: u64,
+    /// Its strong count tells the batch whether this step was dropped.
+    alive: std::sync::Arc<()>,
     select: bool,
     ids: Vec<RequestId>,
     row_of: HashMap<RequestId, usize>,
@@ -96,6 +99,16 @@ pub struct PendingStep {
 enum InFlight {
     Waiting(Readback_),
     Done(Result<Vec<TensorData>, burn_tensor::ExecutionError>),
+}
+
+impl PendingStep {
+    fn mark(&self) -> InFlightMark {
+        InFlightMark {
+            serial: self.serial,
+            alive: std::sync::Arc::downgrade(&self.alive),
+            ids: self.ids.clone(),
+        }
+    }
 }
 
 impl fmt::Debug for PendingStep {
@@ -206,11 +219,23 @@ pub struct SamplingBatch {
     requests: BTreeMap<RequestId, Request>,
     groups: HashMap<GroupKey, Group>,
     next_id: u64,
-    /// Steps submitted so far (identifies a [`PendingStep`]).
-    serial: u64,
     /// The submitted step waiting for `finish`.
-    in_flight: Option<u64>,
+    in_flight: Option<InFlightMark>,
 }
+
+/// What the batch remembers of its step in flight.
+struct InFlightMark {
+    /// The [`PendingStep`]'s serial (unique across batches).
+    serial: u64,
+    /// Dead when the caller dropped the `PendingStep` without `finish`.
+    alive: std::sync::Weak<()>,
+    /// The step's rows (their one-step masks are cleared when it ends).
+    ids: Vec<RequestId>,
+}
+
+/// Serials of submitted steps, unique in the process, so that a
+/// [`PendingStep`] of another batch is recognised.
+static NEXT_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl fmt::Debug for SamplingBatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -284,7 +309,6 @@ impl SamplingBatch {
             requests: BTreeMap::new(),
             groups: HashMap::new(),
             next_id: 0,
-            serial: 0,
             in_flight: None,
         })
     }
@@ -376,6 +400,9 @@ impl SamplingBatch {
     /// and fast kernels (sampler-cpu's are installed when it has none).
     /// [`SamplingBatch::spec`] then returns the built-in stages before the
     /// first custom one; [`SamplingBatch::update`] replaces the whole chain.
+    /// Insert a fresh chain (no accepted tokens) and give its history as
+    /// `prompt`: the batch cannot see what a chain accepted before, and its
+    /// device stages are built from the history the batch records.
     ///
     /// # Errors
     /// [`BackendError::InvalidRequest`] for a built-in stage's parameter
@@ -659,9 +686,12 @@ impl SamplingBatch {
         })
     }
 
-    /// Whether a submitted step waits for [`SamplingBatch::finish`].
+    /// Whether a submitted step waits for [`SamplingBatch::finish`] (a
+    /// dropped [`PendingStep`] does not count).
     pub fn in_flight(&self) -> bool {
-        self.in_flight.is_some()
+        self.in_flight
+            .as_ref()
+            .is_some_and(|m| m.alive.strong_count() > 0)
     }
 
     /// Run each request's chain on its row of `logits` `[ids.len(), vocab]`
@@ -693,10 +723,16 @@ impl SamplingBatch {
         })
     }
 
-    /// Refuse `call` while a submitted step waits for `finish`.
-    fn idle(&self, call: &'static str) -> Result<(), BackendError> {
-        match self.in_flight {
-            Some(_) => Err(BackendError::StepPending { call }),
+    /// Refuse `call` while a submitted step waits for `finish`; a step whose
+    /// [`PendingStep`] was dropped is abandoned here.
+    fn idle(&mut self, call: &'static str) -> Result<(), BackendError> {
+        match &self.in_flight {
+            Some(m) if m.alive.strong_count() > 0 => Err(BackendError::StepPending { call }),
+            Some(m) => {
+                let ids = m.ids.clone();
+                self.end_step(&ids);
+                Ok(())
+            }
             None => Ok(()),
         }
     }
@@ -868,9 +904,9 @@ impl SamplingBatch {
                 });
             }
         }
-        self.serial += 1;
         let mut pending = PendingStep {
-            serial: self.serial,
+            serial: NEXT_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            alive: std::sync::Arc::new(()),
             select,
             ids: ids.to_vec(),
             row_of,
@@ -882,7 +918,7 @@ impl SamplingBatch {
             readback: None,
         };
         if ids.is_empty() {
-            self.in_flight = Some(pending.serial);
+            self.in_flight = Some(pending.mark());
             return Ok(pending);
         }
         let logits = if logits.dtype() == DType::F32 {
@@ -894,9 +930,15 @@ impl SamplingBatch {
         // This step's token masks go to the rows' chains (the host stages)
         // and, through them, to the device stages.
         for id in ids {
-            if let Some(req) = self.requests.get_mut(id)
-                && let Some(mask) = req.mask.take()
-            {
+            // `filter` looks without stepping: the mask stays for the step.
+            let mask = self.requests.get_mut(id).and_then(|req| {
+                if select {
+                    req.mask.take()
+                } else {
+                    req.mask.clone()
+                }
+            });
+            if let (Some(req), Some(mask)) = (self.requests.get_mut(id), mask) {
                 req.chain.set_token_mask(Some(mask));
             }
         }
@@ -981,14 +1023,18 @@ impl SamplingBatch {
                 })
                 .collect();
             let slots_t = (!identity).then(|| ops::vec_int(&slots, &d));
-            let lp = key.logprobs.map(|(mode, n, _)| DeviceLogprobs {
-                mode,
-                n,
-                ids: g.lp_ids.as_ref().map(|t| match &slots_t {
-                    Some(s) => t.clone().select(0, s.clone()),
-                    None => t.clone(),
-                }),
-            });
+            // `filter` reports no logprobs.
+            let lp = key
+                .logprobs
+                .filter(|_| select)
+                .map(|(mode, n, _)| DeviceLogprobs {
+                    mode,
+                    n,
+                    ids: g.lp_ids.as_ref().map(|t| match &slots_t {
+                        Some(s) => t.clone().select(0, s.clone()),
+                        None => t.clone(),
+                    }),
+                });
             let stages = g.stages.as_mut().expect("built above");
             let out = device_pass(
                 stages,
@@ -1023,17 +1069,50 @@ impl SamplingBatch {
         pending.group_rows = group_rows;
         pending.group_at = group_at;
         pending.group_slots = group_slots;
-        self.in_flight = Some(pending.serial);
+        self.in_flight = Some(pending.mark());
         Ok(pending)
     }
 
     /// Wait for a submitted step's readback, run the host parts and record
     /// the tokens.
     fn finish_inner(&mut self, pending: PendingStep) -> Result<StepRows, BackendError> {
-        if self.in_flight != Some(pending.serial) {
+        if self.in_flight.as_ref().map(|m| m.serial) != Some(pending.serial) {
             return Err(BackendError::NotPending);
         }
+        let ids = pending.ids.clone();
+        let out = self.finish_rows(pending);
+        // A mask holds for one step, whatever happened in it.
+        self.end_step(&ids);
+        out
+    }
+
+    /// The step in flight is over (finished, failed or abandoned): clear its
+    /// rows' one-step masks.
+    fn end_step(&mut self, ids: &[RequestId]) {
         self.in_flight = None;
+        for id in ids {
+            if let Some(req) = self.requests.get_mut(id) {
+                req.chain.set_token_mask(None);
+            }
+        }
+    }
+
+    /// Give up a submitted step: nothing is recorded, its masks are cleared,
+    /// and the batch takes calls again (dropping the [`PendingStep`] does
+    /// the same at the next call).
+    ///
+    /// # Errors
+    /// [`BackendError::NotPending`] for a step this batch is not waiting for.
+    pub fn cancel(&mut self, pending: PendingStep) -> Result<(), BackendError> {
+        if self.in_flight.as_ref().map(|m| m.serial) != Some(pending.serial) {
+            return Err(BackendError::NotPending);
+        }
+        self.end_step(&pending.ids);
+        Ok(())
+    }
+
+    /// The decoding and host half of `finish_inner`.
+    fn finish_rows(&mut self, pending: PendingStep) -> Result<StepRows, BackendError> {
         let PendingStep {
             select,
             ids,
@@ -1072,11 +1151,21 @@ impl SamplingBatch {
                 next += 1;
                 &data[next - 1]
             };
+            // Each registered tensor converted once per group.
             let main: Vec<&TensorData> = match key.readback {
                 Readback::Candidates { .. } => vec![take(), take()],
                 _ => vec![take()],
             };
-            let lp = match key.logprobs {
+            let ints = match key.readback {
+                Readback::FullLogits { .. } => Vec::new(),
+                _ => read_i64(main[0]),
+            };
+            let floats = match key.readback {
+                Readback::TokenIds => &[][..],
+                Readback::Candidates { .. } => as_f32(main[1])?,
+                Readback::FullLogits { .. } => as_f32(main[0])?,
+            };
+            let lp = match key.logprobs.filter(|_| select) {
                 Some((mode, n, m)) => {
                     let sampled = usize::from(key.readback == Readback::TokenIds);
                     let (lids, lvals) = if n + m + sampled > 0 {
@@ -1092,37 +1181,30 @@ impl SamplingBatch {
                 }
                 None => None,
             };
+            let rows_n = rows.len().max(1);
+            let k = ints.len() / rows_n;
             for (j, &r) in rows.iter().enumerate() {
                 let req = &self.requests[&ids[r]];
                 let w = match key.readback {
-                    Readback::TokenIds => {
-                        let codes = read_i64(main[0]);
-                        Work::Token(self.decode_token(codes[j]))
-                    }
+                    Readback::TokenIds => Work::Token(self.decode_token(ints[j])),
                     Readback::Candidates { .. } => {
-                        let cids = read_i64(main[0]);
-                        let clog = as_f32(main[1])?;
-                        let k = cids.len() / rows.len().max(1);
                         let c = self.candidates_row(
                             req,
-                            &cids[j * k..(j + 1) * k],
-                            &clog[j * k..(j + 1) * k],
+                            &ints[j * k..(j + 1) * k],
+                            &floats[j * k..(j + 1) * k],
                         );
                         Work::Cands(c, req.plan.host_start)
                     }
                     Readback::FullLogits { .. } => {
-                        let all = as_f32(main[0])?;
-                        let c = full_row(req, &all[j * v..(j + 1) * v], v);
+                        let c = full_row(req, &floats[j * v..(j + 1) * v], v);
                         Work::Cands(c, req.plan.host_start)
                     }
                 };
                 let row_lp = lp.as_ref().map(|(n, m, lids, lvals, cand)| {
-                    let e = lvals.len() / rows.len().max(1);
+                    let e = lvals.len() / rows_n;
                     let (ri, rv) = (&lids[j * e..(j + 1) * e], &lvals[j * e..(j + 1) * e]);
                     let cand = cand.map(|c| {
-                        let k = c.len() / rows.len().max(1);
-                        let cids = read_i64(main[0]);
-                        cids[j * k..(j + 1) * k]
+                        ints[j * k..(j + 1) * k]
                             .iter()
                             .zip(&c[j * k..(j + 1) * k])
                             .map(|(&i, &l)| (i, l))
@@ -1565,9 +1647,12 @@ fn log_softmax(l: &Tensor<2>) -> Tensor<2> {
     l.clone().sub(wide(lse, n))
 }
 
-/// The canonical top `n` of `lp` `[B, N]` (ties to the lowest `order` id):
-/// `(ids, values)` `[B, n]`, padded with id `-1` / `-inf` past the width.
+/// The canonical top `n` by `logits` `[B, N]` (ties to the lowest `order`
+/// id; ranked by the logits, as the CPU does, not by their rounded
+/// logprobs), with their values in `lp`: `(ids, values)` `[B, n]`, padded
+/// with id `-1` / `-inf` past the width.
 fn lp_top(
+    logits: &Tensor<2>,
     lp: &Tensor<2>,
     order: &Tensor<2, Int>,
     gather_ids: Option<&Tensor<2, Int>>,
@@ -1577,7 +1662,8 @@ fn lp_top(
     let [b, w] = lp.dims();
     let k = n.min(w);
     let n_row = ops::col_int(&vec![k as i64; b], d);
-    let (vals, pos, _) = ops::canonical_topk_positions(lp, order, &n_row, k);
+    let (_, pos, live) = ops::canonical_topk_positions(logits, order, &n_row, k);
+    let vals = ops::mask_logits(lp.clone().gather(1, pos.clone()), live);
     let ids = match gather_ids {
         Some(g) => g.clone().gather(1, pos),
         None => pos,
@@ -1594,13 +1680,40 @@ fn lp_top(
 }
 
 /// Values of `lp` `[B, N]` at the tokens `want` `[B, m]`, where position
-/// `j` of row `b` holds token `order[b, j]`; `-inf` where a token is absent.
-fn lp_at(lp: &Tensor<2>, order: Option<&Tensor<2, Int>>, want: &Tensor<2, Int>) -> Tensor<2> {
-    match order {
-        None => lp.clone().gather(1, want.clone()),
-        Some(order) => {
-            let [b, w] = lp.dims();
-            let [_, m] = want.dims();
+/// `j` of row `b` holds token `order[b, j]` (`None`: position = token id);
+/// `-inf` where a token is absent. Small `m · N`: one `[B, m, N]`
+/// comparison; larger: the row scattered back to the vocabulary through
+/// `gather_ids` (in-vocabulary ids; padding positions, whose `order` id is
+/// `>= vocab`, contribute nothing), then a gather.
+fn lp_at(
+    lp: &Tensor<2>,
+    order: Option<&Tensor<2, Int>>,
+    gather_ids: Option<&Tensor<2, Int>>,
+    want: &Tensor<2, Int>,
+    vocab: usize,
+) -> Tensor<2> {
+    /// `[B, m, N]` comparisons up to this many per row.
+    const COMPARE_MAX: usize = 1 << 16;
+    let Some(order) = order else {
+        return lp.clone().gather(1, want.clone());
+    };
+    let [b, w] = lp.dims();
+    let [_, m] = want.dims();
+    match gather_ids {
+        Some(ids) if m * w > COMPARE_MAX => {
+            let d = lp.device();
+            let pad = order.clone().greater_equal_elem(vocab as i64);
+            let vals = lp.clone().mask_fill(pad.clone(), 0.0);
+            let ones = Tensor::<2>::ones([b, w], &d).mask_fill(pad, 0.0);
+            let op = burn_tensor::IndexingUpdateOp::Add;
+            let full = Tensor::<2>::zeros([b, vocab], &d).scatter(1, ids.clone(), vals, op);
+            let present = Tensor::<2>::zeros([b, vocab], &d)
+                .scatter(1, ids.clone(), ones, op)
+                .greater_elem(0.5);
+            full.mask_fill(present.bool_not(), f32::NEG_INFINITY)
+                .gather(1, want.clone())
+        }
+        _ => {
             let eq = order
                 .clone()
                 .reshape([b, 1, w])
@@ -1657,10 +1770,10 @@ fn device_pass(
     let mut entries: Vec<(Tensor<2, Int>, Tensor<2>)> = Vec::new();
     if let (Some(l), Some(raw)) = (&lp, &raw_lp) {
         if l.n > 0 {
-            entries.push(lp_top(raw, &pos, None, l.n, d));
+            entries.push(lp_top(&clean, raw, &pos, None, l.n, d));
         }
         if let Some(want) = &l.ids {
-            entries.push((want.clone(), lp_at(raw, None, want)));
+            entries.push((want.clone(), lp_at(raw, None, None, want, v)));
         }
     }
 
@@ -1698,10 +1811,13 @@ fn device_pass(
         let plp = log_softmax(cl);
         if l.n > 0 {
             let ord = order.clone().unwrap_or_else(|| pos.clone());
-            entries.push(lp_top(&plp, &ord, gids.as_ref(), l.n, d));
+            entries.push(lp_top(cl, &plp, &ord, gids.as_ref(), l.n, d));
         }
         if let Some(want) = &l.ids {
-            entries.push((want.clone(), lp_at(&plp, order.as_ref(), want)));
+            entries.push((
+                want.clone(),
+                lp_at(&plp, order.as_ref(), gids.as_ref(), want, v),
+            ));
         }
     }
     let mut out = Vec::with_capacity(5);
@@ -1712,10 +1828,20 @@ fn device_pass(
                 .sampled
                 .unwrap_or_else(|| Tensor::<1, Int>::zeros([b], d).sub_scalar(1));
             if lp.is_some() {
-                let at = sampled.clone().reshape([b, 1]).clamp(0, v as i64 - 1);
+                // The token's value by comparison: a gather at the token the
+                // device just drew returned another token's value on wgpu
+                // (lavapipe, `dist`'s block path); a failed row (-1) matches
+                // nothing.
+                let at = sampled.clone().reshape([b, 1]);
                 let value = match (&raw_lp, &before_select) {
-                    (Some(raw), _) => raw.clone().gather(1, at.clone()),
-                    (None, Some((cl, order, _))) => lp_at(&log_softmax(cl), order.as_ref(), &at),
+                    (Some(raw), _) => lp_at(raw, Some(&pos), None, &at, v),
+                    (None, Some((cl, order, _))) => {
+                        let w = cl.dims()[1];
+                        let ord = order
+                            .clone()
+                            .unwrap_or_else(|| pos.clone().slice([0..b, 0..w]));
+                        lp_at(&log_softmax(cl), Some(&ord), None, &at, v)
+                    }
                     (None, None) => Tensor::<2>::full([b, 1], f32::NEG_INFINITY, d),
                 };
                 entries.push((at, value));

@@ -275,13 +275,15 @@ impl Chain {
     /// [`Chain::sample_logits`].
     ///
     /// # Errors
-    /// As [`Chain::sample`]; [`SampleError::TokenOutOfRange`] for a
+    /// As [`Chain::sample`]; [`SampleError::Param`] for a spec beyond its
+    /// limits (top 20, 128 ids); [`SampleError::TokenOutOfRange`] for a
     /// requested id outside the vocabulary (nothing is accepted then).
     pub fn sample_logprobs(
         &mut self,
         logits: &[f32],
         spec: &crate::LogprobsSpec,
     ) -> Result<(TokenId, crate::Logprobs), SampleError> {
+        spec.validate().map_err(SampleError::Param)?;
         spec.check_vocab(logits.len())?;
         match spec.mode {
             crate::LogprobsMode::Raw => {

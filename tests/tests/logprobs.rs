@@ -300,6 +300,33 @@ fn cpu_and_device_agree(d: &Device, name: &str) {
             assert!(mass <= 1.0 + 1e-5, "{what}: {mass}");
         }
     }
+    // 128 requested ids after a wide top_k: the device scatters the row back
+    // to the vocabulary instead of a [B, m, k] comparison.
+    let row: Vec<f32> = (0..v).map(|i| ((i * 7919) % 701) as f32 / 90.0).collect();
+    let wide = with_lp(
+        vec![StageSpec::TopK { k: 650 }, temp(0.9), StageSpec::Dist],
+        3,
+        LogprobsSpec {
+            top_n: 20,
+            token_ids: (0..128).map(|i| i * 5).collect(),
+            mode: LogprobsMode::Processed,
+        },
+    );
+    let (t0, host, _, _) = one_step(&wide, &row, d, OffloadPolicy::Off);
+    let (t1, dev, _, readback) = one_step(&wide, &row, d, OffloadPolicy::Device);
+    assert_eq!(readback, Readback::TokenIds);
+    assert_eq!(t0, t1);
+    for (a, b) in host.requested.iter().zip(&dev.requested) {
+        assert_eq!(a.0, b.0);
+        assert!(
+            (a.1 == NI && b.1 == NI) || (a.1 - b.1).abs() < 1e-5,
+            "[{name}] requested {a:?} vs {b:?}"
+        );
+    }
+    assert!(
+        host.requested.iter().any(|p| p.1 == NI),
+        "some ids fell outside top_k"
+    );
     println!("[{name}] {compared} logprobs compared");
 }
 
@@ -378,10 +405,47 @@ fn pipelined_equals_blocking(d: &Device, name: &str) {
     }));
 }
 
+/// A dropped or cancelled step frees the batch; a step of another batch is
+/// refused; the masks of a cancelled step do not leak into the next one.
+fn abandoned_and_foreign_steps(d: &Device, name: &str) {
+    let v = 64;
+    let row = vec![(0..v).map(|i| i as f32 / 10.0).collect::<Vec<f32>>()];
+    let mut a = SamplingBatch::new(v, d, OffloadPolicy::Device).unwrap();
+    let mut b = SamplingBatch::new(v, d, OffloadPolicy::Device).unwrap();
+    let spec = ChainSpec::new(vec![StageSpec::Mask, StageSpec::Greedy], None);
+    let ia = a.insert(spec.clone(), &[]).unwrap();
+    let ib = b.insert(spec, &[]).unwrap();
+    let pa = a.submit(&[ia], upload(&row, d)).unwrap();
+    let pb = b.submit(&[ib], upload(&row, d)).unwrap();
+    assert_eq!(
+        b.finish(pa).unwrap_err(),
+        BackendError::NotPending,
+        "[{name}]"
+    );
+    assert_eq!(b.finish(pb).unwrap().tokens, vec![Ok(63)]);
+    // Dropped: the next call abandons it.
+    let p = a.submit(&[ia], upload(&row, d)).unwrap();
+    assert!(a.in_flight());
+    drop(p);
+    assert!(!a.in_flight());
+    a.set_mask(ia, Some(&[1, 0])).unwrap();
+    // Cancelled after a mask: nothing recorded, the mask gone.
+    let p = a.submit(&[ia], upload(&row, d)).unwrap();
+    a.cancel(p).unwrap();
+    assert!(a.outputs(ia).unwrap().is_empty());
+    let out = a.step(&[ia], upload(&row, d)).unwrap();
+    assert_eq!(
+        out.tokens,
+        vec![Ok(63)],
+        "[{name}] the cancelled step's mask is gone"
+    );
+}
+
 device_tests!(
     hand_computed_values,
     cpu_and_device_agree,
-    pipelined_equals_blocking
+    pipelined_equals_blocking,
+    abandoned_and_foreign_steps
 );
 
 /// The CPU chain on its own (no batch) gives the same token as without
@@ -423,6 +487,14 @@ fn chain_sample_logprobs_keeps_the_token() {
             })
         );
         assert_eq!(a.step(), b.step(), "nothing accepted on error");
+        let huge = LogprobsSpec {
+            top_n: usize::MAX,
+            ..lp.clone()
+        };
+        assert!(matches!(
+            b.sample_logprobs(&row, &huge),
+            Err(sampler_core::SampleError::Param(_))
+        ));
     }
 }
 

@@ -130,6 +130,8 @@ fn run(a: Args) -> Result<(), String> {
                 .map_err(|e| format!("request {i}: {e}"))?;
             let mut cfg = params.to_chain().map_err(|e| format!("request {i}: {e}"))?;
             cfg.chain.seed = Some(a.seed + i as u64);
+            // `min_tokens` without stop ids stops at the model's end of text.
+            cfg.chain.fill_stop_ids(&[EOS, BOS]);
             let prompt = encode_prompt(&model, &tokenizer, PROMPTS[i % PROMPTS.len()])
                 .map_err(|e| e.to_string())?;
             let history: Vec<TokenId> = prompt.iter().copied().filter(|&t| t != BOS).collect();

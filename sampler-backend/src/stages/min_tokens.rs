@@ -1,8 +1,9 @@
-//! `min_tokens` on the device: a per-slot `[S, V]` table marks the stop ids
-//! (uploaded once, in `init`); the host counts each slot's generated tokens
-//! and, before each step, uploads a `[S, 1]` column saying which slots are
-//! still below `n`. `apply` bans the marked tokens of those slots, looked up
-//! through `ids` after a device `top_k`.
+//! `min_tokens` on the device: the slots' stop ids as an `[S, L]` table
+//! (`L`: the most stop ids of any slot, padded with `-1`; uploaded once, in
+//! `init`); the host counts each slot's generated tokens and, before each
+//! step, uploads an `[S, 1]` column saying which slots are still below `n`.
+//! `apply` compares the row's tokens (`ids` after a device `top_k`) with the
+//! slot's stop ids, `[B, N, L]`, and bans the matches of those slots.
 
 use burn_tensor::{Device, Int, Tensor, TensorData};
 use sampler_core::{DeviceRefusal, StageSpec, TokenId, TokenOrigin};
@@ -45,13 +46,6 @@ impl DeviceStage for MinTokens {
     }
     fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal> {
         let (b, v) = (ctx.batch, ctx.vocab);
-        const LIMIT: usize = 1 << 26;
-        let Some(len) = b.checked_mul(v).filter(|&n| n <= LIMIT) else {
-            return Err(DeviceRefusal::TooLarge {
-                entries: (b as u64).saturating_mul(v as u64),
-                limit: LIMIT as u64,
-            });
-        };
         // An out-of-vocabulary stop id is the row's error on the CPU.
         for (row, (_, stop, _)) in self.slots.iter().enumerate() {
             if let Some(&token) = stop.iter().find(|&&t| t as usize >= v) {
@@ -62,14 +56,15 @@ impl DeviceStage for MinTokens {
                 });
             }
         }
-        let mut table = vec![0i32; len];
+        let l = self.slots.iter().map(|s| s.1.len()).max().unwrap_or(0).max(1);
+        let mut table = vec![-1i32; b * l];
         for (r, (_, stop, _)) in self.slots.iter().enumerate().take(b) {
-            for &t in stop {
-                table[r * v + t as usize] = 1;
+            for (j, &t) in stop.iter().enumerate() {
+                table[r * l + j] = t as i32;
             }
         }
         self.table = Some(Tensor::<2, Int>::from_data(
-            TensorData::new(table, [b, v]),
+            TensorData::new(table, [b, l]),
             &ctx.device,
         ));
         self.device = Some(ctx.device.clone());
@@ -88,14 +83,23 @@ impl DeviceStage for MinTokens {
         let (Some(table), Some(active)) = (&self.table, &self.active) else {
             return;
         };
-        let table = data.per_row(table);
-        let marked = match &data.ids {
-            Some(ids) => table.gather(1, ids.clone()),
-            None => table,
+        let stops = data.per_row(table);
+        let [b, l] = stops.dims();
+        let n = data.width;
+        let tok = match &data.ids {
+            Some(ids) => ids.clone(),
+            None => ops::positions(b, n, &data.device),
         };
-        let ban = marked
-            .mul(wide(data.per_row(active), data.width))
-            .equal_elem(1);
+        let hit = tok
+            .reshape([b, n, 1])
+            .expand([b, n, l])
+            .equal(stops.reshape([b, 1, l]).expand([b, n, l]))
+            .int()
+            .sum_dim(2)
+            .reshape([b, n]);
+        let ban = hit
+            .mul(wide(data.per_row(active), n))
+            .greater_elem(0);
         data.logits = data.logits.clone().mask_fill(ban, f32::NEG_INFINITY);
         data.probs = None;
     }
