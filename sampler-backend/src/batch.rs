@@ -101,6 +101,17 @@ enum InFlight {
     Done(Result<Vec<TensorData>, burn_tensor::ExecutionError>),
 }
 
+/// A step dropped without `finish` still waits for its readback: a GPU
+/// backend must see its read finish (wgpu refuses the next submission while
+/// a buffer it maps for reading is left mapped).
+impl Drop for PendingStep {
+    fn drop(&mut self) {
+        if let Some(InFlight::Waiting(f)) = self.readback.take() {
+            let _ = futures_lite::future::block_on(f);
+        }
+    }
+}
+
 impl PendingStep {
     fn mark(&self) -> InFlightMark {
         InFlightMark {
@@ -1097,9 +1108,11 @@ impl SamplingBatch {
         }
     }
 
-    /// Give up a submitted step: nothing is recorded, its masks are cleared,
-    /// and the batch takes calls again (dropping the [`PendingStep`] does
-    /// the same at the next call).
+    /// Give up a submitted step: it waits for the step's readback (a GPU
+    /// read cannot be abandoned half way), records nothing, clears its
+    /// masks, and the batch takes calls again. Dropping the [`PendingStep`]
+    /// does the same (the wait at the drop, the rest at the batch's next
+    /// call).
     ///
     /// # Errors
     /// [`BackendError::NotPending`] for a step this batch is not waiting for.
@@ -1112,20 +1125,17 @@ impl SamplingBatch {
     }
 
     /// The decoding and host half of `finish_inner`.
-    fn finish_rows(&mut self, pending: PendingStep) -> Result<StepRows, BackendError> {
-        let PendingStep {
-            select,
-            ids,
-            row_of,
-            host_rows,
-            host_at,
-            group_rows,
-            group_at,
-            group_slots,
-            readback,
-            ..
-        } = pending;
-        let Some(readback) = readback else {
+    fn finish_rows(&mut self, mut pending: PendingStep) -> Result<StepRows, BackendError> {
+        use std::mem::take;
+        let select = pending.select;
+        let ids = take(&mut pending.ids);
+        let row_of = take(&mut pending.row_of);
+        let host_rows = take(&mut pending.host_rows);
+        let host_at = pending.host_at;
+        let group_rows = take(&mut pending.group_rows);
+        let group_at = take(&mut pending.group_at);
+        let group_slots = take(&mut pending.group_slots);
+        let Some(readback) = pending.readback.take() else {
             return Ok(StepRows::default());
         };
         let data = match readback {
