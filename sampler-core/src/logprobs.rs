@@ -159,26 +159,7 @@ fn log_norm_slice(logits: &[f32]) -> Option<(f32, f64)> {
     if max == f32::NEG_INFINITY {
         return None;
     }
-    // Exponentials into a buffer first (that loop vectorises), then the
-    // lane sums; a chunk of 64 starts at a multiple of the lanes.
-    let mut lanes = [0.0f64; numerics::LANES];
-    let mut e = [0.0f32; 64];
-    for chunk in logits.chunks(64) {
-        let n = chunk.len();
-        for (ei, &l) in e.iter_mut().zip(chunk) {
-            *ei = numerics::exp(l - max);
-        }
-        let full = n - n % numerics::LANES;
-        for block in e[..full].chunks_exact(numerics::LANES) {
-            for (lane, &v) in lanes.iter_mut().zip(block) {
-                *lane += f64::from(v);
-            }
-        }
-        for (lane, &v) in lanes.iter_mut().zip(&e[full..n]) {
-            *lane += f64::from(v);
-        }
-    }
-    Some((max, numerics::combine(lanes).ln()))
+    Some((max, numerics::exp_sum(logits, max).ln()))
 }
 
 fn logprob(l: f32, max: f32, ln_s: f64) -> f32 {

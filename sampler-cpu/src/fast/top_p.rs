@@ -62,28 +62,27 @@ fn bucket(max: f32, l: f32) -> usize {
     ((v + 8_388_608.0).to_bits() & (BUCKETS as u32 - 1)) as usize
 }
 
-/// Nucleus of the full row `[vocab]` (token id = position), or `None` when the
-/// reference must decide (all `-inf`, or the cut is not inside the head).
-///
-/// # Errors
-/// [`Invalid`] for a row with NaN or `+inf`.
-pub(crate) fn top_p_full(
-    row: &[f32],
-    p: f32,
-    min_keep: usize,
-    scratch: &mut TopPScratch,
-) -> Result<Option<Nucleus>, Invalid> {
-    let max = max_checked(row)?;
-    if max == f32::NEG_INFINITY || row.is_empty() {
-        return Ok(None);
+/// Pass 2: `Σ exp(l - max)` with the lane rule of `numerics::sum_f64`, and
+/// the bucket counts (`counts`: `4 · BUCKETS`, zeroed). On x86-64 with AVX2
+/// an AVX2 copy of the same code runs (chosen at run time): the same
+/// operations in the same order, so the same bits (tested below).
+fn exp_sum_histogram(row: &[f32], max: f32, counts: &mut [u32]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { exp_sum_histogram_avx2(row, max, counts) };
     }
-    // Pass 2: exponentials and their f64 sum in id order (as the
-    // reference's softmax), and a count histogram of the logits over
-    // buckets of 1/8 nat below the maximum (4 interleaved copies so that
-    // neighbours in the same bucket do not serialise).
-    let counts = &mut scratch.counts;
-    counts.clear();
-    counts.resize(4 * BUCKETS, 0);
+    exp_sum_histogram_body(row, max, counts)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn exp_sum_histogram_avx2(row: &[f32], max: f32, counts: &mut [u32]) -> f64 {
+    exp_sum_histogram_body(row, max, counts)
+}
+
+#[inline(always)]
+fn exp_sum_histogram_body(row: &[f32], max: f32, counts: &mut [u32]) -> f64 {
     // The sum in the lanes of `numerics::sum_f64` (position mod its LANES;
     // a chunk of 64 starts at a multiple of them).
     let mut lanes = [0.0f64; SUM_LANES];
@@ -112,7 +111,32 @@ pub(crate) fn top_p_full(
             counts[4 * b + (j & 3)] += 1;
         }
     }
-    let sum = combine(lanes);
+    combine(lanes)
+}
+
+/// Nucleus of the full row `[vocab]` (token id = position), or `None` when the
+/// reference must decide (all `-inf`, or the cut is not inside the head).
+///
+/// # Errors
+/// [`Invalid`] for a row with NaN or `+inf`.
+pub(crate) fn top_p_full(
+    row: &[f32],
+    p: f32,
+    min_keep: usize,
+    scratch: &mut TopPScratch,
+) -> Result<Option<Nucleus>, Invalid> {
+    let max = max_checked(row)?;
+    if max == f32::NEG_INFINITY || row.is_empty() {
+        return Ok(None);
+    }
+    // Pass 2: exponentials and their f64 sum in id order (as the
+    // reference's softmax), and a count histogram of the logits over
+    // buckets of 1/8 nat below the maximum (4 interleaved copies so that
+    // neighbours in the same bucket do not serialise).
+    let counts = &mut scratch.counts;
+    counts.clear();
+    counts.resize(4 * BUCKETS, 0);
+    let sum = exp_sum_histogram(row, max, counts);
     let inv = 1.0 / sum;
     // The bucket where the estimated mass (count x the bucket's middle
     // exponential) crosses p, plus two of margin; widened below if the exact
@@ -210,5 +234,39 @@ fn head_cut(
             Some(out)
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The run-time dispatched pass (AVX2 where the CPU has it) gives the
+    /// baseline build's sum bits and counts.
+    #[test]
+    fn pass_two_is_the_same_on_every_level() {
+        let mut x = 0x9e37_79b9u32;
+        for len in [1usize, 63, 64, 129, 5000, 151_936] {
+            let row: Vec<f32> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    if x.is_multiple_of(97) {
+                        f32::NEG_INFINITY
+                    } else {
+                        (x % 30_000) as f32 / 1000.0 - 20.0
+                    }
+                })
+                .collect();
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut a = vec![0u32; 4 * BUCKETS];
+            let mut b = vec![0u32; 4 * BUCKETS];
+            let sa = exp_sum_histogram(&row, max, &mut a);
+            let sb = exp_sum_histogram_body(&row, max, &mut b);
+            assert_eq!(sa.to_bits(), sb.to_bits(), "len {len}");
+            assert_eq!(a, b, "len {len}");
+            assert_eq!(a.iter().map(|&c| c as usize).sum::<usize>(), len);
+        }
     }
 }
