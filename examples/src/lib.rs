@@ -2,10 +2,12 @@
 //! `generate` command (`src/bin/generate.rs`), plus the `plan` and `sample`
 //! commands (`src/bin/plan.rs`, `src/bin/sample.rs`) and their shared pieces
 //! ([`sample_cli`]: config, device, and the `.npy` / `.safetensors` readers;
-//! [`report`]: the JSON they print), and [`ban_words`], a custom stage
-//! written against the library's `Sampler` trait.
+//! [`report`]: the JSON they print), [`ban_words`], a custom stage
+//! written against the library's `Sampler` trait, and [`gguf`], a GGUF v3
+//! reader (metadata, tensors, dequantisation) for real models.
 
 pub mod ban_words;
+pub mod gguf;
 pub mod llama2;
 pub mod report;
 pub mod sample_cli;
