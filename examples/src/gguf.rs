@@ -551,3 +551,145 @@ pub fn dequantize(kind: GgmlType, data: &[u8]) -> Vec<f32> {
         }
     }
 }
+
+/// A Llama-architecture GGUF model as a [`crate::llama2::Checkpoint`] (all
+/// tensors dequantised to f32), for [`crate::llama2::Llama2::new`]: the
+/// hyper-parameters from `llama.*` metadata, the context capped at
+/// `max_seq_len` (the KV cache and attention cover the whole context), the
+/// output projection tied to the embedding unless `output.weight` is
+/// present. GGUF stores Q and K for RoPE on adjacent pairs, the rotation the
+/// model applies.
+///
+/// # Errors
+/// [`GgufError::Invalid`] for another architecture, a hyper-parameter that
+/// is missing or inconsistent, or a tensor whose shape does not match them
+/// (naming the tensor); [`GgufError::Missing`] for a missing tensor.
+pub fn llama_checkpoint(
+    g: &Gguf,
+    max_seq_len: usize,
+) -> Result<crate::llama2::Checkpoint, GgufError> {
+    use crate::llama2::checkpoint::{Checkpoint, Config, LayerWeights};
+    let invalid = |what: &str, reason: String| GgufError::Invalid {
+        path: g.path.clone(),
+        what: what.to_string(),
+        offset: 0,
+        reason,
+    };
+    let arch = g.require("general.architecture")?.as_str().unwrap_or("");
+    if arch != "llama" {
+        return Err(invalid(
+            "metadata `general.architecture`",
+            format!("`{arch}`: only `llama` models are supported"),
+        ));
+    }
+    let count = |key: &str| -> Result<usize, GgufError> {
+        let v = g.require(key)?;
+        v.as_u64()
+            .and_then(|x| usize::try_from(x).ok())
+            .filter(|&x| x > 0)
+            .ok_or_else(|| {
+                invalid(
+                    &format!("metadata `{key}`"),
+                    format!("{v:?} is not a positive count"),
+                )
+            })
+    };
+    let dim = count("llama.embedding_length")?;
+    let hidden_dim = count("llama.feed_forward_length")?;
+    let n_layers = count("llama.block_count")?;
+    let n_heads = count("llama.attention.head_count")?;
+    let n_kv_heads = match g.meta("llama.attention.head_count_kv") {
+        Some(_) => count("llama.attention.head_count_kv")?,
+        None => n_heads,
+    };
+    let context = count("llama.context_length")?;
+    let rope_theta = g
+        .meta("llama.rope.freq_base")
+        .and_then(MetaValue::as_f64)
+        .unwrap_or(crate::llama2::model::ROPE_THETA);
+    if let Some(eps) = g
+        .meta("llama.attention.layer_norm_rms_epsilon")
+        .and_then(MetaValue::as_f64)
+        && (eps - crate::llama2::model::RMS_EPS).abs() > 1e-9
+    {
+        return Err(invalid(
+            "metadata `llama.attention.layer_norm_rms_epsilon`",
+            format!("{eps}: the model's RMSNorm uses 1e-5"),
+        ));
+    }
+    if !dim.is_multiple_of(n_heads)
+        || !n_heads.is_multiple_of(n_kv_heads)
+        || !(dim / n_heads).is_multiple_of(2)
+    {
+        return Err(invalid(
+            "the attention heads",
+            format!("dim {dim}, {n_heads} heads, {n_kv_heads} kv heads do not divide evenly"),
+        ));
+    }
+    let emb = g
+        .tensor("token_embd.weight")
+        .ok_or_else(|| GgufError::Missing {
+            path: g.path.clone(),
+            what: "tensor",
+            name: "token_embd.weight".into(),
+        })?;
+    let vocab_size = match emb.dims.as_slice() {
+        [d, v] if *d as usize == dim => *v as usize,
+        other => {
+            return Err(invalid(
+                "tensor `token_embd.weight`",
+                format!("dimensions {other:?}, expected [{dim}, vocab]"),
+            ));
+        }
+    };
+    let head_size = dim / n_heads;
+    let kv_dim = n_kv_heads * head_size;
+    // A tensor's values with the expected ggml dimensions `[in, out]` / `[n]`.
+    let load = |name: &str, want: &[usize]| -> Result<Vec<f32>, GgufError> {
+        let (v, dims) = g.dequantize(name)?;
+        if dims.iter().map(|&d| d as usize).ne(want.iter().copied()) {
+            return Err(invalid(
+                &format!("tensor `{name}`"),
+                format!("dimensions {dims:?}, the metadata implies {want:?}"),
+            ));
+        }
+        Ok(v)
+    };
+    let mut layers = Vec::with_capacity(n_layers);
+    for l in 0..n_layers {
+        let t = |s: &str| format!("blk.{l}.{s}.weight");
+        layers.push(LayerWeights {
+            rms_att: load(&t("attn_norm"), &[dim])?,
+            wq: load(&t("attn_q"), &[dim, dim])?,
+            wk: load(&t("attn_k"), &[dim, kv_dim])?,
+            wv: load(&t("attn_v"), &[dim, kv_dim])?,
+            wo: load(&t("attn_output"), &[dim, dim])?,
+            rms_ffn: load(&t("ffn_norm"), &[dim])?,
+            w1: load(&t("ffn_gate"), &[dim, hidden_dim])?,
+            w2: load(&t("ffn_down"), &[hidden_dim, dim])?,
+            w3: load(&t("ffn_up"), &[dim, hidden_dim])?,
+        });
+    }
+    let wcls = match g.tensor("output.weight") {
+        Some(_) => Some(load("output.weight", &[dim, vocab_size])?),
+        None => None,
+    };
+    Ok(Checkpoint {
+        path: g.path.clone(),
+        config: Config {
+            dim,
+            hidden_dim,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            vocab_size,
+            seq_len: context.min(max_seq_len.max(1)),
+            shared_classifier: wcls.is_none(),
+            rope_theta,
+        },
+        token_embedding: load("token_embd.weight", &[dim, vocab_size])?,
+        layers,
+        rms_final: load("output_norm.weight", &[dim])?,
+        wcls,
+    })
+}

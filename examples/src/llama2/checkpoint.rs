@@ -14,7 +14,7 @@ use super::Llama2Error;
 pub const HEADER_BYTES: usize = 28;
 
 /// Hyper-parameters from a checkpoint header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Config {
     /// Model (residual stream) width.
     pub dim: usize,
@@ -33,6 +33,9 @@ pub struct Config {
     pub seq_len: usize,
     /// Whether the classifier shares the token-embedding matrix.
     pub shared_classifier: bool,
+    /// RoPE base frequency (llama2.c: 10000; a GGUF file's
+    /// `<arch>.rope.freq_base`).
+    pub rope_theta: f64,
 }
 
 impl Config {
@@ -104,6 +107,7 @@ impl Config {
             vocab_size: vocab.unsigned_abs() as usize,
             seq_len: seq_len as usize,
             shared_classifier: vocab > 0,
+            rope_theta: super::model::ROPE_THETA,
         };
         if !cfg.dim.is_multiple_of(cfg.n_heads) {
             return Err(bad(format!(

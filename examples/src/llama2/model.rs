@@ -19,7 +19,8 @@ use super::checkpoint::{Checkpoint, Config};
 
 /// RMSNorm epsilon (llama2.c and the reference implementation use 1e-5).
 pub const RMS_EPS: f64 = 1e-5;
-/// RoPE base frequency.
+/// RoPE base frequency of llama2.c checkpoints (GGUF files give their own:
+/// [`Config::rope_theta`]).
 pub const ROPE_THETA: f64 = 10_000.0;
 
 /// One transformer block's weights on the device, matrices stored `[in, out]`
@@ -120,7 +121,7 @@ impl Llama2 {
         let mut sin = Vec::with_capacity(c.seq_len * half);
         for p in 0..c.seq_len {
             for j in 0..half {
-                let freq = ROPE_THETA.powf(-2.0 * j as f64 / c.head_size() as f64);
+                let freq = c.rope_theta.powf(-2.0 * j as f64 / c.head_size() as f64);
                 let angle = p as f64 * freq;
                 cos.push(angle.cos() as f32);
                 sin.push(angle.sin() as f32);

@@ -1,0 +1,102 @@
+//! SmolLM2-135M-Instruct (GGUF, vocabulary 49152) through the Llama forward
+//! pass on flex: greedy ids equal the independent f32 reference's exactly,
+//! and the logits of the first steps from BOS are within 1e-3. Needs the
+//! model from `../shared/models/smollm2-135m-instruct/`; skipped with a
+//! printed reason when it is absent.
+
+use std::path::PathBuf;
+
+use sampler_examples::gguf::{Gguf, llama_checkpoint};
+use sampler_examples::llama2::Llama2;
+
+fn dir() -> Option<PathBuf> {
+    let d = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/models/smollm2-135m-instruct"
+    ));
+    if d.join("SmolLM2-135M-Instruct.Q4_1.gguf").is_file() {
+        Some(d)
+    } else {
+        println!(
+            "SKIP: {} is absent (the shared model directory beside the repository)",
+            d.display()
+        );
+        None
+    }
+}
+
+fn reference(d: &std::path::Path, name: &str) -> (Vec<u32>, Vec<u32>) {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join(name)).unwrap()).unwrap();
+    let ids = |k: &str| -> Vec<u32> {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    (ids("prompt_ids"), ids("greedy_ids"))
+}
+
+/// `(3, 49152)` float32 C-order `.npy`.
+fn npy_rows(path: &std::path::Path) -> Vec<Vec<f32>> {
+    let b = std::fs::read(path).unwrap();
+    let header_len = u16::from_le_bytes([b[8], b[9]]) as usize;
+    let data = &b[10 + header_len..];
+    let vals: Vec<f32> = data
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    vals.chunks(49152).map(<[f32]>::to_vec).collect()
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[test]
+fn greedy_ids_and_logits_match_the_reference() {
+    let Some(d) = dir() else { return };
+    let g = Gguf::read(d.join("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    let ckpt = llama_checkpoint(&g, 256).unwrap();
+    assert_eq!(ckpt.config.vocab_size, 49152);
+    let device = sampler_backend::parse_device("flex").unwrap();
+    let model = Llama2::new(&ckpt, &device);
+    let bos_logits = npy_rows(&d.join("bos_logits3.npy"));
+    for name in [
+        "greedy40_bos.json",
+        "greedy40_once.json",
+        "greedy40_chat.json",
+    ] {
+        let (prompt, want) = reference(&d, name);
+        let mut cache = model.new_cache();
+        let mut logits = None;
+        for (pos, &t) in prompt.iter().enumerate() {
+            logits = Some(model.forward(t, pos, &mut cache).unwrap());
+        }
+        let mut got = Vec::new();
+        let mut pos = prompt.len();
+        for step in 0..want.len() {
+            let row: Vec<f32> = logits.take().unwrap().into_data().iter::<f32>().collect();
+            if name == "greedy40_bos.json" && step < 3 {
+                let worst = row
+                    .iter()
+                    .zip(&bos_logits[step])
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(worst < 1e-3, "step {step}: logits differ by {worst}");
+            }
+            let t = argmax(&row);
+            got.push(t);
+            logits = Some(model.forward(t, pos, &mut cache).unwrap());
+            pos += 1;
+        }
+        assert_eq!(got, want, "{name}");
+    }
+}
