@@ -7,6 +7,7 @@
 //! reader (metadata, tensors, dequantisation) for real models.
 
 pub mod ban_words;
+pub mod chat;
 pub mod gguf;
 pub mod llama2;
 pub mod report;

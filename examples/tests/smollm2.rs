@@ -98,3 +98,49 @@ fn greedy_ids_and_logits_match_the_reference() {
         assert_eq!(got, want, "{name}");
     }
 }
+
+/// The chat template and the byte-level BPE from the GGUF give the
+/// reference's 39 prompt ids; encode / decode round-trips.
+#[test]
+fn chat_template_and_tokenizer() {
+    use sampler_examples::chat::{ChatTokenizer, Message};
+    let Some(d) = dir() else { return };
+    let g = Gguf::read(d.join("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    let tk = ChatTokenizer::from_gguf(&g).unwrap();
+    assert_eq!((tk.bos, tk.eos, tk.vocab_size()), (1, 2, 49152));
+    let text = tk
+        .apply_chat_template(
+            &[
+                Message::new(
+                    "system",
+                    "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+                ),
+                Message::new("user", "Tell me a short story about a cat."),
+            ],
+            true,
+        )
+        .unwrap();
+    assert!(
+        text.starts_with("<|im_start|>system\n") && text.ends_with("<|im_start|>assistant\n"),
+        "{text:?}"
+    );
+    let (prompt, _) = reference(&d, "greedy40_chat.json");
+    assert_eq!(tk.encode(&text).unwrap(), prompt);
+    let (once, _) = reference(&d, "greedy40_once.json");
+    assert_eq!(tk.encode("Once upon a time").unwrap(), once);
+    for s in [
+        "Hello, world!",
+        "  leading and   inner  spaces\tand\ttabs\n\nnewlines ",
+        "Ünïcödé: naïve café, Straße, ½ + ¼ = ¾",
+        "日本語のテキストと中文文本",
+        "Привет, мир! Γειά σου κόσμε",
+        "emoji 🐈‍⬛🚀👩🏽‍💻 and digits 1234567890",
+        "code: fn main() { println!(\"{}\", 42); }",
+        "<|im_start|>user\nhi<|im_end|>",
+    ] {
+        let ids = tk.encode(s).unwrap();
+        assert_eq!(tk.decode(&ids).unwrap(), s, "{ids:?}");
+    }
+    // Digits are single tokens (the SmolLM pre-tokeniser).
+    assert_eq!(tk.encode("2024").unwrap().len(), 4);
+}
