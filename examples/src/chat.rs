@@ -51,6 +51,33 @@ pub enum ChatError {
     },
 }
 
+/// GPT-2's byte-level alphabet, inverted: the byte a vocabulary character
+/// stands for. Printable Latin-1 bytes (`!`..`~`, `¡`..`¬`, `®`..`ÿ`) stand
+/// for themselves; the other 68 bytes, in increasing order, are U+0100
+/// onwards.
+fn byte_of_char() -> impl Fn(char) -> Option<u8> {
+    let printable = |b: u32| {
+        (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+    };
+    let mut table = [0u8; 256 + 68];
+    let mut valid = [false; 256 + 68];
+    let mut n = 0u32;
+    for b in 0..=255u32 {
+        let c = if printable(b) {
+            b
+        } else {
+            n += 1;
+            255 + n
+        };
+        table[c as usize] = b as u8;
+        valid[c as usize] = true;
+    }
+    move |c: char| {
+        let i = c as usize;
+        (i < table.len() && valid[i]).then(|| table[i])
+    }
+}
+
 /// A chat message: `role` (`system`, `user`, `assistant`) and `content`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Message {
@@ -197,6 +224,21 @@ impl ChatTokenizer {
         self.tokens.len()
     }
 
+    /// The raw bytes of token `id`: a byte-level token's characters mapped
+    /// back through GPT-2's byte alphabet, a special token's text as written;
+    /// empty for an id outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(t) = self.tokens.get(id as usize) else {
+            return Vec::new();
+        };
+        let inverse = byte_of_char();
+        match t.chars().map(inverse).collect::<Option<Vec<u8>>>() {
+            Some(bytes) => bytes,
+            // Not in the byte alphabet: a special token, written as is.
+            None => t.as_bytes().to_vec(),
+        }
+    }
+
     /// Token ids of `text`; special tokens written in the text (e.g.
     /// `<|im_start|>`) become their ids. No BOS is added.
     ///
@@ -258,5 +300,19 @@ impl ChatTokenizer {
                 eos_token => name(self.eos),
             })
             .map_err(terr)
+    }
+}
+
+impl crate::llama2::generate::TextCodec for ChatTokenizer {
+    fn piece_bytes(&self, _prev: Option<u32>, id: u32) -> Vec<u8> {
+        if id == self.bos || id == self.eos {
+            return Vec::new();
+        }
+        self.token_bytes(id)
+    }
+    fn token_text(&self, id: u32) -> Option<String> {
+        self.tokens
+            .get(id as usize)
+            .map(|_| String::from_utf8_lossy(&self.token_bytes(id)).into_owned())
     }
 }

@@ -140,7 +140,88 @@ fn chat_template_and_tokenizer() {
     ] {
         let ids = tk.encode(s).unwrap();
         assert_eq!(tk.decode(&ids).unwrap(), s, "{ids:?}");
+        // The streaming bytes (GPT-2's byte alphabet mapped back) agree.
+        use sampler_examples::llama2::generate::TextCodec;
+        let bytes = TextCodec::decode_bytes(&tk, &ids);
+        let want = s.replace("<|im_start|>", "").replace("<|im_end|>", "");
+        assert_eq!(String::from_utf8(bytes).unwrap(), want);
     }
     // Digits are single tokens (the SmolLM pre-tokeniser).
     assert_eq!(tk.encode("2024").unwrap().len(), 4);
+}
+
+/// `generate --model FILE.gguf --chat`: the chat template applied, the
+/// reference's greedy continuation; seeded sampling the same with the chain
+/// on the host and on the device.
+#[test]
+fn generate_chats_with_the_gguf_model() {
+    let Some(d) = dir() else { return };
+    let model = d.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_generate"))
+            .arg("--model")
+            .arg(&model)
+            .args(["--json", "--no-progress", "--context", "128"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let ids = |v: &serde_json::Value, k: &str| -> Vec<u32> {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+    let chat = "Tell me a short story about a cat.";
+    let v = run(&[
+        "--chat",
+        chat,
+        "--system",
+        system,
+        "--samplers",
+        "greedy",
+        "-n",
+        "40",
+    ]);
+    let (prompt, want) = reference(&d, "greedy40_chat.json");
+    assert_eq!(ids(&v, "prompt_tokens"), prompt);
+    assert_eq!(ids(&v, "tokens"), want);
+    assert!(
+        v["generated_text"]
+            .as_str()
+            .unwrap()
+            .starts_with("One day, a cat named Luna"),
+        "{v}"
+    );
+    let sampled = |offload: &str| {
+        run(&[
+            "--chat",
+            chat,
+            "-n",
+            "12",
+            "--seed",
+            "5",
+            "--offload",
+            offload,
+            "--samplers",
+            "top_k;top_p;temperature;dist",
+            "--top-k",
+            "40",
+            "--top-p",
+            "0.9",
+            "--temp",
+            "0.8",
+        ])
+    };
+    let (host, dev) = (sampled("off"), sampled("device"));
+    assert_eq!(ids(&host, "tokens"), ids(&dev, "tokens"));
+    assert_eq!(dev["plan"]["readback"], "token_ids", "{dev}");
 }

@@ -21,8 +21,11 @@ use sampler_core::{
     ChainSpec, HistoryScope, LogprobsMode, OffloadPolicy, ParamKind, ParamValue, Plan, StageKind,
     StageSpec, TokenId,
 };
+use sampler_examples::chat::{ChatTokenizer, Message};
+use sampler_examples::gguf::{Gguf, llama_checkpoint};
+use sampler_examples::llama2::generate::TextCodec;
 use sampler_examples::llama2::generate::{GenerateError, Generation, encode_prompt, generate};
-use sampler_examples::llama2::{BOS, EOS, Llama2, Llama2Error, ModelFiles, Tokenizer};
+use sampler_examples::llama2::{BOS, EOS, Llama2, Llama2Error, ModelFiles};
 use serde_json::json;
 
 /// The chain used when neither `--config` nor `--samplers` is given
@@ -42,16 +45,30 @@ const DEFAULT_MODEL_DIRS: [&str; 2] = [
 #[command(name = "generate", version, about, long_about = None)]
 struct Args {
     /// Model: a directory with a llama2.c checkpoint (*.bin) and its tokenizer
-    /// (tokenizer.bin or tok*.bin), or the checkpoint file itself.
-    /// Default: the repository's models/stories260K.
+    /// (tokenizer.bin or tok*.bin), the checkpoint file itself, or a GGUF file
+    /// of a Llama-architecture model (*.gguf: weights, tokenizer and chat
+    /// template in one file). Default: the repository's models/stories260K.
     #[arg(long, value_name = "DIR|FILE")]
     model: Option<PathBuf>,
     /// Tokenizer file (llama2.c .bin format); default: found beside the checkpoint.
     #[arg(long, value_name = "FILE")]
     tokenizer: Option<PathBuf>,
-    /// Prompt text (BOS and llama2.c's leading space are added).
-    #[arg(long, short = 'p', default_value = "")]
+    /// Prompt text (llama2.c: BOS and its leading space are added; GGUF: the
+    /// text as is, no BOS).
+    #[arg(long, short = 'p', default_value = "", conflicts_with = "chat")]
     prompt: String,
+    /// A user message for a GGUF chat model: the file's chat template is
+    /// applied (with `--system`, and the assistant's turn opened), and
+    /// generation stops at the end of the assistant's turn.
+    #[arg(long, value_name = "MESSAGE")]
+    chat: Option<String>,
+    /// The system message for `--chat` (default: the template's own).
+    #[arg(long, value_name = "MESSAGE", requires = "chat")]
+    system: Option<String>,
+    /// Context positions for a GGUF model (its KV cache and attention span;
+    /// at most the model's own context length).
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    context: usize,
     /// Tokens to generate (at least 1; generation also stops when the model
     /// emits BOS/EOS or the context is full).
     #[arg(
@@ -171,6 +188,10 @@ enum AppError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Generate(#[from] GenerateError),
+    #[error(transparent)]
+    Gguf(#[from] sampler_examples::gguf::GgufError),
+    #[error(transparent)]
+    Chat(#[from] sampler_examples::chat::ChatError),
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -367,6 +388,77 @@ fn build_chain(a: &Args) -> Result<(ChainConfig, Vec<String>), AppError> {
     Ok((cfg, warnings))
 }
 
+/// A model ready to run: the forward pass, its tokenizer, the prompt's ids.
+struct Loaded {
+    model: Llama2,
+    codec: Box<dyn TextCodec>,
+    prompt_tokens: Vec<TokenId>,
+    model_file: PathBuf,
+    tokenizer_file: PathBuf,
+}
+
+/// Whether `path` is a GGUF file (by its magic).
+fn is_gguf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    path.is_file()
+        && std::fs::File::open(path)
+            .and_then(|mut f| f.read_exact(&mut magic))
+            .is_ok()
+        && &magic == b"GGUF"
+}
+
+/// Load a llama2.c checkpoint or a GGUF model and encode the prompt.
+fn load_model(a: &Args, path: &Path, device: &burn_tensor::Device) -> Result<Loaded, AppError> {
+    if is_gguf(path) {
+        let g = Gguf::read(path)?;
+        let ckpt = llama_checkpoint(&g, a.context)?;
+        let chat = ChatTokenizer::from_gguf(&g)?;
+        let prompt_tokens = match &a.chat {
+            Some(user) => {
+                let mut messages = Vec::new();
+                if let Some(system) = &a.system {
+                    messages.push(Message::new("system", system));
+                }
+                messages.push(Message::new("user", user));
+                chat.encode(&chat.apply_chat_template(&messages, true)?)?
+            }
+            None if a.prompt.is_empty() => vec![chat.bos],
+            None => chat.encode(&a.prompt)?,
+        };
+        if prompt_tokens.len() > ckpt.config.seq_len {
+            return Err(Llama2Error::PromptTooLong {
+                tokens: prompt_tokens.len(),
+                seq_len: ckpt.config.seq_len,
+            }
+            .into());
+        }
+        return Ok(Loaded {
+            model: Llama2::new(&ckpt, device),
+            codec: Box::new(chat),
+            prompt_tokens,
+            model_file: path.to_path_buf(),
+            tokenizer_file: path.to_path_buf(),
+        });
+    }
+    if a.chat.is_some() {
+        return Err(AppError::Usage(
+            "--chat needs a GGUF chat model (--model FILE.gguf): a llama2.c checkpoint has no chat template".into(),
+        ));
+    }
+    let files = ModelFiles::locate(path, a.tokenizer.as_deref())?;
+    let (ckpt, tokenizer) = files.load()?;
+    let model = Llama2::new(&ckpt, device);
+    let prompt_tokens = encode_prompt(&model, &tokenizer, &a.prompt)?;
+    Ok(Loaded {
+        model,
+        codec: Box::new(tokenizer),
+        prompt_tokens,
+        model_file: files.checkpoint,
+        tokenizer_file: files.tokenizer,
+    })
+}
+
 /// `--model`, or the first default directory that exists.
 fn model_path(a: &Args) -> Result<PathBuf, AppError> {
     if let Some(m) = &a.model {
@@ -407,11 +499,16 @@ fn run(a: Args) -> Result<(), AppError> {
     let (device, policy) = device_of(&cfg.device)?;
 
     let model_dir = model_path(&a)?;
-    let files = ModelFiles::locate(&model_dir, a.tokenizer.as_deref())?;
-    let (ckpt, tokenizer) = files.load()?;
-    let model = Llama2::new(&ckpt, &device);
+    let loaded = load_model(&a, &model_dir, &device)?;
+    let Loaded {
+        model,
+        codec,
+        prompt_tokens,
+        model_file,
+        tokenizer_file,
+    } = loaded;
+    let tokenizer: &dyn TextCodec = codec.as_ref();
     let c = *model.config();
-    let prompt_tokens = encode_prompt(&model, &tokenizer, &a.prompt)?;
     let room = c.seq_len + 1 - prompt_tokens.len();
     let n = if a.n > room {
         eprintln!(
@@ -457,7 +554,7 @@ fn run(a: Args) -> Result<(), AppError> {
     let stream = !a.json;
     let generation: Generation = generate(
         &model,
-        &tokenizer,
+        tokenizer,
         &mut batch,
         id,
         &prompt_tokens,
@@ -484,7 +581,7 @@ fn run(a: Args) -> Result<(), AppError> {
     let plan = batch.plan(id).expect("the request is live");
     let mut all = generation.prompt_tokens.clone();
     all.extend(&generation.tokens);
-    let text = tokenizer.decode(&all);
+    let text = String::from_utf8_lossy(&tokenizer.decode_bytes(&all)).into_owned();
     let generated_text = {
         let p = tokenizer.decode_bytes(&generation.prompt_tokens).len();
         String::from_utf8_lossy(&tokenizer.decode_bytes(&all)[p..]).into_owned()
@@ -493,8 +590,8 @@ fn run(a: Args) -> Result<(), AppError> {
 
     if a.json {
         let v = json!({
-            "model": files.checkpoint.display().to_string(),
-            "tokenizer": files.tokenizer.display().to_string(),
+            "model": model_file.display().to_string(),
+            "tokenizer": tokenizer_file.display().to_string(),
             "device": device_name,
             "chain": cfg.chain.chain_string(),
             "seed": seed,
@@ -504,7 +601,7 @@ fn run(a: Args) -> Result<(), AppError> {
             "text": text,
             "generated_text": generated_text,
             "stop_reason": generation.stop.as_str(),
-            "logprobs": logprobs_json(&tokenizer, &generation),
+            "logprobs": logprobs_json(tokenizer, &generation),
             "plan": sampler_examples::report::plan_json(plan, &device_name, policy),
             "stats": {
                 "steps": generation.steps,
@@ -519,20 +616,20 @@ fn run(a: Args) -> Result<(), AppError> {
         writeln!(out, "{v}")?;
     } else {
         writeln!(out)?;
-        print_logprobs(&mut out, &tokenizer, &generation)?;
+        print_logprobs(&mut out, tokenizer, &generation)?;
     }
     out.flush()?;
 
     if a.stats {
-        print_stats(&files.checkpoint, &c, &device_name, plan, seed, &generation);
+        print_stats(&model_file, &c, &device_name, plan, seed, &generation);
     }
     Ok(())
 }
 
 /// A token's text for the logprobs listing (its piece, quoted).
-fn piece(tokenizer: &Tokenizer, t: TokenId) -> String {
-    match tokenizer.piece(t) {
-        Some(p) => format!("{:?}", String::from_utf8_lossy(p)),
+fn piece(tokenizer: &dyn TextCodec, t: TokenId) -> String {
+    match tokenizer.token_text(t) {
+        Some(p) => format!("{p:?}"),
         None => format!("<{t}>"),
     }
 }
@@ -540,7 +637,7 @@ fn piece(tokenizer: &Tokenizer, t: TokenId) -> String {
 /// One line per step: the token, its logprob, the top tokens.
 fn print_logprobs(
     out: &mut impl Write,
-    tokenizer: &Tokenizer,
+    tokenizer: &dyn TextCodec,
     g: &Generation,
 ) -> std::io::Result<()> {
     if g.logprobs.iter().all(Option::is_none) {
@@ -575,7 +672,7 @@ fn print_logprobs(
 }
 
 /// The logprobs for `--json` (`-inf` is written as `null`).
-fn logprobs_json(tokenizer: &Tokenizer, g: &Generation) -> serde_json::Value {
+fn logprobs_json(tokenizer: &dyn TextCodec, g: &Generation) -> serde_json::Value {
     let num = |l: f32| {
         if l.is_finite() {
             json!(l)
@@ -584,9 +681,7 @@ fn logprobs_json(tokenizer: &Tokenizer, g: &Generation) -> serde_json::Value {
         }
     };
     let entry = |t: TokenId, l: f32| {
-        let text = tokenizer
-            .piece(t)
-            .map(|p| String::from_utf8_lossy(p).into_owned());
+        let text = tokenizer.token_text(t);
         json!({"token": t, "text": text, "logprob": num(l)})
     };
     serde_json::Value::Array(

@@ -100,6 +100,43 @@ pub enum GenerateError {
     },
 }
 
+/// What generation needs of a tokenizer: the bytes of tokens, for
+/// streaming and for the final text. llama2.c's [`Tokenizer`] and a GGUF
+/// model's [`crate::chat::ChatTokenizer`] implement it.
+pub trait TextCodec {
+    /// The bytes token `id` adds after `prev` (empty for BOS / EOS and ids
+    /// outside the vocabulary; may be part of a UTF-8 character).
+    fn piece_bytes(&self, prev: Option<TokenId>, id: TokenId) -> Vec<u8>;
+    /// The bytes of a whole sequence (BOS / EOS not written).
+    fn decode_bytes(&self, ids: &[TokenId]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut prev = None;
+        for &t in ids {
+            out.extend(self.piece_bytes(prev, t));
+            prev = Some(t);
+        }
+        out
+    }
+    /// The token's own text as the vocabulary writes it (for listings).
+    fn token_text(&self, id: TokenId) -> Option<String>;
+}
+
+impl TextCodec for Tokenizer {
+    fn piece_bytes(&self, prev: Option<TokenId>, id: TokenId) -> Vec<u8> {
+        if id == BOS || id == EOS {
+            return Vec::new();
+        }
+        self.decode_piece(prev, id).to_vec()
+    }
+    fn decode_bytes(&self, ids: &[TokenId]) -> Vec<u8> {
+        Tokenizer::decode_bytes(self, ids)
+    }
+    fn token_text(&self, id: TokenId) -> Option<String> {
+        self.piece(id)
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+    }
+}
+
 /// Encode `prompt` (BOS + dummy space + merges) and check it fits the context.
 ///
 /// # Errors
@@ -136,7 +173,7 @@ pub fn encode_prompt(
 /// and per-row sampling errors.
 pub fn generate(
     model: &Llama2,
-    tokenizer: &Tokenizer,
+    tokenizer: &dyn TextCodec,
     batch: &mut SamplingBatch,
     id: RequestId,
     prompt_tokens: &[TokenId],
@@ -194,7 +231,7 @@ pub fn generate(
             on_token(next, &[]);
             break StopReason::EndOfText;
         }
-        on_token(next, tokenizer.decode_piece(Some(prev), next));
+        on_token(next, &tokenizer.piece_bytes(Some(prev), next));
         prev = next;
         if tokens.len() >= max_new_tokens {
             break StopReason::Length;
