@@ -1,9 +1,10 @@
 //! `serve`: continuous batching with a llama2.c model and one
 //! [`SamplingBatch`]. A stream of requests (OpenAI-style sampling
 //! parameters, each with its own seed) arrives at different steps; every
-//! step runs the model for each live request, stacks their `[1, vocab]`
-//! logits into one `[rows, vocab]` tensor on the device and samples all rows
-//! in one call; a request leaves when it has its tokens, and its text is
+//! step runs one batched model pass over the live requests (each at its own
+//! position, in its own slot of one KV cache: `Llama2::forward_batch`), whose
+//! `[rows, vocab]` logits stay on the device, and samples all rows in one
+//! call; a request leaves when it has its tokens, and its text is
 //! printed. The tokens of each request are the same as running it alone
 //! (`generate` with its parameters and seed).
 //!
@@ -17,14 +18,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use burn_tensor::Tensor;
 use chain_config::SamplingParams;
 use clap::Parser;
 use sampler_backend::{RequestId, SamplingBatch};
 use sampler_core::{Chain, OffloadPolicy, TokenId};
 use sampler_examples::ban_words::BanWords;
 use sampler_examples::llama2::generate::encode_prompt;
-use sampler_examples::llama2::{BOS, EOS, KvCache, Llama2, ModelFiles};
+use sampler_examples::llama2::{BOS, EOS, Llama2, ModelFiles};
 
 const DEFAULT_MODEL_DIRS: [&str; 2] = [
     "models/stories260K",
@@ -85,7 +85,8 @@ struct Args {
 struct Live {
     index: usize,
     id: RequestId,
-    cache: KvCache,
+    /// Its slot in the batch KV cache.
+    slot: usize,
     token: TokenId,
     pos: usize,
     prompt: Vec<TokenId>,
@@ -116,6 +117,9 @@ fn run(a: Args) -> Result<(), String> {
 
     let n = a.requests as usize;
     let mut live: Vec<Live> = Vec::new();
+    // One KV cache for every live request; slots are reused.
+    let mut cache = model.new_batch_cache(4);
+    let mut free: Vec<usize> = (0..4).rev().collect();
     let mut next = 0;
     let mut step = 0;
     let (mut rows_total, mut max_rows, mut bytes_total) = (0usize, 0usize, 0usize);
@@ -146,19 +150,27 @@ fn run(a: Args) -> Result<(), String> {
                 batch.insert_chain(Chain::new(stages, Some(built.seed())), None, &history)
             }
             .map_err(|e| format!("request {i}: {e}"))?;
-            let mut cache = model.new_cache();
+            let slot = match free.pop() {
+                Some(s) => s,
+                None => {
+                    let s = cache.slots();
+                    model.grow_batch_cache(&mut cache, 2 * s.max(4));
+                    free.extend((s + 1..cache.slots()).rev());
+                    s
+                }
+            };
             let last = prompt.len() - 1;
             for (pos, &t) in prompt[..last].iter().enumerate() {
                 drop(
                     model
-                        .forward(t, pos, &mut cache)
+                        .forward_batch(&[t], &[pos], &[slot], &mut cache)
                         .map_err(|e| e.to_string())?,
                 );
             }
             live.push(Live {
                 index: i,
                 id,
-                cache,
+                slot,
                 token: prompt[last],
                 pos: last,
                 prompt,
@@ -176,17 +188,15 @@ fn run(a: Args) -> Result<(), String> {
             step += 1;
             continue;
         }
-        // One model pass per live request, one sampling call for all rows.
+        // One batched model pass for every live request (each at its own
+        // position, in its own cache slot), one sampling call for all rows.
         let t0 = Instant::now();
-        let mut rows = Vec::with_capacity(live.len());
-        for r in &mut live {
-            rows.push(
-                model
-                    .forward(r.token, r.pos, &mut r.cache)
-                    .map_err(|e| e.to_string())?,
-            );
-        }
-        let logits = Tensor::cat(rows, 0); // [rows, vocab], on the device
+        let tokens: Vec<TokenId> = live.iter().map(|r| r.token).collect();
+        let positions: Vec<usize> = live.iter().map(|r| r.pos).collect();
+        let slots: Vec<usize> = live.iter().map(|r| r.slot).collect();
+        let logits = model
+            .forward_batch(&tokens, &positions, &slots, &mut cache)
+            .map_err(|e| e.to_string())?; // [rows, vocab], on the device
         let ids: Vec<RequestId> = live.iter().map(|r| r.id).collect();
         let t1 = Instant::now();
         let out = batch.step(&ids, logits).map_err(|e| e.to_string())?;
@@ -227,6 +237,7 @@ fn run(a: Args) -> Result<(), String> {
         for &(k, why) in done.iter().rev() {
             let r = live.remove(k);
             batch.remove(r.id).map_err(|e| e.to_string())?;
+            free.push(r.slot);
             let mut all = r.prompt.clone();
             all.extend(&r.tokens);
             println!(

@@ -19,7 +19,7 @@ pub mod model;
 pub mod tokenizer;
 
 pub use checkpoint::{Checkpoint, Config};
-pub use model::{KvCache, Llama2};
+pub use model::{BatchKvCache, KvCache, Llama2};
 pub use tokenizer::{BOS, EOS, Tokenizer};
 
 /// Everything that can go wrong loading or running a llama2.c model.

@@ -61,6 +61,24 @@ pub struct KvCache {
     v: Vec<Tensor<3>>,
 }
 
+/// Keys and values of up to `slots` sequences at once, for
+/// [`Llama2::forward_batch`]: per layer `[slots, n_kv_heads, seq_len,
+/// head_size]` on the model's device. A sequence keeps its slot while it
+/// runs; a slot is reused by writing from position 0 again.
+#[derive(Debug, Clone)]
+pub struct BatchKvCache {
+    k: Vec<Tensor<4>>,
+    v: Vec<Tensor<4>>,
+    slots: usize,
+}
+
+impl BatchKvCache {
+    /// Sequences it holds.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+}
+
 /// Upload a row-major `(rows, cols)` matrix as a `[cols, rows]` tensor
 /// (transposed on the host so the device copy is contiguous).
 fn upload_t(w: &[f32], rows: usize, cols: usize, device: &Device) -> Tensor<2> {
@@ -77,7 +95,7 @@ fn upload_row(w: &[f32], device: &Device) -> Tensor<2> {
     Tensor::from_data(TensorData::new(w.to_vec(), [1, w.len()]), device)
 }
 
-/// `w ⊙ x / sqrt(mean(x²) + eps)` over the last dimension of `x: [1, dim]`.
+/// `w ⊙ x / sqrt(mean(x²) + eps)` over the last dimension of `x: [rows, dim]`.
 fn rmsnorm(x: Tensor<2>, w: &Tensor<2>) -> Tensor<2> {
     let ms = x.clone().powi_scalar(2).mean_dim(1); // [1, 1]
     x.div(ms.add_scalar(RMS_EPS).sqrt()).mul(w.clone())
@@ -162,6 +180,169 @@ impl Llama2 {
                 .map(|_| Tensor::zeros(shape, &self.device))
                 .collect(),
         }
+    }
+
+    /// An empty cache for `slots` sequences ([`Llama2::forward_batch`]).
+    pub fn new_batch_cache(&self, slots: usize) -> BatchKvCache {
+        let c = &self.config;
+        let shape = [slots.max(1), c.n_kv_heads, c.seq_len, c.head_size()];
+        BatchKvCache {
+            k: (0..c.n_layers)
+                .map(|_| Tensor::zeros(shape, &self.device))
+                .collect(),
+            v: (0..c.n_layers)
+                .map(|_| Tensor::zeros(shape, &self.device))
+                .collect(),
+            slots: slots.max(1),
+        }
+    }
+
+    /// Give `cache` room for at least `slots` sequences (existing slots keep
+    /// their keys and values).
+    pub fn grow_batch_cache(&self, cache: &mut BatchKvCache, slots: usize) {
+        if slots <= cache.slots {
+            return;
+        }
+        let c = &self.config;
+        let extra = [slots - cache.slots, c.n_kv_heads, c.seq_len, c.head_size()];
+        for t in cache.k.iter_mut().chain(cache.v.iter_mut()) {
+            *t = Tensor::cat(vec![t.clone(), Tensor::zeros(extra, &self.device)], 0);
+        }
+        cache.slots = slots;
+    }
+
+    /// One token for each of several sequences in one pass: row `r` is token
+    /// `tokens[r]` at position `positions[r]` of the sequence in cache slot
+    /// `slots[r]` (each sequence's positions fed in order, as for
+    /// [`Llama2::forward`]; rows may be at different positions). Returns the
+    /// next-token logits `[rows, vocab]` on the device; row `r` equals what
+    /// [`Llama2::forward`] gives for that sequence alone (up to rounding).
+    ///
+    /// # Errors
+    /// As [`Llama2::forward`]; [`Llama2Error::CacheMismatch`] for a slot
+    /// outside the cache, a slot given twice, or rows of unequal counts.
+    pub fn forward_batch(
+        &self,
+        tokens: &[TokenId],
+        positions: &[usize],
+        slots: &[usize],
+        cache: &mut BatchKvCache,
+    ) -> Result<Tensor<2>, Llama2Error> {
+        let c = &self.config;
+        let b = tokens.len();
+        let (hs, n_kv, seq, s_max) = (c.head_size(), c.n_kv_heads, c.seq_len, cache.slots);
+        if positions.len() != b || slots.len() != b || b == 0 {
+            return Err(Llama2Error::CacheMismatch);
+        }
+        for (&t, &p) in tokens.iter().zip(positions) {
+            if t as usize >= c.vocab_size {
+                return Err(Llama2Error::TokenOutOfRange {
+                    token: t,
+                    vocab: c.vocab_size,
+                });
+            }
+            if p >= seq {
+                return Err(Llama2Error::ContextFull {
+                    pos: p,
+                    seq_len: seq,
+                });
+            }
+        }
+        let mut seen = vec![false; s_max];
+        for &s in slots {
+            if s >= s_max || std::mem::replace(&mut seen[s], true) {
+                return Err(Llama2Error::CacheMismatch);
+            }
+        }
+        let want = [s_max, n_kv, seq, hs];
+        if cache.k.len() != c.n_layers || cache.k.iter().chain(&cache.v).any(|t| t.dims() != want) {
+            return Err(Llama2Error::CacheMismatch);
+        }
+        let (kv_dim, hidden, group) = (c.kv_dim(), c.hidden_dim, c.n_heads / c.n_kv_heads);
+        let dev = &self.device;
+        let ints = |v: Vec<i64>| Tensor::<1, Int>::from_data(TensorData::new(v, [b]), dev);
+        let token_ix = ints(tokens.iter().map(|&t| t as i64).collect());
+        let pos_ix = ints(positions.iter().map(|&p| p as i64).collect());
+        let slot_ix = ints(slots.iter().map(|&s| s as i64).collect());
+        let mut x = self.embedding.clone().select(0, token_ix); // [B, dim]
+        let cos: Tensor<4> =
+            self.rope_cos
+                .clone()
+                .select(0, pos_ix.clone())
+                .reshape([b, 1, hs / 2, 1]);
+        let sin: Tensor<4> = self
+            .rope_sin
+            .clone()
+            .select(0, pos_ix)
+            .reshape([b, 1, hs / 2, 1]);
+        // Host-built masks: where each row's k/v go in the cache, and the
+        // future positions of each row.
+        let mut write = vec![false; s_max * seq];
+        let mut future = vec![false; b * seq];
+        for (r, (&s, &p)) in slots.iter().zip(positions).enumerate() {
+            write[s * seq + p] = true;
+            future[r * seq + p + 1..(r + 1) * seq].fill(true);
+        }
+        let write = Tensor::<4, burn_tensor::Bool>::from_data(
+            TensorData::new(write, [s_max, 1, seq, 1]),
+            dev,
+        )
+        .expand([s_max, n_kv, seq, hs]);
+        let future =
+            Tensor::<4, burn_tensor::Bool>::from_data(TensorData::new(future, [b, 1, 1, seq]), dev)
+                .expand([b, n_kv, group, seq]);
+        let scale = 1.0 / (hs as f64).sqrt();
+        let rope = |t: Tensor<2>, heads: usize| -> Tensor<2> {
+            let half = hs / 2;
+            let t = t.reshape([b, heads, half, 2]);
+            let a = t.clone().slice([0..b, 0..heads, 0..half, 0..1]);
+            let bb = t.slice([0..b, 0..heads, 0..half, 1..2]);
+            let ra = a.clone().mul(cos.clone()).sub(bb.clone().mul(sin.clone()));
+            let rb = a.mul(sin.clone()).add(bb.mul(cos.clone()));
+            Tensor::cat(vec![ra, rb], 3).reshape([b, heads * hs])
+        };
+        // Scatter the rows' new k (or v) `[B, n_kv * hs]` to their slots.
+        let to_slots = |t: Tensor<2>| -> Tensor<4> {
+            Tensor::<3>::zeros([s_max, n_kv, hs], dev)
+                .select_assign(
+                    0,
+                    slot_ix.clone(),
+                    t.reshape([b, n_kv, hs]),
+                    burn_tensor::IndexingUpdateOp::Add,
+                )
+                .reshape([s_max, n_kv, 1, hs])
+                .expand([s_max, n_kv, seq, hs])
+        };
+        for (l, blk) in self.blocks.iter().enumerate() {
+            let h = rmsnorm(x.clone(), &blk.rms_att);
+            let qkv = h.matmul(blk.wqkv.clone()); // [B, dim + 2 * kv_dim]
+            let qk = rope(
+                qkv.clone().slice([0..b, 0..c.dim + kv_dim]),
+                c.n_heads + n_kv,
+            );
+            let v = qkv.slice([0..b, c.dim + kv_dim..c.dim + 2 * kv_dim]);
+            let q = qk.clone().slice([0..b, 0..c.dim]);
+            let k = qk.slice([0..b, c.dim..c.dim + kv_dim]);
+            cache.k[l] = cache.k[l].clone().mask_where(write.clone(), to_slots(k));
+            cache.v[l] = cache.v[l].clone().mask_where(write.clone(), to_slots(v));
+            let kc = cache.k[l].clone().select(0, slot_ix.clone()); // [B, n_kv, seq, hs]
+            let vc = cache.v[l].clone().select(0, slot_ix.clone());
+            let q = q.reshape([b, n_kv, group, hs]);
+            let scores = q
+                .matmul(kc.swap_dims(2, 3))
+                .mul_scalar(scale)
+                .mask_fill(future.clone(), f32::NEG_INFINITY); // [B, n_kv, group, seq]
+            let att = softmax(scores, 3);
+            let out = att.matmul(vc).reshape([b, c.dim]);
+            x = x.add(out.matmul(blk.wo.clone()));
+            let h = rmsnorm(x.clone(), &blk.rms_ffn);
+            let gu = h.matmul(blk.w13.clone());
+            let gate = silu(gu.clone().slice([0..b, 0..hidden]));
+            let up = gu.slice([0..b, hidden..2 * hidden]);
+            x = x.add(gate.mul(up).matmul(blk.w2.clone()));
+        }
+        let x = rmsnorm(x, &self.rms_final);
+        Ok(x.matmul(self.classifier.clone()))
     }
 
     /// Rotate each adjacent pair `(2j, 2j+1)` of every head of `t: [1, heads * head_size]`.
