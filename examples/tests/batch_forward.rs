@@ -79,6 +79,72 @@ fn check(model: &Llama2, prompts: &[Vec<u32>], start: &[usize], steps: usize, to
     assert!(next.iter().all(|&(p, _)| p == steps));
 }
 
+/// Each prompt's tokens as rows of one call (all of its positions at once),
+/// the second call mixing the next prompt's chunk with the first's decoding
+/// row: the logits of every position equal the one-token-at-a-time run's.
+fn prompt_as_one_batch(model: &Llama2, prompts: &[Vec<u32>], tol: f32) {
+    let v = model.config().vocab_size;
+    let alone = |p: &[u32]| -> Vec<Vec<f32>> {
+        let mut cache = model.new_cache();
+        p.iter()
+            .enumerate()
+            .map(|(pos, &t)| {
+                model
+                    .forward(t, pos, &mut cache)
+                    .unwrap()
+                    .into_data()
+                    .iter::<f32>()
+                    .collect()
+            })
+            .collect()
+    };
+    let (a, b) = (&prompts[0], &prompts[prompts.len() - 1]);
+    let mut cache = model.new_batch_cache(2);
+    // Call 1: all of prompt a but its last token.
+    let n = a.len() - 1;
+    if n > 0 {
+        let pos: Vec<usize> = (0..n).collect();
+        let out: Vec<f32> = model
+            .forward_batch(&a[..n], &pos, &vec![0; n], &mut cache)
+            .unwrap()
+            .into_data()
+            .iter::<f32>()
+            .collect();
+        let want = alone(&a[..n]);
+        for (i, w) in want.iter().enumerate() {
+            let worst = out[i * v..(i + 1) * v]
+                .iter()
+                .zip(w)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(worst < tol, "prompt row {i}: {worst}");
+        }
+    }
+    // Call 2: a's last token beside all of prompt b (slot 1).
+    let mut tokens = vec![a[n]];
+    let mut pos = vec![n];
+    let mut slots = vec![0];
+    tokens.extend_from_slice(b);
+    pos.extend(0..b.len());
+    slots.extend(std::iter::repeat_n(1, b.len()));
+    let out: Vec<f32> = model
+        .forward_batch(&tokens, &pos, &slots, &mut cache)
+        .unwrap()
+        .into_data()
+        .iter::<f32>()
+        .collect();
+    let mut want = vec![alone(a)[n].clone()];
+    want.extend(alone(b));
+    for (i, w) in want.iter().enumerate() {
+        let worst = out[i * v..(i + 1) * v]
+            .iter()
+            .zip(w)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < tol, "mixed row {i}: {worst}");
+    }
+}
+
 #[test]
 fn batched_equals_alone_stories260k() {
     let dir = PathBuf::from(concat!(
@@ -99,6 +165,7 @@ fn batched_equals_alone_stories260k() {
     .map(|p| tok.encode(p, true, false))
     .collect();
     check(&model, &prompts, &[0, 3, 5], 24, 1e-4);
+    prompt_as_one_batch(&model, &prompts, 1e-4);
     // Errors, not panics: a slot twice, a slot outside the cache.
     let mut cache = model.new_batch_cache(2);
     assert!(

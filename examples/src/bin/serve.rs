@@ -159,11 +159,13 @@ fn run(a: Args) -> Result<(), String> {
                     s
                 }
             };
+            // The prompt (but its last token) in one batched pass.
             let last = prompt.len() - 1;
-            for (pos, &t) in prompt[..last].iter().enumerate() {
+            if last > 0 {
+                let positions: Vec<usize> = (0..last).collect();
                 drop(
                     model
-                        .forward_batch(&[t], &[pos], &[slot], &mut cache)
+                        .forward_batch(&prompt[..last], &positions, &vec![slot; last], &mut cache)
                         .map_err(|e| e.to_string())?,
                 );
             }

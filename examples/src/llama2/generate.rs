@@ -161,7 +161,8 @@ pub fn encode_prompt(
 /// Generate up to `max_new_tokens` tokens after `prompt_tokens` (BOS first,
 /// from [`encode_prompt`]) for request `id` of `batch`.
 ///
-/// Each prompt token runs through the model (its logits stay on the device);
+/// The prompt (all but its last token) runs through the model in one batched
+/// pass (`Llama2::forward_batch`; its logits stay on the device);
 /// then every step hands the `[1, vocab]` logits tensor to
 /// [`SamplingBatch::step`], which samples on the device and reads back only the
 /// plan's readback format. `on_token(token, bytes)` is called for each
@@ -199,12 +200,19 @@ pub fn generate(
         .collect();
     batch.accept_prompt(id, &history)?;
 
-    let mut cache = model.new_cache();
+    // One cache slot; the prompt (but its last token) in one batched pass.
+    let mut cache = model.new_batch_cache(1);
     let t0 = Instant::now();
     let last = prompt_tokens.len() - 1;
-    for (pos, &t) in prompt_tokens[..last].iter().enumerate() {
+    if last > 0 {
+        let positions: Vec<usize> = (0..last).collect();
         // Logits of inner prompt positions are not needed; they are dropped on the device.
-        drop(model.forward(t, pos, &mut cache)?);
+        drop(model.forward_batch(
+            &prompt_tokens[..last],
+            &positions,
+            &vec![0; last],
+            &mut cache,
+        )?);
     }
     let prompt_time = t0.elapsed();
 
@@ -216,7 +224,7 @@ pub fn generate(
     let mut pos = last;
     let mut prev = token;
     let stop = loop {
-        let logits = model.forward(token, pos, &mut cache)?; // [1, vocab], on the device
+        let logits = model.forward_batch(&[token], &[pos], &[0], &mut cache)?; // [1, vocab], on the device
         let out = batch.step(&[id], logits)?;
         bytes_read += out.bytes_read;
         logprobs.push(out.logprobs.into_iter().next().flatten());

@@ -62,13 +62,13 @@ pub struct KvCache {
 }
 
 /// Keys and values of up to `slots` sequences at once, for
-/// [`Llama2::forward_batch`]: per layer `[slots, n_kv_heads, seq_len,
-/// head_size]` on the model's device. A sequence keeps its slot while it
-/// runs; a slot is reused by writing from position 0 again.
+/// [`Llama2::forward_batch`]: per layer `[slots · seq_len, kv_dim]` on the
+/// model's device (row `slot · seq_len + position`). A sequence keeps its
+/// slot while it runs; a slot is reused by writing from position 0 again.
 #[derive(Debug, Clone)]
 pub struct BatchKvCache {
-    k: Vec<Tensor<4>>,
-    v: Vec<Tensor<4>>,
+    k: Vec<Tensor<2>>,
+    v: Vec<Tensor<2>>,
     slots: usize,
 }
 
@@ -185,7 +185,7 @@ impl Llama2 {
     /// An empty cache for `slots` sequences ([`Llama2::forward_batch`]).
     pub fn new_batch_cache(&self, slots: usize) -> BatchKvCache {
         let c = &self.config;
-        let shape = [slots.max(1), c.n_kv_heads, c.seq_len, c.head_size()];
+        let shape = [slots.max(1) * c.seq_len, c.kv_dim()];
         BatchKvCache {
             k: (0..c.n_layers)
                 .map(|_| Tensor::zeros(shape, &self.device))
@@ -204,23 +204,28 @@ impl Llama2 {
             return;
         }
         let c = &self.config;
-        let extra = [slots - cache.slots, c.n_kv_heads, c.seq_len, c.head_size()];
+        let extra = [(slots - cache.slots) * c.seq_len, c.kv_dim()];
         for t in cache.k.iter_mut().chain(cache.v.iter_mut()) {
             *t = Tensor::cat(vec![t.clone(), Tensor::zeros(extra, &self.device)], 0);
         }
         cache.slots = slots;
     }
 
-    /// One token for each of several sequences in one pass: row `r` is token
-    /// `tokens[r]` at position `positions[r]` of the sequence in cache slot
-    /// `slots[r]` (each sequence's positions fed in order, as for
-    /// [`Llama2::forward`]; rows may be at different positions). Returns the
-    /// next-token logits `[rows, vocab]` on the device; row `r` equals what
-    /// [`Llama2::forward`] gives for that sequence alone (up to rounding).
+    /// Tokens of several sequences in one pass: row `r` is token `tokens[r]`
+    /// at position `positions[r]` of the sequence in cache slot `slots[r]`.
+    /// Rows may be at different positions, and one sequence may have several
+    /// rows (a prompt processed as one batch, or a chunk of it beside other
+    /// sequences' decoding rows): every row's keys and values are written
+    /// first, then each row attends to its sequence's positions up to its
+    /// own. Every position before a row's must be in the cache or in the
+    /// same call. Returns the logits `[rows, vocab]` on the device; row `r`
+    /// equals what [`Llama2::forward`] gives for that sequence alone (up to
+    /// rounding).
     ///
     /// # Errors
     /// As [`Llama2::forward`]; [`Llama2Error::CacheMismatch`] for a slot
-    /// outside the cache, a slot given twice, or rows of unequal counts.
+    /// outside the cache, one `(slot, position)` in two rows, or rows of
+    /// unequal counts.
     pub fn forward_batch(
         &self,
         tokens: &[TokenId],
@@ -248,22 +253,39 @@ impl Llama2 {
                 });
             }
         }
-        let mut seen = vec![false; s_max];
-        for &s in slots {
-            if s >= s_max || std::mem::replace(&mut seen[s], true) {
+        let mut seen = std::collections::HashSet::with_capacity(b);
+        for (&s, &p) in slots.iter().zip(positions) {
+            if s >= s_max || !seen.insert((s, p)) {
                 return Err(Llama2Error::CacheMismatch);
             }
         }
-        let want = [s_max, n_kv, seq, hs];
+        let (kv_dim, hidden, group) = (c.kv_dim(), c.hidden_dim, c.n_heads / c.n_kv_heads);
+        let want = [s_max * seq, kv_dim];
         if cache.k.len() != c.n_layers || cache.k.iter().chain(&cache.v).any(|t| t.dims() != want) {
             return Err(Llama2Error::CacheMismatch);
         }
-        let (kv_dim, hidden, group) = (c.kv_dim(), c.hidden_dim, c.n_heads / c.n_kv_heads);
         let dev = &self.device;
-        let ints = |v: Vec<i64>| Tensor::<1, Int>::from_data(TensorData::new(v, [b]), dev);
+        let ints = |v: Vec<i64>| {
+            let n = v.len();
+            Tensor::<1, Int>::from_data(TensorData::new(v, [n]), dev)
+        };
         let token_ix = ints(tokens.iter().map(|&t| t as i64).collect());
         let pos_ix = ints(positions.iter().map(|&p| p as i64).collect());
-        let slot_ix = ints(slots.iter().map(|&s| s as i64).collect());
+        // Cache rows (`slot · seq + position`): where each row writes, and
+        // the rows of each row's sequence.
+        let write_ix = ints(
+            slots
+                .iter()
+                .zip(positions)
+                .map(|(&s, &p)| (s * seq + p) as i64)
+                .collect(),
+        );
+        let read_ix = ints(
+            slots
+                .iter()
+                .flat_map(|&s| (s * seq..(s + 1) * seq).map(|i| i as i64))
+                .collect(),
+        );
         let mut x = self.embedding.clone().select(0, token_ix); // [B, dim]
         let cos: Tensor<4> =
             self.rope_cos
@@ -275,19 +297,18 @@ impl Llama2 {
             .clone()
             .select(0, pos_ix)
             .reshape([b, 1, hs / 2, 1]);
-        // Host-built masks: where each row's k/v go in the cache, and the
-        // future positions of each row.
+        // Host-built masks: the cache rows written, and each row's future.
         let mut write = vec![false; s_max * seq];
         let mut future = vec![false; b * seq];
         for (r, (&s, &p)) in slots.iter().zip(positions).enumerate() {
             write[s * seq + p] = true;
             future[r * seq + p + 1..(r + 1) * seq].fill(true);
         }
-        let write = Tensor::<4, burn_tensor::Bool>::from_data(
-            TensorData::new(write, [s_max, 1, seq, 1]),
+        let write = Tensor::<2, burn_tensor::Bool>::from_data(
+            TensorData::new(write, [s_max * seq, 1]),
             dev,
         )
-        .expand([s_max, n_kv, seq, hs]);
+        .expand([s_max * seq, kv_dim]);
         let future =
             Tensor::<4, burn_tensor::Bool>::from_data(TensorData::new(future, [b, 1, 1, seq]), dev)
                 .expand([b, n_kv, group, seq]);
@@ -301,17 +322,22 @@ impl Llama2 {
             let rb = a.mul(sin.clone()).add(bb.mul(cos.clone()));
             Tensor::cat(vec![ra, rb], 3).reshape([b, heads * hs])
         };
-        // Scatter the rows' new k (or v) `[B, n_kv * hs]` to their slots.
-        let to_slots = |t: Tensor<2>| -> Tensor<4> {
-            Tensor::<3>::zeros([s_max, n_kv, hs], dev)
-                .select_assign(
-                    0,
-                    slot_ix.clone(),
-                    t.reshape([b, n_kv, hs]),
-                    burn_tensor::IndexingUpdateOp::Add,
-                )
-                .reshape([s_max, n_kv, 1, hs])
-                .expand([s_max, n_kv, seq, hs])
+        // The rows' new k (or v) `[B, kv_dim]` at their (distinct) cache rows.
+        let to_rows = |t: Tensor<2>| -> Tensor<2> {
+            Tensor::<2>::zeros([s_max * seq, kv_dim], dev).select_assign(
+                0,
+                write_ix.clone(),
+                t,
+                burn_tensor::IndexingUpdateOp::Add,
+            )
+        };
+        // Each row's sequence, `[B, n_kv, seq, hs]`.
+        let of_rows = |cache: &Tensor<2>| -> Tensor<4> {
+            cache
+                .clone()
+                .select(0, read_ix.clone())
+                .reshape([b, seq, n_kv, hs])
+                .swap_dims(1, 2)
         };
         for (l, blk) in self.blocks.iter().enumerate() {
             let h = rmsnorm(x.clone(), &blk.rms_att);
@@ -323,17 +349,15 @@ impl Llama2 {
             let v = qkv.slice([0..b, c.dim + kv_dim..c.dim + 2 * kv_dim]);
             let q = qk.clone().slice([0..b, 0..c.dim]);
             let k = qk.slice([0..b, c.dim..c.dim + kv_dim]);
-            cache.k[l] = cache.k[l].clone().mask_where(write.clone(), to_slots(k));
-            cache.v[l] = cache.v[l].clone().mask_where(write.clone(), to_slots(v));
-            let kc = cache.k[l].clone().select(0, slot_ix.clone()); // [B, n_kv, seq, hs]
-            let vc = cache.v[l].clone().select(0, slot_ix.clone());
+            cache.k[l] = cache.k[l].clone().mask_where(write.clone(), to_rows(k));
+            cache.v[l] = cache.v[l].clone().mask_where(write.clone(), to_rows(v));
             let q = q.reshape([b, n_kv, group, hs]);
             let scores = q
-                .matmul(kc.swap_dims(2, 3))
+                .matmul(of_rows(&cache.k[l]).swap_dims(2, 3))
                 .mul_scalar(scale)
                 .mask_fill(future.clone(), f32::NEG_INFINITY); // [B, n_kv, group, seq]
             let att = softmax(scores, 3);
-            let out = att.matmul(vc).reshape([b, c.dim]);
+            let out = att.matmul(of_rows(&cache.v[l])).reshape([b, c.dim]);
             x = x.add(out.matmul(blk.wo.clone()));
             let h = rmsnorm(x.clone(), &blk.rms_ffn);
             let gu = h.matmul(blk.w13.clone());
