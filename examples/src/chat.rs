@@ -55,12 +55,11 @@ pub enum ChatError {
 /// stands for. Printable Latin-1 bytes (`!`..`~`, `¡`..`¬`, `®`..`ÿ`) stand
 /// for themselves; the other 68 bytes, in increasing order, are U+0100
 /// onwards.
-fn byte_of_char() -> impl Fn(char) -> Option<u8> {
+fn byte_table() -> [Option<u8>; 256 + 68] {
     let printable = |b: u32| {
         (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
     };
-    let mut table = [0u8; 256 + 68];
-    let mut valid = [false; 256 + 68];
+    let mut table = [None; 256 + 68];
     let mut n = 0u32;
     for b in 0..=255u32 {
         let c = if printable(b) {
@@ -69,13 +68,9 @@ fn byte_of_char() -> impl Fn(char) -> Option<u8> {
             n += 1;
             255 + n
         };
-        table[c as usize] = b as u8;
-        valid[c as usize] = true;
+        table[c as usize] = Some(b as u8);
     }
-    move |c: char| {
-        let i = c as usize;
-        (i < table.len() && valid[i]).then(|| table[i])
-    }
+    table
 }
 
 /// A chat message: `role` (`system`, `user`, `assistant`) and `content`.
@@ -107,6 +102,8 @@ pub struct ChatTokenizer {
     /// End-of-sequence (end of turn) token id (`tokenizer.ggml.eos_token_id`).
     pub eos: u32,
     tokens: Vec<String>,
+    /// GPT-2's byte alphabet inverted (by character), built once.
+    byte_of: [Option<u8>; 256 + 68],
 }
 
 impl std::fmt::Debug for ChatTokenizer {
@@ -215,6 +212,7 @@ impl ChatTokenizer {
                 .map(str::to_string),
             tokenizer,
             tokens,
+            byte_of: byte_table(),
             path,
         })
     }
@@ -231,8 +229,8 @@ impl ChatTokenizer {
         let Some(t) = self.tokens.get(id as usize) else {
             return Vec::new();
         };
-        let inverse = byte_of_char();
-        match t.chars().map(inverse).collect::<Option<Vec<u8>>>() {
+        let byte = |c: char| self.byte_of.get(c as usize).copied().flatten();
+        match t.chars().map(byte).collect::<Option<Vec<u8>>>() {
             Some(bytes) => bytes,
             // Not in the byte alphabet: a special token, written as is.
             None => t.as_bytes().to_vec(),
