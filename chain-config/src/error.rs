@@ -259,6 +259,17 @@ impl ConfigError {
         copy.location_slot().and_then(|l| *l)
     }
 
+    /// The same error without its location: for an error found in text
+    /// the caller built (a re-serialised object), whose `line:column` would
+    /// point into text the user never wrote.
+    #[must_use]
+    pub fn without_location(mut self) -> Self {
+        if let Some(l) = self.location_slot() {
+            *l = None;
+        }
+        self
+    }
+
     /// The error's location field, for the variants that have one.
     fn location_slot(&mut self) -> Option<&mut Option<Location>> {
         match self {

@@ -313,4 +313,10 @@ impl crate::llama2::generate::TextCodec for ChatTokenizer {
             .get(id as usize)
             .map(|_| String::from_utf8_lossy(&self.token_bytes(id)).into_owned())
     }
+    fn stop_ids(&self) -> Vec<u32> {
+        vec![self.eos, self.bos]
+    }
+    fn bos(&self) -> Option<u32> {
+        Some(self.bos)
+    }
 }

@@ -11,6 +11,7 @@ pub mod chat;
 pub mod gguf;
 pub mod llama2;
 pub mod report;
+pub mod requests;
 pub mod sample_cli;
 
 /// The README's Rust snippets, compiled and run as doctests.

@@ -2,9 +2,12 @@
 //! `generate --json` and `sample --json` name the same things the same way
 //! and spell enum values as the config does (`offload = "auto"`).
 
-use sampler_core::SampleError;
+use sampler_core::logprobs::Logprobs;
 use sampler_core::plan::{OffloadPolicy, Plan};
+use sampler_core::{SampleError, TokenId};
 use serde_json::{Value, json};
+
+use crate::llama2::generate::TextCodec;
 
 /// A plan: `device`, `offload`, `device_stages`, `host_stages`,
 /// `skipped_stages` (no-ops and stages after the last selecting one),
@@ -37,4 +40,29 @@ pub fn plan_json(plan: &Plan, device: &str, policy: OffloadPolicy) -> Value {
 /// [`SampleError::kind`], e.g. `nan_logit`).
 pub fn row_error_json(row: usize, e: &SampleError) -> Value {
     json!({ "row": row, "kind": e.kind(), "message": e.to_string() })
+}
+
+/// Per-step logprobs as JSON: `null` for a step without them, else
+/// `{token, logprob, top: [{token, text, logprob}], requested: [...]}`
+/// (`-inf` is written as `null`).
+pub fn logprobs_json(codec: &dyn TextCodec, steps: &[Option<Logprobs>]) -> Value {
+    let num = |l: f32| if l.is_finite() { json!(l) } else { Value::Null };
+    let entry = |t: TokenId, l: f32| {
+        let text = codec.token_text(t);
+        json!({"token": t, "text": text, "logprob": num(l)})
+    };
+    Value::Array(
+        steps
+            .iter()
+            .map(|lp| match lp {
+                None => Value::Null,
+                Some(lp) => json!({
+                    "token": lp.token.0,
+                    "logprob": num(lp.token.1),
+                    "top": lp.top.iter().map(|&(t, l)| entry(t, l)).collect::<Vec<_>>(),
+                    "requested": lp.requested.iter().map(|&(t, l)| entry(t, l)).collect::<Vec<_>>(),
+                }),
+            })
+            .collect(),
+    )
 }

@@ -89,3 +89,166 @@ fn serve_with_a_custom_ban_words_stage() {
         "{generated}"
     );
 }
+
+/// Runs `serve` on a JSON-lines request file; returns (success, stdout
+/// lines by id, stderr).
+fn serve_file(
+    lines: &[&str],
+    extra: &[&str],
+) -> (
+    bool,
+    std::collections::BTreeMap<String, serde_json::Value>,
+    String,
+) {
+    let dir = std::env::temp_dir().join(format!(
+        "serve-test-{}-{}",
+        std::process::id(),
+        extra.join("_").replace(['/', ' '], "")
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("requests.jsonl");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_serve"))
+        .arg("--requests-file")
+        .arg(&file)
+        .args(extra)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .expect("serve runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let by_id = stdout
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+            (v["id"].to_string(), v)
+        })
+        .collect();
+    (
+        out.status.success(),
+        by_id,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Eight mixed requests from a JSON-lines file (flat OpenAI-style keys, a
+/// TOML chain, a chain string; greedy, top_k/top_p, min_p, penalties,
+/// different seeds, lengths and arrival steps) through one batch: each
+/// request's tokens equal its tokens when it runs alone (`--concurrency
+/// 1`); a bad line is an error line of its own and the others run.
+#[test]
+fn request_file_batched_equals_alone() {
+    // Longer than stories260K's 512-token context.
+    let long = format!(r#"{{"id": "long", "prompt": "{}"}}"#, "dog ".repeat(600));
+    let lines = [
+        r#"{"id": "greedy", "prompt": "Once upon a time", "max_tokens": 30, "temperature": 0}"#,
+        r#"{"id": "topk", "prompt": "The little dog", "max_tokens": 25, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "seed": 1}"#,
+        r#"{"id": "minp", "prompt": "Lily wanted to", "max_tokens": 20, "min_p": 0.1, "seed": 2, "arrival": 2}"#,
+        r#"{"id": "pen", "prompt": "One day", "max_tokens": 18, "temperature": 0.7, "frequency_penalty": 0.5, "presence_penalty": 0.3, "repetition_penalty": 1.2, "seed": 3, "arrival": 3}"#,
+        r#"{"id": "toml", "prompt": "Tom and his mom", "max_tokens": 12, "toml": "[[stage]]\ntype = \"top_k\"\nk = 5\n[[stage]]\ntype = \"dist\"", "seed": 4, "arrival": 1}"#,
+        r#"{"id": "chain", "prompt": "In the park", "max_tokens": 22, "chain": "top_k;temperature;min_p;dist", "seed": 5, "arrival": 5}"#,
+        r#"{"id": "lp", "prompt": "The sun", "max_tokens": 6, "temperature": 0, "logprobs": 2}"#,
+        r#"{"id": "miro", "prompt": "Once upon a time", "max_tokens": 15, "mirostat": 2, "seed": 6, "arrival": 4}"#,
+        r#"{"id": "bad", "prompt": "x", "top_p": 2}"#,
+        r#"{"id": "msgs", "messages": [{"role": "user", "content": "Hi"}]}"#,
+        &long,
+        r#"{"id": "late", "prompt": "The end", "max_tokens": 3, "seed": 8, "arrival": 100}"#,
+    ];
+    let (ok8, batched, err8) = serve_file(&lines, &["--concurrency", "8"]);
+    let (ok1, alone, _) = serve_file(&lines, &["--concurrency", "1"]);
+    // The bad request fails the run (exit status), not the others.
+    assert!(!ok8 && !ok1, "{err8}");
+    assert!(err8.contains("3 of 12 requests failed"), "{err8}");
+    let error_of = |id: &str| -> String {
+        let v = &batched[&format!("\"{id}\"")];
+        assert_eq!(v["finish_reason"], "error", "{v}");
+        v["error"].as_str().unwrap().to_string()
+    };
+    assert!(error_of("bad").contains("top_p"));
+    assert!(
+        error_of("bad").contains("requests.jsonl:9:"),
+        "{}",
+        error_of("bad")
+    );
+    assert!(error_of("msgs").contains("needs a GGUF chat model"));
+    assert!(
+        error_of("long").contains("more than the context (512"),
+        "{}",
+        error_of("long")
+    );
+    assert_eq!(batched.len(), 12);
+    // Nothing is live between the others' end and step 100: the run jumps there.
+    assert_eq!(batched["\"late\""]["start_step"], 100);
+    assert_eq!(batched["\"late\""]["completion_tokens"], 3);
+    let mut overlapped = 0;
+    for (id, b) in &batched {
+        if ["\"bad\"", "\"msgs\"", "\"long\""].contains(&id.as_str()) {
+            continue;
+        }
+        let a = &alone[id];
+        assert_ne!(b["finish_reason"], "error", "{b}");
+        assert!(!b["tokens"].as_array().unwrap().is_empty(), "{b}");
+        assert_eq!(b["tokens"], a["tokens"], "{id}: batched vs alone");
+        assert_eq!(b["text"], a["text"], "{id}");
+        // Alone, requests wait for each other: they start later.
+        if a["start_step"].as_u64() > b["start_step"].as_u64() {
+            overlapped += 1;
+        }
+    }
+    assert!(overlapped >= 6, "{batched:?}");
+    assert_eq!(batched["\"toml\""]["chain"], "top_k;dist");
+    assert_eq!(batched["\"toml\""]["seed"], 4);
+    assert_eq!(batched["\"pen\""]["completion_tokens"], 18);
+    let lp = batched["\"lp\""]["logprobs"].as_array().unwrap();
+    assert_eq!(lp.len(), 6);
+    assert_eq!(lp[0]["top"].as_array().unwrap().len(), 2);
+    // One sampling step held several requests at once.
+    let at_most: usize = err8
+        .split("at most ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    assert!(at_most >= 3, "{err8}");
+}
+
+/// Requests from standard input (`--requests-file -`), and a prompt longer
+/// than the prefill budget processed in chunks over several steps: the
+/// same tokens as in one pass.
+#[test]
+fn requests_from_stdin_and_chunked_prefill() {
+    use std::io::Write;
+    let run = |budget: &str| -> serde_json::Value {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_serve"))
+            .args(["--requests-file", "-", "--prefill-budget", budget])
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("serve runs");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(
+                br#"{"id": 1, "prompt": "Once upon a time, there was a little girl named Lily. She loved to play", "max_tokens": 20, "temperature": 0.8, "seed": 3}"#,
+            )
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (whole, chunked) = (run("512"), run("4"));
+    assert_eq!(whole["tokens"], chunked["tokens"]);
+    assert_eq!(whole["completion_tokens"], 20);
+    // Four tokens of the prompt per step: sampling starts steps later.
+    assert!(
+        chunked["end_step"].as_u64() > whole["end_step"].as_u64(),
+        "{chunked}"
+    );
+}

@@ -224,4 +224,162 @@ fn generate_chats_with_the_gguf_model() {
     let (host, dev) = (sampled("off"), sampled("device"));
     assert_eq!(ids(&host, "tokens"), ids(&dev, "tokens"));
     assert_eq!(dev["plan"]["readback"], "token_ids", "{dev}");
+    // Every offload split: the first 1, 2, 3 stages on the device.
+    for split in ["1", "2", "3"] {
+        let v = sampled(split);
+        assert_eq!(ids(&host, "tokens"), ids(&v, "tokens"), "offload {split}");
+        assert_eq!(
+            v["plan"]["device_stages"].as_array().unwrap().len(),
+            split.parse::<usize>().unwrap(),
+            "{v}"
+        );
+    }
+}
+
+/// `serve --model FILE.gguf --requests-file`: ten mixed requests (the three
+/// greedy references — chat, text, BOS alone — top_k/top_p, min_p,
+/// penalties, typical, mirostat, a TOML chain, a chain string, different
+/// seeds, lengths and arrival steps) in one batch give each request the
+/// tokens it gets alone, and the greedy ones the reference's ids; with
+/// `wgpu` compiled in, the same tokens on wgpu (so the greedy references
+/// on wgpu too) with the chain on the device and on the host.
+#[test]
+fn serve_batches_chat_requests_like_alone() {
+    let Some(d) = dir() else { return };
+    let model = d.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let (_, want) = reference(&d, "greedy40_chat.json");
+    let system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+    let chat = serde_json::json!({
+        "id": "chat", "max_tokens": 40, "temperature": 0,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "Tell me a short story about a cat."},
+        ],
+    })
+    .to_string();
+    let lines = [
+        chat.as_str(),
+        r#"{"id": "topk", "prompt": "The best thing about Rust is", "max_tokens": 10, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "seed": 1}"#,
+        r#"{"id": "minp", "messages": [{"role": "user", "content": "Write a haiku about the sea."}], "max_tokens": 14, "min_p": 0.1, "seed": 2, "arrival": 2}"#,
+        r#"{"id": "pen", "prompt": "Once upon a time", "max_tokens": 9, "temperature": 0.7, "frequency_penalty": 0.5, "presence_penalty": 0.3, "repetition_penalty": 1.2, "seed": 3, "arrival": 3}"#,
+        r#"{"id": "toml", "prompt": "List three colors:", "max_tokens": 8, "toml": "[[stage]]\ntype = \"top_k\"\nk = 5\n[[stage]]\ntype = \"dist\"", "seed": 4, "arrival": 1}"#,
+        r#"{"id": "chain", "prompt": "Hello", "max_tokens": 11, "chain": "top_k;temperature;min_p;dist", "seed": 5, "arrival": 5}"#,
+        r#"{"id": "typical", "prompt": "The weather today", "max_tokens": 7, "temperature": 0.9, "typical_p": 0.9, "seed": 7}"#,
+        r#"{"id": "miro", "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 7, "mirostat": 2, "seed": 6, "arrival": 4}"#,
+        r#"{"id": "once", "prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "arrival": 3}"#,
+        r#"{"id": "bos", "prompt": "", "max_tokens": 40, "temperature": 0, "arrival": 6}"#,
+    ];
+    let dir = std::env::temp_dir().join(format!("smollm2-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("requests.jsonl");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let serve = |extra: &[&str]| -> std::collections::BTreeMap<String, serde_json::Value> {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_serve"))
+            .arg("--model")
+            .arg(&model)
+            .arg("--requests-file")
+            .arg(&file)
+            .args(["--context", "128"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let rows: std::collections::BTreeMap<String, serde_json::Value> =
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|l| {
+                    let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                    (v["id"].as_str().unwrap().to_string(), v)
+                })
+                .collect();
+        assert_eq!(rows.len(), 10, "{stderr}");
+        rows
+    };
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let batched = serve(&["--concurrency", "8"]);
+    // The three greedy references, token for token, beside other requests.
+    assert_eq!(ids(&batched["chat"]), want);
+    assert_eq!(batched["chat"]["prompt_tokens"], 39);
+    assert_eq!(ids(&batched["once"]), reference(&d, "greedy40_once.json").1);
+    assert_eq!(ids(&batched["bos"]), reference(&d, "greedy40_bos.json").1);
+    let alone = serve(&["--concurrency", "1"]);
+    for (id, b) in &batched {
+        assert_eq!(ids(b), ids(&alone[id]), "{id}: batched vs alone");
+        assert!(!ids(b).is_empty(), "{id}");
+    }
+}
+
+/// With `wgpu` compiled in (CI runs it on lavapipe): the three greedy
+/// references and a seeded top_k/top_p request through `serve` on wgpu
+/// (model and sampling on the device, one batch) give the reference's ids
+/// and the same tokens as flex.
+#[cfg(feature = "wgpu")]
+#[test]
+fn serve_on_wgpu_matches_flex_and_the_references() {
+    let Some(d) = dir() else { return };
+    let model = d.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+    let chat = serde_json::json!({
+        "id": "chat", "max_tokens": 40, "temperature": 0,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "Tell me a short story about a cat."},
+        ],
+    })
+    .to_string();
+    let lines = [
+        chat.as_str(),
+        r#"{"id": "once", "prompt": "Once upon a time", "max_tokens": 40, "temperature": 0}"#,
+        r#"{"id": "bos", "prompt": "", "max_tokens": 40, "temperature": 0}"#,
+        r#"{"id": "topk", "prompt": "The best thing about Rust is", "max_tokens": 12, "temperature": 0.8, "top_k": 40, "top_p": 0.9, "seed": 5, "arrival": 2}"#,
+    ];
+    let dir = std::env::temp_dir().join(format!("smollm2-wgpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("requests.jsonl");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let serve = |device: &str| -> std::collections::BTreeMap<String, Vec<u64>> {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_serve"))
+            .arg("--model")
+            .arg(&model)
+            .arg("--requests-file")
+            .arg(&file)
+            .args(["--context", "96", "--device", device])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                let ids = v["tokens"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap())
+                    .collect();
+                (v["id"].as_str().unwrap().to_string(), ids)
+            })
+            .collect()
+    };
+    let (flex, gpu) = (serve("flex"), serve("wgpu"));
+    assert_eq!(gpu.len(), 4);
+    for (id, name) in [
+        ("chat", "greedy40_chat.json"),
+        ("once", "greedy40_once.json"),
+        ("bos", "greedy40_bos.json"),
+    ] {
+        let want: Vec<u64> = reference(&d, name).1.into_iter().map(u64::from).collect();
+        assert_eq!(gpu[id], want, "{id} on wgpu");
+    }
+    assert_eq!(gpu, flex);
+    assert_eq!(gpu["topk"].len(), 12);
 }

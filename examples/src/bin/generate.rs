@@ -25,7 +25,7 @@ use sampler_examples::chat::{ChatTokenizer, Message};
 use sampler_examples::gguf::{Gguf, llama_checkpoint};
 use sampler_examples::llama2::generate::TextCodec;
 use sampler_examples::llama2::generate::{GenerateError, Generation, encode_prompt, generate};
-use sampler_examples::llama2::{BOS, EOS, Llama2, Llama2Error, ModelFiles};
+use sampler_examples::llama2::{Llama2, Llama2Error, ModelFiles};
 use serde_json::json;
 
 /// The chain used when neither `--config` nor `--samplers` is given
@@ -353,8 +353,6 @@ fn build_chain(a: &Args) -> Result<(ChainConfig, Vec<String>), AppError> {
             ),
         }
     }
-    // The model's end-of-text tokens are the stop ids of `min_tokens`.
-    chain.fill_stop_ids(&[EOS, BOS]);
     if a.logprobs.is_some() || a.logprobs_mode.is_some() || !a.logprob_token_ids.is_empty() {
         let lp = chain.logprobs.get_or_insert_with(Default::default);
         if let Some(n) = a.logprobs {
@@ -489,7 +487,7 @@ fn run(a: Args) -> Result<(), AppError> {
             "-n 0: the number of tokens to generate must be at least 1".into(),
         ));
     }
-    let (cfg, warnings) = build_chain(&a)?;
+    let (mut cfg, warnings) = build_chain(&a)?;
     for w in &warnings {
         eprintln!("warning: {w}");
     }
@@ -508,6 +506,8 @@ fn run(a: Args) -> Result<(), AppError> {
         tokenizer_file,
     } = loaded;
     let tokenizer: &dyn TextCodec = codec.as_ref();
+    // The model's end-of-text tokens are the stop ids of `min_tokens`.
+    cfg.chain.fill_stop_ids(&tokenizer.stop_ids());
     let c = *model.config();
     let room = c.seq_len + 1 - prompt_tokens.len();
     let n = if a.n > room {
@@ -601,7 +601,7 @@ fn run(a: Args) -> Result<(), AppError> {
             "text": text,
             "generated_text": generated_text,
             "stop_reason": generation.stop.as_str(),
-            "logprobs": logprobs_json(tokenizer, &generation),
+            "logprobs": sampler_examples::report::logprobs_json(tokenizer, &generation.logprobs),
             "plan": sampler_examples::report::plan_json(plan, &device_name, policy),
             "stats": {
                 "steps": generation.steps,
@@ -669,35 +669,6 @@ fn print_logprobs(
         )?;
     }
     Ok(())
-}
-
-/// The logprobs for `--json` (`-inf` is written as `null`).
-fn logprobs_json(tokenizer: &dyn TextCodec, g: &Generation) -> serde_json::Value {
-    let num = |l: f32| {
-        if l.is_finite() {
-            json!(l)
-        } else {
-            serde_json::Value::Null
-        }
-    };
-    let entry = |t: TokenId, l: f32| {
-        let text = tokenizer.token_text(t);
-        json!({"token": t, "text": text, "logprob": num(l)})
-    };
-    serde_json::Value::Array(
-        g.logprobs
-            .iter()
-            .map(|lp| match lp {
-                None => serde_json::Value::Null,
-                Some(lp) => json!({
-                    "token": lp.token.0,
-                    "logprob": num(lp.token.1),
-                    "top": lp.top.iter().map(|&(t, l)| entry(t, l)).collect::<Vec<_>>(),
-                    "requested": lp.requested.iter().map(|&(t, l)| entry(t, l)).collect::<Vec<_>>(),
-                }),
-            })
-            .collect(),
-    )
 }
 
 fn print_stats(

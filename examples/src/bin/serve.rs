@@ -1,37 +1,54 @@
-//! `serve`: continuous batching with a llama2.c model and one
-//! [`SamplingBatch`]. A stream of requests (OpenAI-style sampling
-//! parameters, each with its own seed) arrives at different steps; every
-//! step runs one batched model pass over the live requests (each at its own
-//! position, in its own slot of one KV cache: `Llama2::forward_batch`), whose
-//! `[rows, vocab]` logits stay on the device, and samples all rows in one
-//! call; a request leaves when it has its tokens, and its text is
-//! printed. The tokens of each request are the same as running it alone
-//! (`generate` with its parameters and seed).
+//! `serve`: continuous batching with one [`SamplingBatch`] and one batched
+//! model pass per step. Requests (each with its own prompt, sampling chain,
+//! seed and length) arrive at different steps; every step runs one
+//! `Llama2::forward_batch` over the live requests (a new request's whole
+//! prompt, the others' last token, each sequence in its own slot of one KV
+//! cache), whose `[rows, vocab]` logits stay on the device, and samples
+//! every request's row in one call; a request leaves when it stops, and
+//! its output is printed. A request's tokens are the same as running it
+//! alone.
+//!
+//! Models: a llama2.c checkpoint directory (default `models/stories260K`)
+//! or a Llama-architecture GGUF file (`--model FILE.gguf`, e.g.
+//! SmolLM2-135M-Instruct, whose requests may be chat `messages`).
+//! Requests: a built-in stream of mixed parameters (`--requests N`) or a
+//! JSON-lines file (`--requests-file FILE.jsonl`, format in
+//! `sampler_examples::requests`), one JSON line out per request.
 //!
 //! ```text
 //! cargo run --release -p sampler-examples --bin serve -- --requests 12 --device flex
+//! cargo run --release -p sampler-examples --bin serve -- --model smollm2.gguf --requests-file requests.jsonl
 //! ```
 //!
 //! See `docs/serving.md`.
 
-use std::path::PathBuf;
+use std::collections::VecDeque;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use burn_tensor::{Int, Tensor, TensorData};
 use chain_config::SamplingParams;
 use clap::Parser;
 use sampler_backend::{RequestId, SamplingBatch};
-use sampler_core::{Chain, OffloadPolicy, TokenId};
+use sampler_core::logprobs::Logprobs;
+use sampler_core::{Chain, ChainSpec, OffloadPolicy, TokenId};
 use sampler_examples::ban_words::BanWords;
-use sampler_examples::llama2::generate::encode_prompt;
-use sampler_examples::llama2::{BOS, EOS, Llama2, ModelFiles};
+use sampler_examples::chat::ChatTokenizer;
+use sampler_examples::gguf::{Gguf, llama_checkpoint};
+use sampler_examples::llama2::generate::TextCodec;
+use sampler_examples::llama2::{Llama2, ModelFiles, Tokenizer};
+use sampler_examples::report::logprobs_json;
+use sampler_examples::requests::{Prompt, parse_request};
+use serde_json::{Value, json};
 
 const DEFAULT_MODEL_DIRS: [&str; 2] = [
     "models/stories260K",
     concat!(env!("CARGO_MANIFEST_DIR"), "/../models/stories260K"),
 ];
 
-/// Prompts the requests cycle through.
+/// Prompts the built-in stream cycles through.
 const PROMPTS: [&str; 6] = [
     "Once upon a time",
     "The little dog",
@@ -41,8 +58,8 @@ const PROMPTS: [&str; 6] = [
     "In the park",
 ];
 
-/// OpenAI-style sampling parameters the requests cycle through: different
-/// stages, orders and parameters in one batch.
+/// OpenAI-style sampling parameters the built-in stream cycles through:
+/// different stages, orders and parameters in one batch.
 const PARAMS: [&str; 6] = [
     r#"{"temperature": 0.8, "top_k": 40, "top_p": 0.95}"#,
     r#"{"temperature": 0}"#,
@@ -56,9 +73,14 @@ const PARAMS: [&str; 6] = [
 #[derive(Debug, Parser)]
 #[command(name = "serve", version, about, long_about = None)]
 struct Args {
-    /// Model directory (llama2.c checkpoint + tokenizer). Default: models/stories260K.
+    /// Model: a llama2.c directory (checkpoint + tokenizer) or a GGUF file
+    /// (*.gguf). Default: models/stories260K.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Context of a GGUF model in tokens (the KV cache per sequence), at
+    /// least 1; capped by the model's own.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    context: u64,
     /// Device for the model and the sampling: flex, ndarray, wgpu, vulkan,
     /// cuda, cuda:N (compiled-in backends only).
     #[arg(long, default_value = "flex")]
@@ -66,15 +88,36 @@ struct Args {
     /// Offload policy: auto, off, device, or a number of stages.
     #[arg(long, default_value = "auto")]
     offload: String,
-    /// Requests in the stream, at least 1.
-    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u64).range(1..=4096))]
-    requests: u64,
-    /// A new request arrives every this many steps (0: all at once).
-    #[arg(long, default_value_t = 3)]
+    /// Requests of the built-in stream (mixed prompts and parameters), at
+    /// least 1. Default 12 when no --requests-file is given.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096), conflicts_with = "requests_file")]
+    requests: Option<u64>,
+    /// Requests as JSON lines (`-`: standard input), one OpenAI-style
+    /// completion body per line: `prompt` or `messages`, `max_tokens`,
+    /// `seed`, `arrival` (step), and the sampling chain as flat keys
+    /// (`temperature`, `top_p`, ...), `toml` or `chain`. Prints one JSON
+    /// line per request.
+    #[arg(long, value_name = "FILE.jsonl")]
+    requests_file: Option<PathBuf>,
+    /// Built-in stream: a new request arrives every this many steps (0:
+    /// all at once).
+    #[arg(long, default_value_t = 3, conflicts_with = "requests_file")]
     every: usize,
-    /// Seed of request 0; request i uses seed + i.
-    #[arg(long, default_value_t = 42)]
+    /// Built-in stream: seed of request 0; request i uses seed + i.
+    #[arg(long, default_value_t = 42, conflicts_with = "requests_file")]
     seed: u64,
+    /// At most this many requests generate at once; the others wait for
+    /// one to finish.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    concurrency: u64,
+    /// Prompt tokens the model takes per step, at least 1: a longer prompt
+    /// (or several) is processed in chunks over several steps, beside the
+    /// other requests' decoding rows.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    prefill_budget: u64,
+    /// One JSON line per request on stdout (always with --requests-file).
+    #[arg(long)]
+    json: bool,
     /// Comma-separated words no request may write: a custom stage
     /// (`sampler_examples::ban_words`, Hugging Face `bad_words_ids`) put
     /// first in every request's chain, through `SamplingBatch::insert_chain`.
@@ -82,194 +125,625 @@ struct Args {
     ban_words: Vec<String>,
 }
 
+/// The model's tokenizer: llama2.c's, or a GGUF chat model's.
+enum Codec {
+    Llama2(Tokenizer),
+    Chat(Box<ChatTokenizer>),
+}
+
+impl Codec {
+    fn text(&self) -> &dyn TextCodec {
+        match self {
+            Codec::Llama2(t) => t,
+            Codec::Chat(t) => t.as_ref(),
+        }
+    }
+
+    /// The prompt's ids: llama2.c adds BOS and its dummy space; a GGUF
+    /// model's text is encoded as it is (BOS alone for an empty prompt), its
+    /// messages through the chat template.
+    fn encode(&self, prompt: &Prompt) -> Result<Vec<TokenId>, String> {
+        match (self, prompt) {
+            (Codec::Llama2(t), Prompt::Text(p)) => Ok(t.encode(p, true, false)),
+            (Codec::Llama2(_), Prompt::Messages(_)) => Err(
+                "`messages` needs a GGUF chat model (--model FILE.gguf): a llama2.c checkpoint has no chat template".into(),
+            ),
+            (Codec::Chat(t), Prompt::Text(p)) if p.is_empty() => Ok(vec![t.bos]),
+            (Codec::Chat(t), Prompt::Text(p)) => t.encode(p).map_err(|e| e.to_string()),
+            (Codec::Chat(t), Prompt::Messages(m)) => t
+                .apply_chat_template(m, true)
+                .and_then(|text| t.encode(&text))
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// A stage banning `words` at the start of the text and after a space.
+    fn ban_words(&self, words: &[&str]) -> Result<BanWords, String> {
+        match self {
+            Codec::Llama2(t) => Ok(BanWords::from_words(t, words)),
+            Codec::Chat(t) => {
+                let mut seqs = Vec::new();
+                for w in words.iter().map(|w| w.trim()).filter(|w| !w.is_empty()) {
+                    seqs.push(t.encode(w).map_err(|e| e.to_string())?);
+                    seqs.push(t.encode(&format!(" {w}")).map_err(|e| e.to_string())?);
+                }
+                seqs.sort();
+                seqs.dedup();
+                Ok(BanWords::new(seqs))
+            }
+        }
+    }
+}
+
+/// Whether `path` is a GGUF file (by its magic).
+fn is_gguf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    path.is_file()
+        && std::fs::File::open(path)
+            .and_then(|mut f| f.read_exact(&mut magic))
+            .is_ok()
+        && &magic == b"GGUF"
+}
+
+fn load(a: &Args, device: &burn_tensor::Device) -> Result<(Llama2, Codec), String> {
+    let path = match &a.model {
+        Some(p) => p.clone(),
+        None => DEFAULT_MODEL_DIRS
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_dir())
+            .ok_or(
+                "no model: pass --model DIR or FILE.gguf (models/stories260K is in the repository)",
+            )?,
+    };
+    if is_gguf(&path) {
+        let g = Gguf::read(&path).map_err(|e| e.to_string())?;
+        let ckpt = llama_checkpoint(&g, a.context as usize).map_err(|e| e.to_string())?;
+        let chat = ChatTokenizer::from_gguf(&g).map_err(|e| e.to_string())?;
+        return Ok((Llama2::new(&ckpt, device), Codec::Chat(Box::new(chat))));
+    }
+    let files = ModelFiles::locate(&path, None).map_err(|e| e.to_string())?;
+    let (ckpt, tokenizer) = files.load().map_err(|e| e.to_string())?;
+    Ok((Llama2::new(&ckpt, device), Codec::Llama2(tokenizer)))
+}
+
+/// A request as read: its prompt (or why it cannot run), chain and length.
+struct Job {
+    index: usize,
+    /// Where it came from, for errors: `FILE:LINE` or `request N`.
+    origin: String,
+    id: Value,
+    parsed: Result<(Prompt, ChainSpec), String>,
+    max_tokens: usize,
+    arrival: usize,
+    stop: Vec<TokenId>,
+}
+
+/// The built-in stream: prompts and parameters cycled, request i arriving
+/// at step `i * every` with seed `seed + i`.
+fn builtin_jobs(a: &Args) -> Vec<Job> {
+    let n = a.requests.unwrap_or(12) as usize;
+    (0..n)
+        .map(|i| {
+            let parsed = SamplingParams::from_json_str(PARAMS[i % PARAMS.len()])
+                .and_then(|p| p.to_chain())
+                .map(|cfg| {
+                    let mut chain = cfg.chain;
+                    chain.seed = Some(a.seed.wrapping_add(i as u64));
+                    (Prompt::Text(PROMPTS[i % PROMPTS.len()].into()), chain)
+                })
+                .map_err(|e| e.to_string());
+            Job {
+                index: i,
+                origin: format!("request {i}"),
+                id: Value::from(i),
+                parsed,
+                max_tokens: 16 + (i * 7) % 32,
+                arrival: i.saturating_mul(a.every),
+                stop: Vec::new(),
+            }
+        })
+        .collect()
+}
+
+/// Requests from a JSON-lines file; a bad line (not UTF-8, not a valid
+/// request) is a job that fails with its error (the other requests run).
+fn file_jobs(path: &Path) -> Result<Vec<Job>, String> {
+    let mut reader: Box<dyn BufRead> = if path == Path::new("-") {
+        Box::new(std::io::stdin().lock())
+    } else {
+        let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Box::new(std::io::BufReader::new(f))
+    };
+    let mut jobs = Vec::new();
+    let mut bytes = Vec::new();
+    for n in 1.. {
+        bytes.clear();
+        let read = reader
+            .read_until(b'\n', &mut bytes)
+            .map_err(|e| format!("{}:{n}: {e}", path.display()))?;
+        if read == 0 {
+            break;
+        }
+        let origin = format!("{}:{n}", path.display());
+        let index = jobs.len();
+        let line = match std::str::from_utf8(&bytes) {
+            Ok(l) if l.trim().is_empty() => continue,
+            Ok(l) => l,
+            Err(e) => {
+                jobs.push(Job {
+                    index,
+                    origin: origin.clone(),
+                    id: Value::from(index),
+                    parsed: Err(format!("{origin}: not UTF-8: {e}")),
+                    max_tokens: 1,
+                    arrival: 0,
+                    stop: Vec::new(),
+                });
+                continue;
+            }
+        };
+        jobs.push(match parse_request(line, index) {
+            Ok(r) => Job {
+                index,
+                origin,
+                id: r.id,
+                parsed: Ok((r.prompt, r.config.chain)),
+                max_tokens: r.max_tokens,
+                arrival: r.arrival,
+                stop: r.stop,
+            },
+            Err(e) => Job {
+                index,
+                // The line's own `id` when it has one, for the error line.
+                id: serde_json::from_str::<Value>(line)
+                    .ok()
+                    .and_then(|v| v.get("id").cloned())
+                    .unwrap_or(Value::from(index)),
+                parsed: Err(format!("{origin}: {e}")),
+                origin,
+                max_tokens: 1,
+                arrival: 0,
+                stop: Vec::new(),
+            },
+        });
+    }
+    if jobs.is_empty() {
+        return Err(format!("{}: no requests in the file", path.display()));
+    }
+    Ok(jobs)
+}
+
 struct Live {
     index: usize,
-    id: RequestId,
+    id: Value,
+    rid: RequestId,
     /// Its slot in the batch KV cache.
     slot: usize,
+    /// Prompt tokens already through the model.
+    prefilled: usize,
+    /// The next token to feed, and its position (once the prompt is in).
     token: TokenId,
     pos: usize,
     prompt: Vec<TokenId>,
     tokens: Vec<TokenId>,
+    logprobs: Vec<Option<Logprobs>>,
+    wants_logprobs: bool,
     max_tokens: usize,
-    arrived: usize,
+    /// The model's stop tokens and the request's `stop_token_ids`.
+    stop: Vec<TokenId>,
+    arrival: usize,
+    started: usize,
     chain: String,
+    seed: Option<u64>,
+}
+
+/// What the run printed and measured.
+#[derive(Default)]
+struct Totals {
+    steps: usize,
+    rows: usize,
+    max_rows: usize,
+    max_sampled: usize,
+    bytes: usize,
+    generated: usize,
+    model: Duration,
+    sampling: Duration,
+    failed: usize,
+}
+
+struct Server<'a> {
+    model: &'a Llama2,
+    codec: &'a Codec,
+    batch: SamplingBatch,
+    cache: sampler_examples::llama2::BatchKvCache,
+    /// Slots the cache may grow to (the concurrency).
+    max_slots: usize,
+    free: Vec<usize>,
+    prefill_budget: usize,
+    ban: Option<BanWords>,
+    json: bool,
+}
+
+impl Server<'_> {
+    /// Put a job into the batch and give it a cache slot.
+    fn admit(&mut self, job: Job, step: usize) -> Result<Live, String> {
+        let origin = job.origin;
+        let fail = |e: String| format!("{origin}: {e}");
+        let (prompt, mut spec) = job.parsed?;
+        let prompt = self.codec.encode(&prompt).map_err(fail)?;
+        let c = self.model.config();
+        if prompt.is_empty() {
+            return Err(fail("the prompt encodes to no tokens".into()));
+        }
+        if prompt.len() > c.seq_len {
+            return Err(fail(format!(
+                "the prompt has {} tokens, more than the context ({}; --context)",
+                prompt.len(),
+                c.seq_len
+            )));
+        }
+        if let Some(&t) = prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(fail(format!(
+                "prompt token {t} is outside the model's vocabulary (0..{})",
+                c.vocab_size
+            )));
+        }
+        let model_stops = self.codec.text().stop_ids();
+        // `min_tokens` holds off the model's end-of-text tokens too, beside
+        // the request's own stop ids.
+        for s in &mut spec.stages {
+            if let sampler_core::StageSpec::MinTokens { stop, .. } = s {
+                for &t in &model_stops {
+                    if !stop.contains(&t) {
+                        stop.push(t);
+                    }
+                }
+            }
+        }
+        let mut stop = model_stops;
+        for t in job.stop {
+            if !stop.contains(&t) {
+                stop.push(t);
+            }
+        }
+        // Penalty-style stages see the prompt as history (BOS excluded).
+        let bos = self.codec.text().bos();
+        let history: Vec<TokenId> = prompt.iter().copied().filter(|&t| Some(t) != bos).collect();
+        let wants_logprobs = spec.logprobs.is_some();
+        let (rid, chain) = match &self.ban {
+            None => (
+                self.batch.insert(spec.clone(), &history),
+                spec.chain_string(),
+            ),
+            Some(ban) => {
+                let built = sampler_cpu::build_chain(&spec).map_err(|e| fail(e.to_string()))?;
+                let mut stages: Vec<Box<dyn sampler_core::Sampler>> = vec![Box::new(ban.clone())];
+                stages.extend(built.stages().iter().cloned());
+                (
+                    self.batch.insert_chain(
+                        Chain::new(stages, Some(built.seed())),
+                        spec.logprobs.clone(),
+                        &history,
+                    ),
+                    format!("ban_words;{}", spec.chain_string()),
+                )
+            }
+        };
+        let rid = rid.map_err(|e| fail(e.to_string()))?;
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                let s = self.cache.slots();
+                let grown = (2 * s).clamp(s + 1, self.max_slots.max(s + 1));
+                self.model.grow_batch_cache(&mut self.cache, grown);
+                self.free.extend((s + 1..self.cache.slots()).rev());
+                s
+            }
+        };
+        let seed = self.batch.spec(rid).and_then(|s| s.seed);
+        Ok(Live {
+            index: job.index,
+            id: job.id,
+            rid,
+            slot,
+            prefilled: 0,
+            token: 0,
+            pos: 0,
+            prompt,
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            wants_logprobs,
+            max_tokens: job.max_tokens,
+            stop,
+            arrival: job.arrival,
+            started: step,
+            chain,
+            seed,
+        })
+    }
+
+    /// One step: one batched model pass over the live requests (a chunk of
+    /// each unfinished prompt within the prefill budget, every other
+    /// request's last token), one sampling call over the requests with a
+    /// row to sample; returns each live request's stop reason (or none).
+    fn step(
+        &mut self,
+        live: &mut [Live],
+        step: usize,
+        t: &mut Totals,
+    ) -> Result<Vec<Option<String>>, String> {
+        let (mut tokens, mut positions, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+        // (live request, its row in the pass) for the requests sampled now.
+        let mut take: Vec<(usize, usize)> = Vec::with_capacity(live.len());
+        let mut budget = self.prefill_budget;
+        for (k, r) in live.iter_mut().enumerate() {
+            if r.prefilled < r.prompt.len() {
+                if budget == 0 {
+                    continue;
+                }
+                let end = (r.prefilled + budget).min(r.prompt.len());
+                budget -= end - r.prefilled;
+                tokens.extend(&r.prompt[r.prefilled..end]);
+                positions.extend(r.prefilled..end);
+                slots.extend(std::iter::repeat_n(r.slot, end - r.prefilled));
+                r.prefilled = end;
+                if end < r.prompt.len() {
+                    continue;
+                }
+            } else {
+                tokens.push(r.token);
+                positions.push(r.pos);
+                slots.push(r.slot);
+            }
+            take.push((k, tokens.len() - 1));
+        }
+        let t0 = Instant::now();
+        let mut logits = self
+            .model
+            .forward_batch(&tokens, &positions, &slots, &mut self.cache)
+            .map_err(|e| format!("step {step}: model: {e}"))?; // [rows, vocab], on the device
+        t.rows += tokens.len();
+        t.max_rows = t.max_rows.max(tokens.len());
+        let mut reasons = vec![None; live.len()];
+        if take.is_empty() {
+            // Only prompt chunks this step: nothing to sample yet.
+            t.model += t0.elapsed();
+            return Ok(reasons);
+        }
+        if take.len() != tokens.len() {
+            // Keep only the rows sampled now (each prompt's last row).
+            let rows: Vec<i64> = take.iter().map(|&(_, row)| row as i64).collect();
+            let index = Tensor::<1, Int>::from_data(
+                TensorData::new(rows, [take.len()]),
+                self.model.device(),
+            );
+            logits = logits.select(0, index);
+        }
+        let ids: Vec<RequestId> = take.iter().map(|&(k, _)| live[k].rid).collect();
+        let t1 = Instant::now();
+        let out = self
+            .batch
+            .step(&ids, logits)
+            .map_err(|e| format!("step {step}: sampling: {e}"))?;
+        let t2 = Instant::now();
+        t.model += t1 - t0;
+        t.sampling += t2 - t1;
+        t.max_sampled = t.max_sampled.max(ids.len());
+        t.bytes += out.bytes_read;
+        debug_assert_eq!(out.tokens.len(), ids.len());
+        debug_assert_eq!(out.logprobs.len(), ids.len());
+
+        let seq_len = self.model.config().seq_len;
+        for ((&(k, _), tok), lp) in take.iter().zip(out.tokens).zip(out.logprobs) {
+            let r = &mut live[k];
+            reasons[k] = match tok {
+                Ok(tok) => {
+                    // The first token after the prompt goes at its end.
+                    r.pos = if r.tokens.is_empty() {
+                        r.prompt.len()
+                    } else {
+                        r.pos + 1
+                    };
+                    r.tokens.push(tok);
+                    r.logprobs.push(lp);
+                    t.generated += 1;
+                    r.token = tok;
+                    if r.stop.contains(&tok) {
+                        Some("stop".to_string())
+                    } else if r.tokens.len() >= r.max_tokens {
+                        Some("length".into())
+                    } else if r.pos >= seq_len {
+                        Some("context".into())
+                    } else {
+                        None
+                    }
+                }
+                Err(e) => Some(format!("error: step {step}: {e}")),
+            };
+        }
+        Ok(reasons)
+    }
+
+    /// Print a finished request.
+    fn report(&self, r: &Live, why: &str, step: usize) {
+        let codec = self.codec.text();
+        let (finish, error) = match why.strip_prefix("error: ") {
+            Some(e) => ("error", Some(e)),
+            None => (why, None),
+        };
+        if self.json {
+            let mut line = json!({
+                "id": r.id,
+                "index": r.index,
+                "prompt_tokens": r.prompt.len(),
+                "completion_tokens": r.tokens.len(),
+                "tokens": r.tokens,
+                "text": String::from_utf8_lossy(&codec.decode_bytes(&r.tokens)),
+                "finish_reason": finish,
+                "arrival": r.arrival,
+                "start_step": r.started,
+                "end_step": step,
+                "chain": r.chain,
+                "seed": r.seed,
+            });
+            if let Some(e) = error {
+                line["error"] = json!(e);
+            }
+            if r.wants_logprobs {
+                line["logprobs"] = logprobs_json(codec, &r.logprobs);
+            }
+            println!("{line}");
+        } else {
+            if let Some(e) = error {
+                eprintln!("request {}: {e}", r.index);
+            }
+            let mut all = r.prompt.clone();
+            all.extend(&r.tokens);
+            println!(
+                "[request {:>2}] steps {}..{} ({finish}), {} tokens, {}: {}",
+                r.index,
+                r.started,
+                step,
+                r.tokens.len(),
+                r.chain,
+                String::from_utf8_lossy(&codec.decode_bytes(&all)).trim()
+            );
+        }
+    }
+
+    /// A request that could not start.
+    fn refuse(&self, index: usize, id: &Value, e: &str) {
+        if self.json {
+            println!(
+                "{}",
+                json!({"id": id, "index": index, "finish_reason": "error", "error": e})
+            );
+        }
+        eprintln!("request {index}: {e}");
+    }
+
+    /// Take a finished request out of the batch and print it.
+    fn finish(&mut self, r: Live, why: &str, step: usize) -> Result<(), String> {
+        self.batch.remove(r.rid).map_err(|e| e.to_string())?;
+        self.free.push(r.slot);
+        self.report(&r, why, step);
+        Ok(())
+    }
 }
 
 fn run(a: Args) -> Result<(), String> {
     let policy: OffloadPolicy = a.offload.parse().map_err(|e| format!("--offload {e}"))?;
     let (device, policy) =
         sampler_backend::resolve_device(&a.device, policy).map_err(|e| e.to_string())?;
-    let dir = match &a.model {
-        Some(p) => p.clone(),
-        None => DEFAULT_MODEL_DIRS
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.is_dir())
-            .ok_or("no model: pass --model DIR (models/stories260K is in the repository)")?,
+    let mut jobs = match &a.requests_file {
+        Some(p) => file_jobs(p)?,
+        None => builtin_jobs(&a),
     };
-    let files = ModelFiles::locate(&dir, None).map_err(|e| e.to_string())?;
-    let (ckpt, tokenizer) = files.load().map_err(|e| e.to_string())?;
-    let model = Llama2::new(&ckpt, &device);
-    let vocab = model.config().vocab_size;
-    let seq_len = model.config().seq_len;
-    let mut batch = SamplingBatch::new(vocab, &device, policy).map_err(|e| e.to_string())?;
+    // Arrival order; requests arriving at the same step in file order.
+    jobs.sort_by_key(|j| (j.arrival, j.index));
+    let n = jobs.len();
+    let concurrency = (a.concurrency as usize).min(n);
+    let (model, codec) = load(&a, &device)?;
+    let words: Vec<&str> = a.ban_words.iter().map(String::as_str).collect();
+    let slots = concurrency.min(4);
+    let mut server = Server {
+        model: &model,
+        codec: &codec,
+        batch: SamplingBatch::new(model.config().vocab_size, &device, policy)
+            .map_err(|e| e.to_string())?,
+        // Cache slots are reused; the cache grows up to the concurrency.
+        cache: model.new_batch_cache(slots),
+        max_slots: concurrency,
+        free: (0..slots).rev().collect(),
+        prefill_budget: a.prefill_budget as usize,
+        ban: if words.is_empty() {
+            None
+        } else {
+            Some(codec.ban_words(&words)?)
+        },
+        json: a.json || a.requests_file.is_some(),
+    };
 
-    let n = a.requests as usize;
+    let mut queue: VecDeque<Job> = jobs.into();
     let mut live: Vec<Live> = Vec::new();
-    // One KV cache for every live request; slots are reused.
-    let mut cache = model.new_batch_cache(4);
-    let mut free: Vec<usize> = (0..4).rev().collect();
-    let mut next = 0;
+    let mut t = Totals::default();
     let mut step = 0;
-    let (mut rows_total, mut max_rows, mut bytes_total) = (0usize, 0usize, 0usize);
-    let (mut model_time, mut sample_time) = (Duration::ZERO, Duration::ZERO);
-    let mut failed = 0;
-    while next < n || !live.is_empty() {
-        // Arrivals: plan the request, run its prompt through the model.
-        while next < n && step >= next * a.every {
-            let i = next;
-            next += 1;
-            let params = SamplingParams::from_json_str(PARAMS[i % PARAMS.len()])
-                .map_err(|e| format!("request {i}: {e}"))?;
-            let mut cfg = params.to_chain().map_err(|e| format!("request {i}: {e}"))?;
-            cfg.chain.seed = Some(a.seed + i as u64);
-            // `min_tokens` without stop ids stops at the model's end of text.
-            cfg.chain.fill_stop_ids(&[EOS, BOS]);
-            let prompt = encode_prompt(&model, &tokenizer, PROMPTS[i % PROMPTS.len()])
-                .map_err(|e| e.to_string())?;
-            let history: Vec<TokenId> = prompt.iter().copied().filter(|&t| t != BOS).collect();
-            let id = if a.ban_words.is_empty() {
-                batch.insert(cfg.chain.clone(), &history)
-            } else {
-                let words: Vec<&str> = a.ban_words.iter().map(String::as_str).collect();
-                let built = sampler_cpu::build_chain(&cfg.chain).map_err(|e| e.to_string())?;
-                let mut stages: Vec<Box<dyn sampler_core::Sampler>> =
-                    vec![Box::new(BanWords::from_words(&tokenizer, &words))];
-                stages.extend(built.stages().iter().cloned());
-                batch.insert_chain(Chain::new(stages, Some(built.seed())), None, &history)
-            }
-            .map_err(|e| format!("request {i}: {e}"))?;
-            let slot = match free.pop() {
-                Some(s) => s,
-                None => {
-                    let s = cache.slots();
-                    model.grow_batch_cache(&mut cache, 2 * s.max(4));
-                    free.extend((s + 1..cache.slots()).rev());
-                    s
+    let started = Instant::now();
+    while !queue.is_empty() || !live.is_empty() {
+        while live.len() < concurrency && queue.front().is_some_and(|j| j.arrival <= step) {
+            let Some(job) = queue.pop_front() else { break };
+            let (index, id) = (job.index, job.id.clone());
+            match server.admit(job, step) {
+                Ok(r) => live.push(r),
+                Err(e) => {
+                    server.refuse(index, &id, &e);
+                    t.failed += 1;
                 }
-            };
-            // The prompt (but its last token) in one batched pass.
-            let last = prompt.len() - 1;
-            if last > 0 {
-                let positions: Vec<usize> = (0..last).collect();
-                drop(
-                    model
-                        .forward_batch(&prompt[..last], &positions, &vec![slot; last], &mut cache)
-                        .map_err(|e| e.to_string())?,
-                );
             }
-            live.push(Live {
-                index: i,
-                id,
-                slot,
-                token: prompt[last],
-                pos: last,
-                prompt,
-                tokens: Vec::new(),
-                max_tokens: 16 + (i * 7) % 32,
-                arrived: step,
-                chain: if a.ban_words.is_empty() {
-                    cfg.chain.chain_string()
-                } else {
-                    format!("ban_words;{}", cfg.chain.chain_string())
-                },
-            });
         }
         if live.is_empty() {
-            step += 1;
+            // Nothing to run: jump to the next arrival.
+            step = queue.front().map_or(step + 1, |j| j.arrival.max(step + 1));
             continue;
         }
-        // One batched model pass for every live request (each at its own
-        // position, in its own cache slot), one sampling call for all rows.
-        let t0 = Instant::now();
-        let tokens: Vec<TokenId> = live.iter().map(|r| r.token).collect();
-        let positions: Vec<usize> = live.iter().map(|r| r.pos).collect();
-        let slots: Vec<usize> = live.iter().map(|r| r.slot).collect();
-        let logits = model
-            .forward_batch(&tokens, &positions, &slots, &mut cache)
-            .map_err(|e| e.to_string())?; // [rows, vocab], on the device
-        let ids: Vec<RequestId> = live.iter().map(|r| r.id).collect();
-        let t1 = Instant::now();
-        let out = batch.step(&ids, logits).map_err(|e| e.to_string())?;
-        let t2 = Instant::now();
-        model_time += t1 - t0;
-        sample_time += t2 - t1;
-        rows_total += ids.len();
-        max_rows = max_rows.max(ids.len());
-        bytes_total += out.bytes_read;
-
-        let mut done = Vec::new();
-        for (k, (r, t)) in live.iter_mut().zip(out.tokens).enumerate() {
-            let stop = match t {
-                Ok(t) => {
-                    r.tokens.push(t);
-                    r.token = t;
-                    r.pos += 1;
-                    if t == BOS || t == EOS {
-                        Some("end_of_text")
-                    } else if r.tokens.len() >= r.max_tokens {
-                        Some("length")
-                    } else if r.pos >= seq_len {
-                        Some("context")
-                    } else {
-                        None
+        match server.step(&mut live, step, &mut t) {
+            Ok(reasons) => {
+                for (k, why) in reasons.into_iter().enumerate().rev() {
+                    let Some(why) = why else { continue };
+                    let r = live.remove(k);
+                    if why.starts_with("error") {
+                        t.failed += 1;
                     }
+                    server.finish(r, &why, step)?;
                 }
-                Err(e) => {
-                    eprintln!("request {}: step {step}: {e}", r.index);
-                    failed += 1;
-                    Some("error")
+            }
+            Err(e) => {
+                // The pass failed as a whole: every live request ends with the error.
+                for r in std::mem::take(&mut live) {
+                    t.failed += 1;
+                    server.finish(r, &format!("error: {e}"), step)?;
                 }
-            };
-            if let Some(why) = stop {
-                done.push((k, why));
             }
         }
-        for &(k, why) in done.iter().rev() {
-            let r = live.remove(k);
-            batch.remove(r.id).map_err(|e| e.to_string())?;
-            free.push(r.slot);
-            let mut all = r.prompt.clone();
-            all.extend(&r.tokens);
-            println!(
-                "[request {:>2}] steps {}..{} ({why}), {} tokens, {}: {}",
-                r.index,
-                r.arrived,
-                step,
-                r.tokens.len(),
-                r.chain,
-                tokenizer.decode(&all).trim()
-            );
-        }
+        t.steps += 1;
         step += 1;
     }
-    let steps = step.max(1);
+    let wall = started.elapsed();
+    let steps = t.steps.max(1);
+    let step_time = (t.model + t.sampling).as_secs_f64().max(1e-9);
     eprintln!(
-        "{n} requests on {} (offload {policy}): {step} steps, {:.1} rows/step on average, at most {max_rows}",
+        "{n} requests on {} (offload {policy}, concurrency {concurrency}): {} steps, at most {} requests sampled in a step, {:.1} model rows per step on average, at most {}",
         a.device,
-        rows_total as f64 / steps as f64
+        t.steps,
+        t.max_sampled,
+        t.rows as f64 / steps as f64,
+        t.max_rows
     );
     eprintln!(
-        "model {:.1} ms, sampling {:.1} ms ({:.1} us per row), {} bytes read back ({:.1} per row)",
-        model_time.as_secs_f64() * 1e3,
-        sample_time.as_secs_f64() * 1e3,
-        sample_time.as_secs_f64() * 1e6 / rows_total.max(1) as f64,
-        bytes_total,
-        bytes_total as f64 / rows_total.max(1) as f64
+        "{} tokens in {:.2} s = {:.1} tokens/s; model {:.1} ms, sampling {:.1} ms = {:.1}% of step time ({:.1} us per sampled row)",
+        t.generated,
+        wall.as_secs_f64(),
+        t.generated as f64 / wall.as_secs_f64().max(1e-9),
+        t.model.as_secs_f64() * 1e3,
+        t.sampling.as_secs_f64() * 1e3,
+        100.0 * t.sampling.as_secs_f64() / step_time,
+        t.sampling.as_secs_f64() * 1e6 / t.generated.max(1) as f64,
     );
-    if failed > 0 {
-        return Err(format!("{failed} requests failed"));
+    if !matches!(a.device.trim(), "flex" | "ndarray" | "cpu") {
+        eprintln!(
+            "note: {} runs asynchronously: the model time counts queuing its work, the sampling time includes waiting for it",
+            a.device
+        );
+    }
+    eprintln!(
+        "{} bytes read back ({:.1} per sampled row)",
+        t.bytes,
+        t.bytes as f64 / t.generated.max(1) as f64
+    );
+    if t.failed > 0 {
+        return Err(format!("{} of {n} requests failed", t.failed));
     }
     Ok(())
 }

@@ -119,6 +119,12 @@ pub trait TextCodec {
     }
     /// The token's own text as the vocabulary writes it (for listings).
     fn token_text(&self, id: TokenId) -> Option<String>;
+    /// The tokens that end a generation (end of text / end of turn, and
+    /// the beginning-of-sequence token).
+    fn stop_ids(&self) -> Vec<TokenId>;
+    /// The beginning-of-sequence token, left out of the history that
+    /// penalty-style stages see.
+    fn bos(&self) -> Option<TokenId>;
 }
 
 impl TextCodec for Tokenizer {
@@ -134,6 +140,12 @@ impl TextCodec for Tokenizer {
     fn token_text(&self, id: TokenId) -> Option<String> {
         self.piece(id)
             .map(|p| String::from_utf8_lossy(p).into_owned())
+    }
+    fn stop_ids(&self) -> Vec<TokenId> {
+        vec![EOS, BOS]
+    }
+    fn bos(&self) -> Option<TokenId> {
+        Some(BOS)
     }
 }
 
@@ -167,7 +179,8 @@ pub fn encode_prompt(
 /// [`SamplingBatch::step`], which samples on the device and reads back only the
 /// plan's readback format. `on_token(token, bytes)` is called for each
 /// generated token with its decoded bytes (empty for BOS/EOS), for streaming.
-/// Stops early when the model emits BOS or EOS, or the context is full.
+/// Stops early when the model emits one of the tokenizer's stop ids
+/// ([`TextCodec::stop_ids`]), or the context is full.
 ///
 /// # Errors
 /// [`GenerateError::ZeroTokens`] for `max_new_tokens == 0`; model, executor
@@ -193,10 +206,11 @@ pub fn generate(
         .into());
     }
     // Penalty-style stages see the prompt as history (BOS excluded).
+    let bos = tokenizer.bos();
     let history: Vec<TokenId> = prompt_tokens
         .iter()
         .copied()
-        .filter(|&t| t != BOS)
+        .filter(|&t| Some(t) != bos)
         .collect();
     batch.accept_prompt(id, &history)?;
 
@@ -223,6 +237,7 @@ pub fn generate(
     let mut token = prompt_tokens[last];
     let mut pos = last;
     let mut prev = token;
+    let stops = tokenizer.stop_ids();
     let stop = loop {
         let logits = model.forward_batch(&[token], &[pos], &[0], &mut cache)?; // [1, vocab], on the device
         let out = batch.step(&[id], logits)?;
@@ -235,7 +250,7 @@ pub fn generate(
             None => return Err(GenerateError::NoToken { step }),
         };
         tokens.push(next);
-        if next == BOS || next == EOS {
+        if stops.contains(&next) {
             on_token(next, &[]);
             break StopReason::EndOfText;
         }
