@@ -280,10 +280,14 @@ impl Llama2 {
                 .map(|(&s, &p)| (s * seq + p) as i64)
                 .collect(),
         );
+        // Attention reads positions `0..span` of each row's sequence: the
+        // positions this call can see (masked entries add exact zeros, so a
+        // row's values do not depend on the span).
+        let span = positions.iter().max().map_or(1, |&p| p + 1);
         let read_ix = ints(
             slots
                 .iter()
-                .flat_map(|&s| (s * seq..(s + 1) * seq).map(|i| i as i64))
+                .flat_map(|&s| (s * seq..s * seq + span).map(|i| i as i64))
                 .collect(),
         );
         let mut x = self.embedding.clone().select(0, token_ix); // [B, dim]
@@ -297,21 +301,16 @@ impl Llama2 {
             .clone()
             .select(0, pos_ix)
             .reshape([b, 1, hs / 2, 1]);
-        // Host-built masks: the cache rows written, and each row's future.
-        let mut write = vec![false; s_max * seq];
-        let mut future = vec![false; b * seq];
-        for (r, (&s, &p)) in slots.iter().zip(positions).enumerate() {
-            write[s * seq + p] = true;
-            future[r * seq + p + 1..(r + 1) * seq].fill(true);
+        // Host-built mask: each row's future.
+        let mut future = vec![false; b * span];
+        for (r, &p) in positions.iter().enumerate() {
+            future[r * span + p + 1..(r + 1) * span].fill(true);
         }
-        let write = Tensor::<2, burn_tensor::Bool>::from_data(
-            TensorData::new(write, [s_max * seq, 1]),
+        let future = Tensor::<4, burn_tensor::Bool>::from_data(
+            TensorData::new(future, [b, 1, 1, span]),
             dev,
         )
-        .expand([s_max * seq, kv_dim]);
-        let future =
-            Tensor::<4, burn_tensor::Bool>::from_data(TensorData::new(future, [b, 1, 1, seq]), dev)
-                .expand([b, n_kv, group, seq]);
+        .expand([b, n_kv, group, span]);
         let scale = 1.0 / (hs as f64).sqrt();
         let rope = |t: Tensor<2>, heads: usize| -> Tensor<2> {
             let half = hs / 2;
@@ -322,24 +321,18 @@ impl Llama2 {
             let rb = a.mul(sin.clone()).add(bb.mul(cos.clone()));
             Tensor::cat(vec![ra, rb], 3).reshape([b, heads * hs])
         };
-        // The rows' new k (or v) `[B, kv_dim]` at their (distinct) cache rows.
-        let to_rows = |t: Tensor<2>| -> Tensor<2> {
-            Tensor::<2>::zeros([s_max * seq, kv_dim], dev).select_assign(
-                0,
-                write_ix.clone(),
-                t,
-                burn_tensor::IndexingUpdateOp::Add,
-            )
-        };
-        // Each row's sequence, `[B, n_kv, seq, hs]`.
+        // Each row's sequence, `[B, n_kv, span, hs]`.
         let of_rows = |cache: &Tensor<2>| -> Tensor<4> {
             cache
                 .clone()
                 .select(0, read_ix.clone())
-                .reshape([b, seq, n_kv, hs])
+                .reshape([b, span, n_kv, hs])
                 .swap_dims(1, 2)
         };
-        for (l, blk) in self.blocks.iter().enumerate() {
+        // The layers' caches are taken and put back, so each is updated in
+        // place (its only owner) at the rows' distinct cache rows.
+        let (old_k, old_v) = (std::mem::take(&mut cache.k), std::mem::take(&mut cache.v));
+        for ((blk, k_cache), v_cache) in self.blocks.iter().zip(old_k).zip(old_v) {
             let h = rmsnorm(x.clone(), &blk.rms_att);
             let qkv = h.matmul(blk.wqkv.clone()); // [B, dim + 2 * kv_dim]
             let qk = rope(
@@ -349,15 +342,18 @@ impl Llama2 {
             let v = qkv.slice([0..b, c.dim + kv_dim..c.dim + 2 * kv_dim]);
             let q = qk.clone().slice([0..b, 0..c.dim]);
             let k = qk.slice([0..b, c.dim..c.dim + kv_dim]);
-            cache.k[l] = cache.k[l].clone().mask_where(write.clone(), to_rows(k));
-            cache.v[l] = cache.v[l].clone().mask_where(write.clone(), to_rows(v));
+            let assign = burn_tensor::IndexingUpdateOp::Assign;
+            let k_cache = k_cache.select_assign(0, write_ix.clone(), k, assign);
+            let v_cache = v_cache.select_assign(0, write_ix.clone(), v, assign);
             let q = q.reshape([b, n_kv, group, hs]);
             let scores = q
-                .matmul(of_rows(&cache.k[l]).swap_dims(2, 3))
+                .matmul(of_rows(&k_cache).swap_dims(2, 3))
                 .mul_scalar(scale)
-                .mask_fill(future.clone(), f32::NEG_INFINITY); // [B, n_kv, group, seq]
+                .mask_fill(future.clone(), f32::NEG_INFINITY); // [B, n_kv, group, span]
             let att = softmax(scores, 3);
-            let out = att.matmul(of_rows(&cache.v[l])).reshape([b, c.dim]);
+            let out = att.matmul(of_rows(&v_cache)).reshape([b, c.dim]);
+            cache.k.push(k_cache);
+            cache.v.push(v_cache);
             x = x.add(out.matmul(blk.wo.clone()));
             let h = rmsnorm(x.clone(), &blk.rms_ffn);
             let gu = h.matmul(blk.w13.clone());
