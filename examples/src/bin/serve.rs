@@ -1,12 +1,13 @@
 //! `serve`: continuous batching with one [`SamplingBatch`] and one batched
 //! model pass per step. Requests (each with its own prompt, sampling chain,
 //! seed and length) arrive at different steps; every step runs one
-//! `Llama2::forward_batch` over the live requests (a new request's whole
-//! prompt, the others' last token, each sequence in its own slot of one KV
-//! cache), whose `[rows, vocab]` logits stay on the device, and samples
-//! every request's row in one call; a request leaves when it stops, and
-//! its output is printed. A request's tokens are the same as running it
-//! alone.
+//! `Llama2::forward_batch` over the live requests (new requests' prompts,
+//! in chunks of at most `--prefill-budget` tokens, the others' last token,
+//! each sequence in its own slot of one KV cache), whose `[rows, vocab]`
+//! logits stay on the device, and samples every request's row in one call;
+//! a request leaves when it stops, and its output is printed. A request's
+//! sampling is the same as running it alone, and so are its tokens up to
+//! the model's floating-point rounding (docs/serving.md).
 //!
 //! Models: a llama2.c checkpoint directory (default `models/stories260K`)
 //! or a Llama-architecture GGUF file (`--model FILE.gguf`, e.g.

@@ -5,10 +5,14 @@
 //! a SwiGLU feed-forward block; the result is a `[1, vocab]` logits tensor
 //! that stays on the device.
 //!
-//! Every tensor keeps the same shape at every position: the cache is written
-//! through a one-hot position mask and attention covers the whole context with
-//! future positions masked out. On the cubecl backends (wgpu, vulkan, cuda)
-//! that means each kernel compiles once rather than once per position.
+//! In [`Llama2::forward`] every tensor keeps the same shape at every
+//! position: the cache is written through a one-hot position mask and
+//! attention covers the whole context with future positions masked out. On
+//! the cubecl backends (wgpu, vulkan, cuda) that means each kernel compiles
+//! once rather than once per position. [`Llama2::forward_batch`] instead
+//! writes the cache in place and attends over the positions its call can
+//! see, so its shapes follow the batch (rows, furthest position): faster,
+//! at the cost of a kernel choice per shape on cubecl.
 
 use burn_tensor::activation::{silu, softmax};
 use burn_tensor::{Device, Int, Tensor, TensorData};
@@ -261,7 +265,10 @@ impl Llama2 {
         }
         let (kv_dim, hidden, group) = (c.kv_dim(), c.hidden_dim, c.n_heads / c.n_kv_heads);
         let want = [s_max * seq, kv_dim];
-        if cache.k.len() != c.n_layers || cache.k.iter().chain(&cache.v).any(|t| t.dims() != want) {
+        if cache.k.len() != c.n_layers
+            || cache.v.len() != c.n_layers
+            || cache.k.iter().chain(&cache.v).any(|t| t.dims() != want)
+        {
             return Err(Llama2Error::CacheMismatch);
         }
         let dev = &self.device;
@@ -281,8 +288,10 @@ impl Llama2 {
                 .collect(),
         );
         // Attention reads positions `0..span` of each row's sequence: the
-        // positions this call can see (masked entries add exact zeros, so a
-        // row's values do not depend on the span).
+        // positions this call can see. Masked entries contribute zeros; a
+        // row's logits may still differ with the call's shape at rounding
+        // level (kernels choose their summation order by shape), as they do
+        // with the row count.
         let span = positions.iter().max().map_or(1, |&p| p + 1);
         let read_ix = ints(
             slots
