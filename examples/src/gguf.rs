@@ -320,6 +320,17 @@ impl Reader<'_> {
     }
 }
 
+/// Whether `path` is a GGUF file: a file starting with the magic `GGUF`.
+pub fn is_gguf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    path.is_file()
+        && std::fs::File::open(path)
+            .and_then(|mut f| f.read_exact(&mut magic))
+            .is_ok()
+        && &magic == b"GGUF"
+}
+
 impl Gguf {
     /// Read and parse a GGUF file.
     ///

@@ -22,7 +22,7 @@ use sampler_core::{
     StageSpec, TokenId,
 };
 use sampler_examples::chat::{ChatTokenizer, Message};
-use sampler_examples::gguf::{Gguf, llama_checkpoint};
+use sampler_examples::gguf::{Gguf, is_gguf, llama_checkpoint};
 use sampler_examples::llama2::generate::TextCodec;
 use sampler_examples::llama2::generate::{GenerateError, Generation, encode_prompt, generate};
 use sampler_examples::llama2::{Llama2, Llama2Error, ModelFiles};
@@ -393,17 +393,6 @@ struct Loaded {
     prompt_tokens: Vec<TokenId>,
     model_file: PathBuf,
     tokenizer_file: PathBuf,
-}
-
-/// Whether `path` is a GGUF file (by its magic).
-fn is_gguf(path: &Path) -> bool {
-    use std::io::Read;
-    let mut magic = [0u8; 4];
-    path.is_file()
-        && std::fs::File::open(path)
-            .and_then(|mut f| f.read_exact(&mut magic))
-            .is_ok()
-        && &magic == b"GGUF"
 }
 
 /// Load a llama2.c checkpoint or a GGUF model and encode the prompt.

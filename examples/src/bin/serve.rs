@@ -37,7 +37,7 @@ use sampler_core::logprobs::Logprobs;
 use sampler_core::{Chain, ChainSpec, OffloadPolicy, TokenId};
 use sampler_examples::ban_words::BanWords;
 use sampler_examples::chat::ChatTokenizer;
-use sampler_examples::gguf::{Gguf, llama_checkpoint};
+use sampler_examples::gguf::{Gguf, is_gguf, llama_checkpoint};
 use sampler_examples::llama2::generate::TextCodec;
 use sampler_examples::llama2::{Llama2, ModelFiles, Tokenizer};
 use sampler_examples::report::logprobs_json;
@@ -174,17 +174,6 @@ impl Codec {
             }
         }
     }
-}
-
-/// Whether `path` is a GGUF file (by its magic).
-fn is_gguf(path: &Path) -> bool {
-    use std::io::Read;
-    let mut magic = [0u8; 4];
-    path.is_file()
-        && std::fs::File::open(path)
-            .and_then(|mut f| f.read_exact(&mut magic))
-            .is_ok()
-        && &magic == b"GGUF"
 }
 
 fn load(a: &Args, device: &burn_tensor::Device) -> Result<(Llama2, Codec), String> {
