@@ -424,3 +424,43 @@ fn chain_sample_on_a_full_row_uses_the_kernels() {
     let mut again = row_b.clone();
     assert_eq!(with.clone().sample(&mut again).map(|_| again.len()), Ok(40));
 }
+
+/// Full-vocabulary top_p gathers its head in depth bands below the maximum
+/// (10, 14, 20, 28 nats, then the whole row): nuclei at every depth, and a
+/// `min_keep` that asks for more than the nucleus, match the reference.
+#[test]
+fn top_p_at_every_depth_matches_reference() {
+    let vocab = 20_000;
+    for (r, spread) in [4.0f32, 12.0, 17.0, 24.0, 35.0, 120.0]
+        .into_iter()
+        .enumerate()
+    {
+        let mut rng = ChaCha8Rng::seed_from_u64(r as u64);
+        let logits: Vec<f32> = (0..vocab)
+            .map(|_| -spread * rng.random::<f32>().powi(2))
+            .collect();
+        for (p, min_keep) in [(0.5, 1), (0.9, 1), (0.99, 1), (0.9, 5_000), (0.3, 19_999)] {
+            let spec = ChainSpec::new(
+                vec![StageSpec::TopP { p, min_keep }, temp(0.7), StageSpec::Dist],
+                Some(r as u64),
+            );
+            let mut fast = sampler_cpu::build_chain(&spec).unwrap();
+            let mut slow = fast.clone();
+            let mut reference = Candidates::from_logits(&logits);
+            let want = slow.apply_from(0, &mut reference).map(|()| reference);
+            let kept = want.as_ref().map(|c| c.len()).unwrap_or(0);
+            assert!(kept >= min_keep, "spread {spread} p {p}: kept {kept}");
+            assert_eq!(
+                apply_row(&logits, &mut fast.clone()),
+                want,
+                "spread {spread} p {p} min_keep {min_keep}"
+            );
+            let want = slow.sample_from(0, &mut Candidates::from_logits(&logits));
+            assert_eq!(
+                sample_row(&logits, &mut fast),
+                want,
+                "spread {spread} p {p} min_keep {min_keep}"
+            );
+        }
+    }
+}

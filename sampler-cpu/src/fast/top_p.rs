@@ -9,12 +9,15 @@
 //! Here, with the same arithmetic, so the kept set, its order and its
 //! probabilities are bit-identical:
 //! 1. one pass for the maximum (and the row's validation);
-//! 2. one pass for `e_i` and `S`, which also counts the logits in buckets
-//!    of 1/8 nat below the maximum;
-//! 3. the counts estimate the bucket where the mass crosses `p`; one pass
-//!    gathers the tokens of every bucket down to it (plus a margin; widened
-//!    and gathered again if the exact cut lies further);
-//! 4. only that head is sorted, and the exact f32 running sum finds the cut.
+//! 2. one vectorised pass for `e_i` and `S`, which also adds up (roughly,
+//!    in f32) the mass within 1, 2, ..., 20 nats of the maximum;
+//! 3. one pass gathers the tokens within the shallowest of those depths
+//!    whose mass reaches `p` (a prefix of the sorted order);
+//! 4. the head is ordered by buckets of 1/8 nat (a counting sort), and the
+//!    exact running sum walks it bucket by bucket, sorting each bucket only
+//!    when it gets there, so nothing past the cut is sorted. If the cut lies
+//!    deeper than the head (the f32 estimate was a little high, or
+//!    `min_keep` asks for more), the next depth is gathered.
 //!
 //! If the running sum never reaches `p` (the reference then keeps the whole
 //! set) the caller falls back to the reference.
@@ -26,10 +29,14 @@ use super::scan::{
     Invalid, LANES, as_block, blocks, desc_key, key_id, lane_mask, max_checked, set_bits,
 };
 
-/// Histogram buckets per nat below the maximum.
+/// Buckets per nat below the maximum, for ordering the gathered head.
 const PER_NAT: f32 = 8.0;
 /// Buckets; the last one collects everything further than 64 nats below.
 const BUCKETS: usize = 512;
+/// Depths below the maximum (nats) of the heads gathered, shallowest first:
+/// pass 2 gathers the first; a deeper one is gathered (the band below the
+/// last) only when the cut lies deeper; past the last, the whole row.
+const DEPTHS: [f32; 4] = [10.0, 14.0, 20.0, 28.0];
 
 /// The kept head of a nucleus cut: sorted (descending logit, ties by id),
 /// with the reference's un-renormalised probabilities.
@@ -45,17 +52,21 @@ pub(crate) struct Nucleus {
 /// Reusable buffers for [`top_p_full`].
 #[derive(Debug, Default)]
 pub(crate) struct TopPScratch {
-    counts: Vec<u32>,
+    /// The gathered head in id order, as [`desc_key`]s.
     keys: Vec<u64>,
+    /// The head ordered by bucket (then sorted bucket by bucket).
     sorted: Vec<u64>,
+    /// Bucket of each gathered key.
+    bucket_of: Vec<u16>,
+    /// Bucket starts in `sorted` (`BUCKETS + 1`).
+    starts: Vec<u32>,
 }
 
 /// The bucket of logit `l`: `(max - l) · PER_NAT` rounded to an integer and
 /// clamped to the last bucket (a `-inf` logit lands there). Any
-/// non-decreasing function of `max - l` works (gathering `bucket <= last`
-/// then takes a prefix of the sorted order); this one is branch-free and
-/// vectorises: adding 2^23 rounds a value in `[0, 511]` to an integer held
-/// in the low mantissa bits.
+/// non-decreasing function of `max - l` works (the sorted order is then
+/// bucket by bucket); this one is branch-free: adding 2^23 rounds a value in
+/// `[0, 511]` to an integer held in the low mantissa bits.
 #[inline(always)]
 fn bucket(max: f32, l: f32) -> usize {
     let v = ((max - l) * PER_NAT).min((BUCKETS - 1) as f32);
@@ -63,32 +74,34 @@ fn bucket(max: f32, l: f32) -> usize {
 }
 
 /// Pass 2: `Σ exp(l - max)` with the lane rule of `numerics::sum_f64`, and
-/// the bucket counts (`counts`: `4 · BUCKETS`, zeroed). On x86-64 with AVX2
-/// an AVX2 copy of the same code runs (chosen at run time): the same
-/// operations in the same order, so the same bits (tested below).
-fn exp_sum_histogram(row: &[f32], max: f32, counts: &mut [u32]) -> f64 {
+/// the [`desc_key`]s of the logits `>= floor` appended to `keys` in id
+/// order. On x86-64 with AVX2 a copy of the same code compiled
+/// for it runs (chosen at run time): the same operations in the same order,
+/// so the same bits (tested below).
+fn exp_sum_gather(row: &[f32], max: f32, floor: f32, keys: &mut Vec<u64>) -> f64 {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { exp_sum_histogram_avx2(row, max, counts) };
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { exp_sum_gather_avx2(row, max, floor, keys) };
+        }
     }
-    exp_sum_histogram_body(row, max, counts)
+    exp_sum_gather_body(row, max, floor, keys)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn exp_sum_histogram_avx2(row: &[f32], max: f32, counts: &mut [u32]) -> f64 {
-    exp_sum_histogram_body(row, max, counts)
+fn exp_sum_gather_avx2(row: &[f32], max: f32, floor: f32, keys: &mut Vec<u64>) -> f64 {
+    exp_sum_gather_body(row, max, floor, keys)
 }
 
 #[inline(always)]
-fn exp_sum_histogram_body(row: &[f32], max: f32, counts: &mut [u32]) -> f64 {
+fn exp_sum_gather_body(row: &[f32], max: f32, floor: f32, keys: &mut Vec<u64>) -> f64 {
     // The sum in the lanes of `numerics::sum_f64` (position mod its LANES;
     // a chunk of 64 starts at a multiple of them).
     let mut lanes = [0.0f64; SUM_LANES];
     let mut e = [0.0f32; 64];
-    let mut bk = [0usize; 64];
-    for chunk in row.chunks(64) {
+    for (c, chunk) in row.chunks(64).enumerate() {
         let n = chunk.len();
         for (ei, &l) in e.iter_mut().zip(chunk) {
             *ei = exp(l - max);
@@ -104,18 +117,46 @@ fn exp_sum_histogram_body(row: &[f32], max: f32, counts: &mut [u32]) -> f64 {
         for (lane, &v) in lanes.iter_mut().zip(&e[full..n]) {
             *lane += f64::from(v);
         }
-        for (b, &l) in bk.iter_mut().zip(chunk) {
-            *b = bucket(max, l);
-        }
-        for (j, &b) in bk[..n].iter().enumerate() {
-            counts[4 * b + (j & 3)] += 1;
-        }
+        gather_band(chunk, c * 64, floor, f32::INFINITY, keys);
     }
     combine(lanes)
 }
 
+/// Append the [`desc_key`]s of the logits `l` of `part` (the row from
+/// position `start`) with `floor <= l < ceil`, in id order.
+#[inline(always)]
+fn gather_band(part: &[f32], start: usize, floor: f32, ceil: f32, keys: &mut Vec<u64>) {
+    for (c, chunk) in part.chunks(4 * LANES).enumerate() {
+        // Only a chunk whose maximum reaches the floor is looked at lane by
+        // lane (the maximum vectorises; the lane test is the rare path).
+        let mut top = [f32::NEG_INFINITY; LANES];
+        let (blocks_of, tail) = blocks(chunk);
+        for block in blocks_of {
+            for (t, &l) in top.iter_mut().zip(as_block(block)) {
+                *t = if l > *t { l } else { *t };
+            }
+        }
+        if tail == chunk.len() && !top.iter().any(|&t| t >= floor) {
+            continue;
+        }
+        let at = start + c * 4 * LANES;
+        for (b, block) in chunk.chunks_exact(LANES).enumerate() {
+            let block = as_block(block);
+            let mask = lane_mask(block, |l| l >= floor && l < ceil);
+            for j in set_bits(mask) {
+                keys.push(desc_key(block[j], (at + b * LANES + j) as TokenId));
+            }
+        }
+        for (i, &l) in chunk.iter().enumerate().skip(tail) {
+            if l >= floor && l < ceil {
+                keys.push(desc_key(l, (at + i) as TokenId));
+            }
+        }
+    }
+}
+
 /// Nucleus of the full row `[vocab]` (token id = position), or `None` when the
-/// reference must decide (all `-inf`, or the cut is not inside the head).
+/// reference must decide (all `-inf`, or the running sum never reaches `p`).
 ///
 /// # Errors
 /// [`Invalid`] for a row with NaN or `+inf`.
@@ -130,95 +171,93 @@ pub(crate) fn top_p_full(
         return Ok(None);
     }
     // Pass 2: exponentials and their f64 sum in id order (as the
-    // reference's softmax), and a count histogram of the logits over
-    // buckets of 1/8 nat below the maximum (4 interleaved copies so that
-    // neighbours in the same bucket do not serialise).
-    let counts = &mut scratch.counts;
-    counts.clear();
-    counts.resize(4 * BUCKETS, 0);
-    let sum = exp_sum_histogram(row, max, counts);
-    let inv = 1.0 / sum;
-    // The bucket where the estimated mass (count x the bucket's middle
-    // exponential) crosses p, plus two of margin; widened below if the exact
-    // running sum has not crossed within it.
-    let mut est = 0.0f64;
-    let mut last = BUCKETS - 1;
-    for (b, c) in counts.chunks_exact(4).enumerate() {
-        let n = f64::from(c[0] + c[1] + c[2] + c[3]);
-        est += n * (-(b as f64) / f64::from(PER_NAT)).exp() * inv;
-        if est >= f64::from(p) {
-            last = (b + 2).min(BUCKETS - 1);
-            break;
-        }
-    }
+    // reference's softmax), gathering the head within the first depth.
+    scratch.keys.clear();
+    let mut floor = max - DEPTHS[0];
+    let sum = exp_sum_gather(row, max, floor, &mut scratch.keys);
+    let mut depth = 0;
     loop {
-        if let Some(nucleus) = head_cut(row, max, sum, p, min_keep, last, scratch) {
+        if let Some(mut nucleus) = head_cut(row, max, sum, p, min_keep, scratch) {
+            if depth > 0 {
+                // Bands were appended after the first: back to id order.
+                nucleus.by_id.sort_unstable_by_key(|&(id, _)| id);
+            }
             return Ok(Some(nucleus));
         }
-        if last == BUCKETS - 1 {
+        if floor == f32::NEG_INFINITY {
             // The running sum never reached p: the reference keeps everything.
             return Ok(None);
         }
-        last = (last + 16).min(BUCKETS - 1);
+        // The cut lies deeper (or min_keep asks for more): the next band.
+        depth += 1;
+        let next = DEPTHS.get(depth).map_or(f32::NEG_INFINITY, |&d| max - d);
+        gather_band(row, 0, next, floor, &mut scratch.keys);
+        floor = next;
     }
 }
 
-/// Gather every token of bucket `<= last` (a prefix of the sorted order),
-/// sort only those, and find the reference's cut by the exact f32 running
-/// sum. `None` if the cut is not inside.
+/// Order the gathered head (`scratch.keys`, every token with logit at or
+/// above some floor: a prefix of the sorted order) bucket by bucket, sort
+/// each bucket only when the running sum gets there, and find the
+/// reference's cut by the exact running sum. `None` if the cut is not
+/// inside.
 fn head_cut(
     row: &[f32],
     max: f32,
     sum: f64,
     p: f32,
     min_keep: usize,
-    last: usize,
     scratch: &mut TopPScratch,
 ) -> Option<Nucleus> {
-    let keys = &mut scratch.keys;
-    keys.clear();
-    if last == BUCKETS - 1 {
-        keys.extend(
-            row.iter()
-                .enumerate()
-                .map(|(i, &l)| desc_key(l, i as TokenId)),
-        );
-    } else {
-        let (chunks, tail) = blocks(row);
-        for (b, c) in chunks.enumerate() {
-            let block = as_block(c);
-            let mask = lane_mask(block, |l| bucket(max, l) <= last);
-            for j in set_bits(mask) {
-                keys.push(desc_key(block[j], (b * LANES + j) as TokenId));
-            }
-        }
-        for (i, &l) in row.iter().enumerate().skip(tail) {
-            if bucket(max, l) <= last {
-                keys.push(desc_key(l, i as TokenId));
-            }
-        }
+    let TopPScratch {
+        keys,
+        sorted,
+        bucket_of,
+        starts,
+    } = scratch;
+    // Counting sort by bucket (a non-increasing function of the logit, so
+    // the canonical order is bucket by bucket).
+    starts.clear();
+    starts.resize(BUCKETS + 1, 0);
+    bucket_of.clear();
+    bucket_of.extend(keys.iter().map(|&k| {
+        let b = bucket(max, row[key_id(k) as usize]);
+        starts[b + 1] += 1;
+        b as u16
+    }));
+    for b in 0..BUCKETS {
+        starts[b + 1] += starts[b];
     }
-    // `keys` is in id order; sort a copy.
-    let sorted = &mut scratch.sorted;
     sorted.clear();
-    sorted.extend_from_slice(keys);
-    sorted.sort_unstable();
-    // The exact f32 running sum in sorted order.
+    sorted.resize(keys.len(), 0);
+    let mut next: [u32; BUCKETS] = std::array::from_fn(|b| starts[b]);
+    for (&k, &b) in keys.iter().zip(bucket_of.iter()) {
+        let at = &mut next[usize::from(b)];
+        sorted[*at as usize] = k;
+        *at += 1;
+    }
+    // The exact running sum in sorted order, sorting one bucket at a time.
     let mut out = Nucleus::default();
+    let inv = 1.0 / sum;
+    let target = f64::from(p) * sum;
     let mut cum = 0.0f64;
     let mut keep = None;
-    for (i, &k) in sorted.iter().enumerate() {
-        let id = key_id(k);
-        let l = row[id as usize];
-        let e = exp(l - max);
-        let pi = (f64::from(e) * (1.0 / sum)) as f32;
-        out.ids.push(id);
-        out.logits.push(l);
-        out.probs.push(pi);
-        cum += f64::from(e);
-        if cum >= f64::from(p) * sum && i + 1 >= min_keep {
-            keep = Some(i + 1);
-            break;
+    'walk: for b in 0..BUCKETS {
+        let (lo, hi) = (starts[b] as usize, starts[b + 1] as usize);
+        let bucket_keys = &mut sorted[lo..hi];
+        bucket_keys.sort_unstable();
+        for (j, &k) in bucket_keys.iter().enumerate() {
+            let id = key_id(k);
+            let l = row[id as usize];
+            let e = exp(l - max);
+            out.ids.push(id);
+            out.logits.push(l);
+            out.probs.push((f64::from(e) * inv) as f32);
+            cum += f64::from(e);
+            if cum >= target && lo + j + 1 >= min_keep {
+                keep = Some(lo + j + 1);
+                break 'walk;
+            }
         }
     }
     match keep {
@@ -242,7 +281,7 @@ mod tests {
     use super::*;
 
     /// The run-time dispatched pass (AVX2 where the CPU has it) gives the
-    /// baseline build's sum bits and counts.
+    /// baseline build's sum bits and the same head.
     #[test]
     fn pass_two_is_the_same_on_every_level() {
         let mut x = 0x9e37_79b9u32;
@@ -260,13 +299,20 @@ mod tests {
                 })
                 .collect();
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut a = vec![0u32; 4 * BUCKETS];
-            let mut b = vec![0u32; 4 * BUCKETS];
-            let sa = exp_sum_histogram(&row, max, &mut a);
-            let sb = exp_sum_histogram_body(&row, max, &mut b);
+            let floor = max - DEPTHS[0];
+            let (mut ka, mut kb) = (Vec::new(), Vec::new());
+            let sa = exp_sum_gather(&row, max, floor, &mut ka);
+            let sb = exp_sum_gather_body(&row, max, floor, &mut kb);
             assert_eq!(sa.to_bits(), sb.to_bits(), "len {len}");
-            assert_eq!(a, b, "len {len}");
-            assert_eq!(a.iter().map(|&c| c as usize).sum::<usize>(), len);
+            let rule = sampler_core::numerics::sum_f64(row.iter().map(|&l| exp(l - max)));
+            assert_eq!(sa.to_bits(), rule.to_bits(), "len {len}");
+            // The gathered head: every logit at or above the floor, in id order.
+            let head: Vec<u64> = (0..len)
+                .filter(|&i| row[i] >= floor)
+                .map(|i| desc_key(row[i], i as TokenId))
+                .collect();
+            assert_eq!(ka, head, "len {len}");
+            assert_eq!(kb, head, "len {len}");
         }
     }
 }
