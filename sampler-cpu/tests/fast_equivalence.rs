@@ -425,8 +425,8 @@ fn chain_sample_on_a_full_row_uses_the_kernels() {
     assert_eq!(with.clone().sample(&mut again).map(|_| again.len()), Ok(40));
 }
 
-/// Full-vocabulary top_p gathers its head in depth bands below the maximum
-/// (10, 14, 20, 28 nats, then the whole row): nuclei at every depth, and a
+/// Full-vocabulary top_p gathers its head in tiers by depth below the maximum
+/// (5, 7, 8.5, 10, 14, 20, 28 nats, then the rest): nuclei at every depth, and a
 /// `min_keep` that asks for more than the nucleus, match the reference.
 #[test]
 fn top_p_at_every_depth_matches_reference() {

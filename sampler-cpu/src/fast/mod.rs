@@ -17,7 +17,7 @@
 //! | `top_k(k)` | selection with a running k-th-best threshold | `k`, sorted |
 //! | `penalties` (never raising a logit) then `top_k(k)` | selection of `k + last_n` | `k + last_n`, id order |
 //! | `min_p(p)`, `p <= 1` | running max, survivors buffered | tokens `>= max + ln p`, id order |
-//! | `top_p(p)` | max; exp + sum, gathering the head within 10 nats; bucket the head, sort only up to the cut | nucleus, sorted |
+//! | `top_p(p)` | max; exp + sum, gathering the head within 10 nats in tiers; bucket each tier, sort only up to the cut | nucleus, sorted |
 //!
 //! Each kernel validates the row on the way (NaN, `+inf`); a bad row, an
 //! all-`-inf` row, an empty row, or any case the kernel cannot decide exactly

@@ -9,15 +9,14 @@
 //! Here, with the same arithmetic, so the kept set, its order and its
 //! probabilities are bit-identical:
 //! 1. one pass for the maximum (and the row's validation);
-//! 2. one vectorised pass for `e_i` and `S`, which also adds up (roughly,
-//!    in f32) the mass within 1, 2, ..., 20 nats of the maximum;
-//! 3. one pass gathers the tokens within the shallowest of those depths
-//!    whose mass reaches `p` (a prefix of the sorted order);
-//! 4. the head is ordered by buckets of 1/8 nat (a counting sort), and the
-//!    exact running sum walks it bucket by bucket, sorting each bucket only
-//!    when it gets there, so nothing past the cut is sorted. If the cut lies
-//!    deeper than the head (the f32 estimate was a little high, or
-//!    `min_keep` asks for more), the next depth is gathered.
+//! 2. one vectorised pass for `e_i` and `S`, which also gathers the tokens
+//!    within 10 nats of the maximum, in tiers by depth (5, 7, 8.5, 10 nats);
+//! 3. the exact running sum walks the head tier by tier: each tier is
+//!    counting-sorted into buckets of 1/8 nat, and each bucket is sorted only
+//!    when the walk gets there, so nothing past the cut is sorted. A cut
+//!    deeper than 10 nats (or a `min_keep` asking for more) gathers the next
+//!    tier (14, 20, 28 nats, then the rest of the row) with one more pass and
+//!    the walk goes on.
 //!
 //! If the running sum never reaches `p` (the reference then keeps the whole
 //! set) the caller falls back to the reference.
@@ -33,10 +32,14 @@ use super::scan::{
 const PER_NAT: f32 = 8.0;
 /// Buckets; the last one collects everything further than 64 nats below.
 const BUCKETS: usize = 512;
-/// Depths below the maximum (nats) of the heads gathered, shallowest first:
-/// pass 2 gathers the first; a deeper one is gathered (the band below the
-/// last) only when the cut lies deeper; past the last, the whole row.
-const DEPTHS: [f32; 4] = [10.0, 14.0, 20.0, 28.0];
+/// The tiers of the head: tier `t` holds the tokens of buckets
+/// `TIER_LAST[t - 1] + 1 ..= TIER_LAST[t]` (5, 7, 8.5, 10, 14, 20, 28 nats,
+/// then the rest of the row). Pass 2 gathers the first [`PASS2_TIERS`]; a
+/// deeper one is gathered (one more pass over the row) only when the walk
+/// gets there.
+const TIER_LAST: [usize; 8] = [40, 56, 68, 80, 112, 160, 224, BUCKETS - 1];
+const PASS2_TIERS: usize = 4;
+const TIERS: usize = TIER_LAST.len();
 
 /// The kept head of a nucleus cut: sorted (descending logit, ties by id),
 /// with the reference's un-renormalised probabilities.
@@ -52,14 +55,19 @@ pub(crate) struct Nucleus {
 /// Reusable buffers for [`top_p_full`].
 #[derive(Debug, Default)]
 pub(crate) struct TopPScratch {
-    /// The gathered head in id order, as [`desc_key`]s.
-    keys: Vec<u64>,
-    /// The head ordered by bucket (then sorted bucket by bucket).
+    /// Per tier, the gathered tokens in id order: [`desc_key`] and bucket.
+    tiers: [Tier; TIERS],
+    /// One tier ordered by bucket (then sorted bucket by bucket).
     sorted: Vec<u64>,
-    /// Bucket of each gathered key.
-    bucket_of: Vec<u16>,
-    /// Bucket starts in `sorted` (`BUCKETS + 1`).
+    /// Bucket starts in `sorted`, and the next free slot of each.
     starts: Vec<u32>,
+    next: Vec<u32>,
+}
+
+#[derive(Debug, Default)]
+struct Tier {
+    keys: Vec<u64>,
+    buckets: Vec<u16>,
 }
 
 /// The bucket of logit `l`: `(max - l) · PER_NAT` rounded to an integer and
@@ -73,34 +81,52 @@ fn bucket(max: f32, l: f32) -> usize {
     ((v + 8_388_608.0).to_bits() & (BUCKETS as u32 - 1)) as usize
 }
 
+/// The tier of bucket `b` among the pass-2 tiers.
+#[inline(always)]
+fn pass2_tier(b: usize) -> usize {
+    usize::from(b > TIER_LAST[0]) + usize::from(b > TIER_LAST[1]) + usize::from(b > TIER_LAST[2])
+}
+
 /// Pass 2: `Σ exp(l - max)` with the lane rule of `numerics::sum_f64`, and
-/// the [`desc_key`]s of the logits `>= floor` appended to `keys` in id
-/// order. On x86-64 with AVX2 a copy of the same code compiled
-/// for it runs (chosen at run time): the same operations in the same order,
-/// so the same bits (tested below).
-fn exp_sum_gather(row: &[f32], max: f32, floor: f32, keys: &mut Vec<u64>) -> f64 {
+/// the tokens of the first [`PASS2_TIERS`] tiers gathered into them in id
+/// order. On x86-64 with AVX-512F or AVX2 a copy of the same code compiled
+/// for it runs
+/// (chosen at run time): the same operations in the same order, so the same
+/// bits (tested below).
+fn exp_sum_gather(row: &[f32], max: f32, tiers: &mut [Tier; TIERS]) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { exp_sum_gather_avx512(row, max, tiers) };
+        }
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { exp_sum_gather_avx2(row, max, floor, keys) };
+            return unsafe { exp_sum_gather_avx2(row, max, tiers) };
         }
     }
-    exp_sum_gather_body(row, max, floor, keys)
+    exp_sum_gather_body(row, max, tiers)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn exp_sum_gather_avx512(row: &[f32], max: f32, tiers: &mut [Tier; TIERS]) -> f64 {
+    exp_sum_gather_body(row, max, tiers)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn exp_sum_gather_avx2(row: &[f32], max: f32, floor: f32, keys: &mut Vec<u64>) -> f64 {
-    exp_sum_gather_body(row, max, floor, keys)
+fn exp_sum_gather_avx2(row: &[f32], max: f32, tiers: &mut [Tier; TIERS]) -> f64 {
+    exp_sum_gather_body(row, max, tiers)
 }
 
 #[inline(always)]
-fn exp_sum_gather_body(row: &[f32], max: f32, floor: f32, keys: &mut Vec<u64>) -> f64 {
+fn exp_sum_gather_body(row: &[f32], max: f32, tiers: &mut [Tier; TIERS]) -> f64 {
     // The sum in the lanes of `numerics::sum_f64` (position mod its LANES;
     // a chunk of 64 starts at a multiple of them).
     let mut lanes = [0.0f64; SUM_LANES];
     let mut e = [0.0f32; 64];
+    let last = TIER_LAST[PASS2_TIERS - 1];
     for (c, chunk) in row.chunks(64).enumerate() {
         let n = chunk.len();
         for (ei, &l) in e.iter_mut().zip(chunk) {
@@ -117,46 +143,68 @@ fn exp_sum_gather_body(row: &[f32], max: f32, floor: f32, keys: &mut Vec<u64>) -
         for (lane, &v) in lanes.iter_mut().zip(&e[full..n]) {
             *lane += f64::from(v);
         }
-        gather_band(chunk, c * 64, floor, f32::INFINITY, keys);
+        gather_chunk(chunk, c * 64, max, 0, last, |b, key| {
+            let t = &mut tiers[pass2_tier(b)];
+            t.keys.push(key);
+            t.buckets.push(b as u16);
+        });
     }
     combine(lanes)
 }
 
-/// Append the [`desc_key`]s of the logits `l` of `part` (the row from
-/// position `start`) with `floor <= l < ceil`, in id order.
+/// Call `put(bucket, key)` for the logits of `chunk` (the row from position
+/// `start`, at most 64 floats) whose bucket is in `lo..=hi`, in id order.
 #[inline(always)]
-fn gather_band(part: &[f32], start: usize, floor: f32, ceil: f32, keys: &mut Vec<u64>) {
-    for (c, chunk) in part.chunks(4 * LANES).enumerate() {
-        // Only a chunk whose maximum reaches the floor is looked at lane by
-        // lane (the maximum vectorises; the lane test is the rare path).
+fn gather_chunk(
+    chunk: &[f32],
+    start: usize,
+    max: f32,
+    lo: usize,
+    hi: usize,
+    mut put: impl FnMut(usize, u64),
+) {
+    // A logit more than `hi + 1` buckets below the maximum has a bucket
+    // above `hi`: a float compare against `reach` finds a superset of the
+    // lanes (it vectorises), and only a chunk whose maximum reaches it is
+    // looked at lane by lane.
+    let reach = if hi < BUCKETS - 1 {
+        max - (hi + 1) as f32 / PER_NAT
+    } else {
+        f32::NEG_INFINITY
+    };
+    let (blocks_of, tail) = blocks(chunk);
+    if hi < BUCKETS - 1 && tail == chunk.len() {
         let mut top = [f32::NEG_INFINITY; LANES];
-        let (blocks_of, tail) = blocks(chunk);
         for block in blocks_of {
             for (t, &l) in top.iter_mut().zip(as_block(block)) {
                 *t = if l > *t { l } else { *t };
             }
         }
-        if tail == chunk.len() && !top.iter().any(|&t| t >= floor) {
-            continue;
+        if !top.iter().any(|&t| t >= reach) {
+            return;
         }
-        let at = start + c * 4 * LANES;
-        for (b, block) in chunk.chunks_exact(LANES).enumerate() {
-            let block = as_block(block);
-            let mask = lane_mask(block, |l| l >= floor && l < ceil);
-            for j in set_bits(mask) {
-                keys.push(desc_key(block[j], (at + b * LANES + j) as TokenId));
+    }
+    for (b, block) in chunk.chunks_exact(LANES).enumerate() {
+        let block = as_block(block);
+        let mask = lane_mask(block, |l| l >= reach);
+        for j in set_bits(mask) {
+            let k = bucket(max, block[j]);
+            if k >= lo && k <= hi {
+                put(k, desc_key(block[j], (start + b * LANES + j) as TokenId));
             }
         }
-        for (i, &l) in chunk.iter().enumerate().skip(tail) {
-            if l >= floor && l < ceil {
-                keys.push(desc_key(l, (at + i) as TokenId));
-            }
+    }
+    for (i, &l) in chunk.iter().enumerate().skip(tail) {
+        let k = bucket(max, l);
+        if k >= lo && k <= hi {
+            put(k, desc_key(l, (start + i) as TokenId));
         }
     }
 }
 
 /// Nucleus of the full row `[vocab]` (token id = position), or `None` when the
-/// reference must decide (all `-inf`, or the running sum never reaches `p`).
+/// reference must decide (all `-inf`, the running sum never reaches `p`, or
+/// the cut keeps the whole row or a `-inf` candidate).
 ///
 /// # Errors
 /// [`Invalid`] for a row with NaN or `+inf`.
@@ -170,117 +218,108 @@ pub(crate) fn top_p_full(
     if max == f32::NEG_INFINITY || row.is_empty() {
         return Ok(None);
     }
-    // Pass 2: exponentials and their f64 sum in id order (as the
-    // reference's softmax), gathering the head within the first depth.
-    scratch.keys.clear();
-    let mut floor = max - DEPTHS[0];
-    let sum = exp_sum_gather(row, max, floor, &mut scratch.keys);
-    let mut depth = 0;
-    loop {
-        if let Some(mut nucleus) = head_cut(row, max, sum, p, min_keep, scratch) {
-            if depth > 0 {
-                // Bands were appended after the first: back to id order.
-                nucleus.by_id.sort_unstable_by_key(|&(id, _)| id);
-            }
-            return Ok(Some(nucleus));
-        }
-        if floor == f32::NEG_INFINITY {
-            // The running sum never reached p: the reference keeps everything.
-            return Ok(None);
-        }
-        // The cut lies deeper (or min_keep asks for more): the next band.
-        depth += 1;
-        let next = DEPTHS.get(depth).map_or(f32::NEG_INFINITY, |&d| max - d);
-        gather_band(row, 0, next, floor, &mut scratch.keys);
-        floor = next;
-    }
-}
-
-/// Order the gathered head (`scratch.keys`, every token with logit at or
-/// above some floor: a prefix of the sorted order) bucket by bucket, sort
-/// each bucket only when the running sum gets there, and find the
-/// reference's cut by the exact running sum. `None` if the cut is not
-/// inside.
-fn head_cut(
-    row: &[f32],
-    max: f32,
-    sum: f64,
-    p: f32,
-    min_keep: usize,
-    scratch: &mut TopPScratch,
-) -> Option<Nucleus> {
     let TopPScratch {
-        keys,
+        tiers,
         sorted,
-        bucket_of,
         starts,
+        next,
     } = scratch;
-    // Counting sort by bucket (a non-increasing function of the logit, so
-    // the canonical order is bucket by bucket).
-    starts.clear();
-    starts.resize(BUCKETS + 1, 0);
-    bucket_of.clear();
-    bucket_of.extend(keys.iter().map(|&k| {
-        let b = bucket(max, row[key_id(k) as usize]);
-        starts[b + 1] += 1;
-        b as u16
-    }));
-    for b in 0..BUCKETS {
-        starts[b + 1] += starts[b];
+    for t in tiers.iter_mut() {
+        t.keys.clear();
+        t.buckets.clear();
     }
-    sorted.clear();
-    sorted.resize(keys.len(), 0);
-    let mut next: [u32; BUCKETS] = std::array::from_fn(|b| starts[b]);
-    for (&k, &b) in keys.iter().zip(bucket_of.iter()) {
-        let at = &mut next[usize::from(b)];
-        sorted[*at as usize] = k;
-        *at += 1;
-    }
-    // The exact running sum in sorted order, sorting one bucket at a time.
-    let mut out = Nucleus::default();
+    // Pass 2: exponentials and their f64 sum in id order (as the
+    // reference's softmax), gathering the head's first tiers.
+    let sum = exp_sum_gather(row, max, tiers);
     let inv = 1.0 / sum;
     let target = f64::from(p) * sum;
+    // The exact running sum in sorted order: tier by tier, bucket by
+    // bucket, each bucket sorted only when the walk gets there.
+    let mut out = Nucleus::default();
     let mut cum = 0.0f64;
-    let mut keep = None;
-    'walk: for b in 0..BUCKETS {
-        let (lo, hi) = (starts[b] as usize, starts[b + 1] as usize);
-        let bucket_keys = &mut sorted[lo..hi];
-        bucket_keys.sort_unstable();
-        for (j, &k) in bucket_keys.iter().enumerate() {
-            let id = key_id(k);
-            let l = row[id as usize];
-            let e = exp(l - max);
-            out.ids.push(id);
-            out.logits.push(l);
-            out.probs.push((f64::from(e) * inv) as f32);
-            cum += f64::from(e);
-            if cum >= target && lo + j + 1 >= min_keep {
-                keep = Some(lo + j + 1);
-                break 'walk;
+    for t in 0..TIERS {
+        let lo = if t == 0 { 0 } else { TIER_LAST[t - 1] + 1 };
+        let hi = TIER_LAST[t];
+        if t >= PASS2_TIERS {
+            // A deeper tier: one more pass over the row.
+            let tier = &mut tiers[t];
+            for (c, chunk) in row.chunks(64).enumerate() {
+                gather_chunk(chunk, c * 64, max, lo, hi, |b, key| {
+                    tier.keys.push(key);
+                    tier.buckets.push(b as u16);
+                });
+            }
+        }
+        let tier = &tiers[t];
+        // Counting sort of the tier by bucket.
+        starts.clear();
+        starts.resize(hi - lo + 2, 0);
+        for &b in &tier.buckets {
+            starts[usize::from(b) - lo + 1] += 1;
+        }
+        for b in 0..=hi - lo {
+            starts[b + 1] += starts[b];
+        }
+        sorted.clear();
+        sorted.resize(tier.keys.len(), 0);
+        next.clear();
+        next.extend_from_slice(starts);
+        for (&k, &b) in tier.keys.iter().zip(&tier.buckets) {
+            let at = &mut next[usize::from(b) - lo];
+            sorted[*at as usize] = k;
+            *at += 1;
+        }
+        for b in 0..=hi - lo {
+            let bucket_keys = &mut sorted[starts[b] as usize..starts[b + 1] as usize];
+            bucket_keys.sort_unstable();
+            for &k in bucket_keys.iter() {
+                let id = key_id(k);
+                let l = row[id as usize];
+                let e = exp(l - max);
+                out.ids.push(id);
+                out.logits.push(l);
+                out.probs.push((f64::from(e) * inv) as f32);
+                cum += f64::from(e);
+                if cum >= target && out.ids.len() >= min_keep {
+                    // A cut that reaches a `-inf` candidate (min_keep beyond
+                    // the finite ones), or keeps the whole row, is left to
+                    // the reference.
+                    if out.ids.len() >= row.len() || !l.is_finite() {
+                        return Ok(None);
+                    }
+                    // The kept set in id order: the tiers before this one
+                    // whole, and this one up to the cut.
+                    for done in &tiers[..t] {
+                        out.by_id.extend(
+                            done.keys
+                                .iter()
+                                .map(|&key| (key_id(key), row[key_id(key) as usize])),
+                        );
+                    }
+                    out.by_id.extend(
+                        tier.keys
+                            .iter()
+                            .filter(|&&key| key <= k)
+                            .map(|&key| (key_id(key), row[key_id(key) as usize])),
+                    );
+                    if t > 0 {
+                        out.by_id.sort_unstable_by_key(|&(id, _)| id);
+                    }
+                    return Ok(Some(out));
+                }
             }
         }
     }
-    match keep {
-        // A cut that reaches a `-inf` candidate (min_keep beyond the finite
-        // ones) is left to the reference, which never keeps one.
-        Some(k) if k < row.len() && out.logits[k - 1].is_finite() => {
-            let cut = sorted[k - 1];
-            out.by_id.extend(
-                keys.iter()
-                    .filter(|&&key| key <= cut)
-                    .map(|&key| (key_id(key), row[key_id(key) as usize])),
-            );
-            Some(out)
-        }
-        _ => None,
-    }
+    // The running sum never reached p: the reference keeps everything.
+    Ok(None)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The run-time dispatched pass (AVX2 where the CPU has it) gives the
+    /// The run-time dispatched pass (AVX-512F or AVX2 where the CPU has it),
+    /// and every level the CPU has, give the
     /// baseline build's sum bits and the same head.
     #[test]
     fn pass_two_is_the_same_on_every_level() {
@@ -299,20 +338,46 @@ mod tests {
                 })
                 .collect();
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let floor = max - DEPTHS[0];
-            let (mut ka, mut kb) = (Vec::new(), Vec::new());
-            let sa = exp_sum_gather(&row, max, floor, &mut ka);
-            let sb = exp_sum_gather_body(&row, max, floor, &mut kb);
+            let mut a: [Tier; TIERS] = Default::default();
+            let mut b: [Tier; TIERS] = Default::default();
+            let sa = exp_sum_gather(&row, max, &mut a);
+            let sb = exp_sum_gather_body(&row, max, &mut b);
             assert_eq!(sa.to_bits(), sb.to_bits(), "len {len}");
             let rule = sampler_core::numerics::sum_f64(row.iter().map(|&l| exp(l - max)));
             assert_eq!(sa.to_bits(), rule.to_bits(), "len {len}");
-            // The gathered head: every logit at or above the floor, in id order.
-            let head: Vec<u64> = (0..len)
-                .filter(|&i| row[i] >= floor)
-                .map(|i| desc_key(row[i], i as TokenId))
-                .collect();
-            assert_eq!(ka, head, "len {len}");
-            assert_eq!(kb, head, "len {len}");
+            // Every level the CPU has, not only the one dispatch picks.
+            #[cfg(target_arch = "x86_64")]
+            for (level, has) in [
+                ("avx2", std::is_x86_feature_detected!("avx2")),
+                ("avx512f", std::is_x86_feature_detected!("avx512f")),
+            ] {
+                if has {
+                    let mut c: [Tier; TIERS] = Default::default();
+                    // SAFETY: the CPU has the level (checked above).
+                    let sc = unsafe {
+                        if level == "avx2" {
+                            exp_sum_gather_avx2(&row, max, &mut c)
+                        } else {
+                            exp_sum_gather_avx512(&row, max, &mut c)
+                        }
+                    };
+                    assert_eq!(sc.to_bits(), sb.to_bits(), "{level}, len {len}");
+                    for t in 0..PASS2_TIERS {
+                        assert_eq!(c[t].keys, b[t].keys, "{level}, len {len} tier {t}");
+                    }
+                }
+            }
+            // The gathered tiers: every logit of their buckets, in id order.
+            for t in 0..PASS2_TIERS {
+                let lo = if t == 0 { 0 } else { TIER_LAST[t - 1] + 1 };
+                let want: Vec<u64> = (0..len)
+                    .filter(|&i| (lo..=TIER_LAST[t]).contains(&bucket(max, row[i])))
+                    .map(|i| desc_key(row[i], i as TokenId))
+                    .collect();
+                assert!(t > 0 || !want.is_empty(), "len {len}");
+                assert_eq!(a[t].keys, want, "len {len} tier {t}");
+                assert_eq!(b[t].keys, want, "len {len} tier {t}");
+            }
         }
     }
 }
