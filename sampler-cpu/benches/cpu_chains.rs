@@ -12,9 +12,10 @@
 //! top-1 range and the sizes of the `top_p(0.9)` nucleus and of the
 //! `min_p(0.05)` set.
 //!
-//! Rows rotate through a pool of at least 64 MiB (twice the 32 MiB L3 of the
-//! reference machine; at batch 32 at least 4 batches), so every iteration reads
-//! its row from memory, as a sampler does right after a forward pass. The
+//! Rows rotate through a pool of twice the machine's last-level cache (at
+//! least 64 MiB, at most 1 GiB; at batch 32 at least 4 batches), so every
+//! iteration reads its row from memory, as a sampler does right after a
+//! forward pass. The
 //! floor is measured in the same run on the same pool: one pass over the row
 //! (a max reduction in 16 independent lanes, so it is bound by memory).
 //!
@@ -36,7 +37,31 @@ use rand::{Rng, SeedableRng, seq::SliceRandom};
 use rand_chacha::ChaCha8Rng;
 use sampler_core::{Candidates, Chain, ChainSpec, HistoryScope, StageSpec};
 
-const MIN_POOL_BYTES: usize = 64 << 20;
+/// The pool's least size: twice the last-level cache (read from Linux's
+/// sysfs; 32 MiB when unknown), at least 64 MiB and at most 1 GiB.
+fn min_pool_bytes() -> usize {
+    let l3 = (0..8)
+        .filter_map(|i| {
+            let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
+            let level = std::fs::read_to_string(format!("{dir}/level")).ok()?;
+            let size = std::fs::read_to_string(format!("{dir}/size")).ok()?;
+            let size = size.trim();
+            let kib: usize = size.strip_suffix('K')?.parse().ok()?;
+            (level.trim() == "3").then_some(kib << 10)
+        })
+        .max()
+        .unwrap_or(32 << 20);
+    let bytes = (2 * l3).clamp(64 << 20, 1 << 30);
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        eprintln!(
+            "last-level cache {} MiB: pools of at least {} MiB",
+            l3 >> 20,
+            bytes >> 20
+        )
+    });
+    bytes
+}
 const VOCABS: [usize; 3] = [32_000, 128_256, 151_936];
 const BATCH: usize = 32;
 
@@ -233,7 +258,7 @@ fn config() -> Criterion {
 
 fn bench_batch1(c: &mut Criterion) {
     for vocab in VOCABS {
-        let (pool, rows) = zipf_pool(vocab, MIN_POOL_BYTES, 0x5eed);
+        let (pool, rows) = zipf_pool(vocab, min_pool_bytes(), 0x5eed);
         check_and_describe(&pool, vocab);
         let mut group = c.benchmark_group(format!("batch1/V={vocab}"));
         group.throughput(Throughput::Elements(1));
@@ -304,7 +329,7 @@ fn bench_batch1(c: &mut Criterion) {
 
 fn bench_batch32(c: &mut Criterion) {
     for vocab in VOCABS {
-        let (pool, rows) = zipf_pool(vocab, MIN_POOL_BYTES.max(4 * BATCH * 4 * vocab), 0xba7c);
+        let (pool, rows) = zipf_pool(vocab, min_pool_bytes().max(4 * BATCH * 4 * vocab), 0xba7c);
         let mut group = c.benchmark_group(format!("batch32/V={vocab}"));
         group.throughput(Throughput::Elements(BATCH as u64));
         for (name, stages) in chains() {
@@ -337,7 +362,7 @@ fn bench_extras(c: &mut Criterion) {
     use sampler_core::{LogprobsMode, LogprobsSpec};
     let stages = vec![StageSpec::TopK { k: 40 }, temp(0.8), StageSpec::Dist];
     for vocab in [32_000, 151_936] {
-        let (pool, rows) = zipf_pool(vocab, MIN_POOL_BYTES, 0x5eed);
+        let (pool, rows) = zipf_pool(vocab, min_pool_bytes(), 0x5eed);
         let mut group = c.benchmark_group(format!("extras/V={vocab}"));
         group.throughput(Throughput::Elements(1));
         let mut r = 0usize;

@@ -52,7 +52,7 @@ use sampler_core::{
     Candidates, Chain, RowKernels, RowRng, SampleError, Sampler, StageSpec, TokenId,
 };
 
-use self::scan::{key_id, min_p_ids, top_k_keys};
+use self::scan::{desc_key, key_id, min_p_ids, top_k_keys};
 use self::tail::{temp_dist_tail, temp_dist_token};
 use self::top_p::{TopPScratch, top_p_full};
 
@@ -63,9 +63,15 @@ enum Lead {
     Greedy,
     /// `top_k(k)` at stage `at`.
     TopK { at: usize, k: usize },
-    /// `penalties` at stage `at` that never raise a logit, then `top_k`:
-    /// the `k` best after penalties are among the `keep` best before.
-    PenaltiesTopK { at: usize, keep: usize },
+    /// `penalties` at stage `at` that never raise a logit, then `top_k(k)`
+    /// at stage `top_k_at`: the `k` best after penalties are among the
+    /// `keep` best before.
+    PenaltiesTopK {
+        at: usize,
+        keep: usize,
+        top_k_at: usize,
+        k: usize,
+    },
     /// `min_p(p)` at stage `at`, `0 < p <= 1`.
     MinP { at: usize, p: f32, min_keep: usize },
     /// `top_p(p)` at stage `at`, `p < 1`.
@@ -107,14 +113,17 @@ fn lead_from(stages: &[Box<dyn Sampler>], start: usize) -> Option<Lead> {
             presence,
             ..
         } if repeat >= 1.0 && frequency >= 0.0 && presence >= 0.0 => {
-            let (_, next) = active.next()?;
+            let (top_k_at, next) = active.next()?;
             match next.spec()? {
-                StageSpec::TopK { k } if k > 0 => Some(Lead::PenaltiesTopK {
-                    at,
-                    keep: usize::try_from(k)
-                        .unwrap_or(usize::MAX)
-                        .saturating_add(last_n),
-                }),
+                StageSpec::TopK { k } if k > 0 => {
+                    let k = usize::try_from(k).unwrap_or(usize::MAX);
+                    Some(Lead::PenaltiesTopK {
+                        at,
+                        keep: k.saturating_add(last_n),
+                        top_k_at,
+                        k,
+                    })
+                }
                 _ => None,
             }
         }
@@ -258,7 +267,7 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
                 None => Survivors::Reference,
             }
         }
-        Lead::PenaltiesTopK { at, keep } => {
+        Lead::PenaltiesTopK { at, keep, .. } => {
             // Not worth it when the superset is a large part of the row.
             if keep >= vocab / 4
                 || top_k_keys(logits, keep, &mut s.blocks, &mut s.sel, &mut s.keys).is_err()
@@ -362,6 +371,42 @@ fn run_lead(
             Ok(t)
         }
         Survivors::AllMasked => Err(SampleError::AllMasked),
+        Survivors::Set {
+            mut row,
+            resume,
+            by_id: _,
+        } if let Lead::PenaltiesTopK { top_k_at, k, .. } = lead
+            && let Some(tail) = temp_dist_tail(chain.stages(), top_k_at + 1) =>
+        {
+            // penalties -> top_k -> [temperature] -> dist: the chain's own
+            // penalties stage on the superset (id order, as it would see the
+            // full row), then top_k on its keys and the fused tail.
+            chain.apply_stages(resume..top_k_at, &mut row)?;
+            let mut keyed: Vec<(u64, f32)> = row
+                .ids()
+                .iter()
+                .zip(row.logits())
+                .map(|(&id, &l)| (desc_key(l, id), l))
+                .collect();
+            if k < keyed.len() {
+                keyed.select_nth_unstable_by_key(k - 1, |&(key, _)| key);
+                keyed.truncate(k);
+            }
+            keyed.sort_unstable_by_key(|&(key, _)| key);
+            let current: Vec<f32> = keyed.iter().map(|&(_, l)| l).collect();
+            let mut by_id: Vec<(TokenId, f32)> =
+                keyed.iter().map(|&(key, l)| (key_id(key), l)).collect();
+            by_id.sort_unstable_by_key(|&(id, _)| id);
+            let u = RowRng {
+                seed: chain.seed(),
+                step: chain.step(),
+                stage_index: tail.dist_at,
+            }
+            .uniform(0);
+            let token = temp_dist_token(current.iter().copied(), by_id.into_iter(), tail.t, u)?;
+            chain.commit(token);
+            Ok(token)
+        }
         Survivors::Set {
             mut row,
             resume,
