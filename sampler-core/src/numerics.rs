@@ -164,6 +164,19 @@ mod tests {
     #[test]
     fn exp_sum_is_the_same_on_every_level() {
         let mut x = 0x1234_5678u32;
+        // Beyond the clamp too: -87.3 (the normal range's end), -100,
+        // huge magnitudes, signed zeros, and a few positive arguments.
+        let specials = [
+            -87.3f32,
+            -87.34,
+            -100.0,
+            -1e30,
+            -f32::MAX,
+            -0.0,
+            0.0,
+            3.5,
+            f32::NEG_INFINITY,
+        ];
         for len in [0usize, 1, 7, 63, 64, 65, 1000, 32_000] {
             let row: Vec<f32> = (0..len)
                 .map(|_| {
@@ -172,6 +185,7 @@ mod tests {
                     x ^= x << 5;
                     match x % 50 {
                         0 => f32::NEG_INFINITY,
+                        1..=4 => specials[(x / 50) as usize % specials.len()],
                         _ => (x % 20_000) as f32 / 1000.0 - 15.0,
                     }
                 })

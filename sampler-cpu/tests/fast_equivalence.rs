@@ -464,3 +464,58 @@ fn top_p_at_every_depth_matches_reference() {
         }
     }
 }
+
+/// The fused `penalties -> top_k -> [temperature] -> dist` tail: without a
+/// temperature, with no-op stages between and after, frequency and presence
+/// penalties, a small `k`; tokens and state as the reference over steps
+/// (the history grows with the sampled tokens).
+#[test]
+fn fused_penalties_tails_match_reference() {
+    let noop = StageSpec::TopP {
+        p: 1.0,
+        min_keep: 1,
+    };
+    assert!(noop.is_noop());
+    let chains: Vec<Vec<StageSpec>> = vec![
+        vec![
+            penalties(64, 1.1, 0.0, 0.0),
+            StageSpec::TopK { k: 40 },
+            StageSpec::Dist,
+        ],
+        vec![
+            penalties(64, 1.3, 0.0, 0.0),
+            noop.clone(),
+            StageSpec::TopK { k: 40 },
+            noop.clone(),
+            temp(0.8),
+            StageSpec::Dist,
+        ],
+        vec![
+            penalties(16, 1.0, 0.5, 0.3),
+            StageSpec::TopK { k: 3 },
+            temp(1.5),
+            StageSpec::Dist,
+        ],
+        vec![
+            penalties(8, 2.0, 0.1, 0.0),
+            StageSpec::TopK { k: 1 },
+            StageSpec::Dist,
+        ],
+    ];
+    for (c, stages) in chains.into_iter().enumerate() {
+        let spec = ChainSpec::new(stages, Some(90 + c as u64));
+        let mut fast = sampler_cpu::build_chain(&spec).unwrap();
+        let mut slow = fast.clone();
+        for step in 0..24u64 {
+            // Peaked rows repeat their top tokens, so the history matters.
+            let logits = row(7 * c as u64 + step % 3, 32_000, 0);
+            let want = slow.sample_from(0, &mut Candidates::from_logits(&logits));
+            assert_eq!(
+                sample_row(&logits, &mut fast),
+                want,
+                "chain {c} step {step}"
+            );
+            assert_eq!(fast.step(), slow.step(), "chain {c} step {step}");
+        }
+    }
+}

@@ -9,13 +9,17 @@
 //! survivors to the chain's own stages for the rest
 //! ([`Chain::sample_from`]). The survivors are the reference stage's output
 //! bit for bit (same ids, logits, order, probabilities and flags), so every
-//! later stage computes what it computes in the reference.
+//! later stage computes what it computes in the reference. Two tails are
+//! fused instead of run stage by stage, with the same arithmetic: a
+//! `[temperature] -> dist` tail after any kernel, and after `penalties` (the
+//! chain's own stage, on the kernel's superset) the `top_k ->
+//! [temperature] -> dist` that follows it.
 //!
 //! | first active stage | kernel | survivors |
 //! |---|---|---|
 //! | `greedy` (the only active stage) | `top_k(1)`'s kernel | the token |
 //! | `top_k(k)` | selection with a running k-th-best threshold | `k`, sorted |
-//! | `penalties` (never raising a logit) then `top_k(k)` | selection of `k + last_n` | `k + last_n`, id order |
+//! | `penalties` (never raising a logit) then `top_k(k)` | selection of `k + last_n`; the penalties stage on it; then `top_k` on keys (fused with a `[temperature] -> dist` tail) | `k + last_n`, id order (`k`, sorted, after `top_k`) |
 //! | `min_p(p)`, `p <= 1` | running max, survivors buffered | tokens `>= max + ln p`, id order |
 //! | `top_p(p)` | max; exp + sum, gathering the head within 10 nats in tiers; bucket each tier, sort only up to the cut | nucleus, sorted |
 //!

@@ -4,7 +4,8 @@
 //! `e_i = exp(l_i - max)` in f32 and `S = Σ e_i` in f64 with the project's
 //! numerics (`sampler_core::numerics`: its `exp`, lane sums in id order),
 //! `p_i = (e_i · (1/S)) as f32`, sorts descending and keeps the shortest
-//! prefix whose f32 running sum reaches `p` (and holds `min_keep`).
+//! prefix whose running sum (in f64, of the `e_i`) reaches `p · S` (and holds
+//! `min_keep`).
 //!
 //! Here, with the same arithmetic, so the kept set, its order and its
 //! probabilities are bit-identical:
@@ -12,8 +13,9 @@
 //! 2. one vectorised pass for `e_i` and `S`, which also gathers the tokens
 //!    within 10 nats of the maximum, in tiers by depth (5, 7, 8.5, 10 nats);
 //! 3. the exact running sum walks the head tier by tier: each tier is
-//!    counting-sorted into buckets of 1/8 nat, and each bucket is sorted only
-//!    when the walk gets there, so nothing past the cut is sorted. A cut
+//!    counting-sorted into buckets of 1/8 nat (linear in its size), and each
+//!    bucket is sorted only when the walk gets there, so no comparison sort
+//!    runs past the cut's bucket, and no tier past the cut's is touched. A cut
 //!    deeper than 10 nats (or a `min_keep` asking for more) gathers the next
 //!    tier (14, 20, 28 nats, then the rest of the row) with one more pass and
 //!    the walk goes on.
@@ -30,7 +32,7 @@ use super::scan::{
 
 /// Buckets per nat below the maximum, for ordering the gathered head.
 const PER_NAT: f32 = 8.0;
-/// Buckets; the last one collects everything further than 64 nats below.
+/// Buckets; the last one collects everything from 63.8125 nats below on.
 const BUCKETS: usize = 512;
 /// The tiers of the head: tier `t` holds the tokens of buckets
 /// `TIER_LAST[t - 1] + 1 ..= TIER_LAST[t]` (5, 7, 8.5, 10, 14, 20, 28 nats,
@@ -364,6 +366,7 @@ mod tests {
                     assert_eq!(sc.to_bits(), sb.to_bits(), "{level}, len {len}");
                     for t in 0..PASS2_TIERS {
                         assert_eq!(c[t].keys, b[t].keys, "{level}, len {len} tier {t}");
+                        assert_eq!(c[t].buckets, b[t].buckets, "{level}, len {len} tier {t}");
                     }
                 }
             }
@@ -377,7 +380,108 @@ mod tests {
                 assert!(t > 0 || !want.is_empty(), "len {len}");
                 assert_eq!(a[t].keys, want, "len {len} tier {t}");
                 assert_eq!(b[t].keys, want, "len {len} tier {t}");
+                let buckets: Vec<u16> = want
+                    .iter()
+                    .map(|&k| bucket(max, row[key_id(k) as usize]) as u16)
+                    .collect();
+                assert_eq!(a[t].buckets, buckets, "len {len} tier {t}");
             }
         }
+    }
+
+    /// The deeper tiers' gather (one more pass, `lo > 0`, the last up to
+    /// bucket 511 with `-inf` and huge magnitudes): exactly the tokens of
+    /// their buckets, in id order.
+    #[test]
+    fn deeper_tiers_gather_their_buckets() {
+        let mut x = 0x51ed_270bu32;
+        let specials = [f32::NEG_INFINITY, -f32::MAX, -1e30, -0.0, 0.0];
+        for (len, scale) in [
+            (5usize, 40.0f32),
+            (1000, 40.0),
+            (20_001, 90.0),
+            (4096, 1e30),
+        ] {
+            let row: Vec<f32> = (0..len)
+                .map(|i| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    if i % 37 == 5 {
+                        specials[(x % 5) as usize]
+                    } else {
+                        -((x % 10_000) as f32 / 10_000.0) * scale
+                    }
+                })
+                .collect();
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            for t in PASS2_TIERS..TIERS {
+                let (lo, hi) = (TIER_LAST[t - 1] + 1, TIER_LAST[t]);
+                let mut got = Tier::default();
+                for (c, chunk) in row.chunks(64).enumerate() {
+                    gather_chunk(chunk, c * 64, max, lo, hi, |b, key| {
+                        got.keys.push(key);
+                        got.buckets.push(b as u16);
+                    });
+                }
+                let want: Vec<usize> = (0..len)
+                    .filter(|&i| (lo..=hi).contains(&bucket(max, row[i])))
+                    .collect();
+                let keys: Vec<u64> = want
+                    .iter()
+                    .map(|&i| desc_key(row[i], i as TokenId))
+                    .collect();
+                assert_eq!(got.keys, keys, "len {len} scale {scale} tier {t}");
+                let buckets: Vec<u16> = want.iter().map(|&i| bucket(max, row[i]) as u16).collect();
+                assert_eq!(got.buckets, buckets, "len {len} scale {scale} tier {t}");
+            }
+        }
+    }
+
+    /// Cuts in every tier (p-driven in the first four, `min_keep`-driven
+    /// beyond 10 nats): the kernel decides (no fallback) and its nucleus is
+    /// the reference stage's: ids, order, logits, probabilities, and the same
+    /// set in id order.
+    #[test]
+    fn every_tier_holds_a_cut_that_matches_the_reference() {
+        use sampler_core::{Candidates, ChainSpec, StageSpec};
+        let vocab = 20_000;
+        let mut hit = [0usize; TIERS];
+        let mut scratch = TopPScratch::default();
+        for c in [0.8f32, 1.0, 1.3, 2.0, 3.0] {
+            // -c·ln(rank), ranks scattered over ids: with c = 1 the mass is
+            // spread evenly over the ~9.9 nats of depth.
+            let row: Vec<f32> = (0..vocab)
+                .map(|i| -c * ((((i * 7919 + 13) % vocab) + 1) as f32).ln())
+                .collect();
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            for p in [0.3f32, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99] {
+                for min_keep in [1usize, 100, 1000, 5000, 12_000, 19_999] {
+                    let at = format!("c {c} p {p} min_keep {min_keep}");
+                    let spec = ChainSpec::new(vec![StageSpec::TopP { p, min_keep }], None);
+                    let mut chain = crate::build_chain(&spec).unwrap();
+                    let mut want = Candidates::from_logits(&row);
+                    chain.apply_from(0, &mut want).unwrap();
+                    let Some(got) = top_p_full(&row, p, min_keep, &mut scratch).unwrap() else {
+                        panic!("{at}: the kernel fell back ({} kept)", want.len());
+                    };
+                    assert_eq!(got.ids, want.ids(), "{at}");
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got.logits), bits(want.logits()), "{at}");
+                    assert_eq!(bits(&got.probs), bits(want.probs().unwrap()), "{at}");
+                    let mut by_id: Vec<(TokenId, f32)> = want
+                        .ids()
+                        .iter()
+                        .copied()
+                        .zip(want.logits().iter().copied())
+                        .collect();
+                    by_id.sort_unstable_by_key(|&(id, _)| id);
+                    assert_eq!(got.by_id, by_id, "{at}");
+                    let last = bucket(max, *got.logits.last().unwrap());
+                    hit[TIER_LAST.iter().position(|&h| last <= h).unwrap()] += 1;
+                }
+            }
+        }
+        assert!(hit.iter().all(|&n| n > 0), "cuts per tier: {hit:?}");
     }
 }

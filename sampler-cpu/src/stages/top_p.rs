@@ -6,7 +6,8 @@ use sampler_core::{Candidates, SampleError, Sampler, StageContext, StageSpec, de
 /// softmax over the CURRENT candidates (so it works on the renormalised
 /// distribution of whatever survived earlier stages), candidates in
 /// descending logit order (ties by ascending id), keep the shortest prefix
-/// whose f32 cumulative probability is `>= p` (the crossing token is kept)
+/// whose cumulative mass reaches `p` (an f64 running sum of the f32
+/// `exp(l - max)` against `p · Σ`; the crossing token is kept)
 /// and that holds at least `min_keep` candidates. `p = 0` keeps exactly one
 /// (unless `min_keep > 1`); `p >= 1` is a no-op (no sort, no softmax).
 ///
