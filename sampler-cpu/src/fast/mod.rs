@@ -397,7 +397,6 @@ fn run_lead(
                 keyed.truncate(k);
             }
             keyed.sort_unstable_by_key(|&(key, _)| key);
-            let current: Vec<f32> = keyed.iter().map(|&(_, l)| l).collect();
             let mut by_id: Vec<(TokenId, f32)> =
                 keyed.iter().map(|&(key, l)| (key_id(key), l)).collect();
             by_id.sort_unstable_by_key(|&(id, _)| id);
@@ -407,7 +406,8 @@ fn run_lead(
                 stage_index: tail.dist_at,
             }
             .uniform(0);
-            let token = temp_dist_token(current.iter().copied(), by_id.into_iter(), tail.t, u)?;
+            let current = keyed.iter().map(|&(_, l)| l);
+            let token = temp_dist_token(current, by_id.into_iter(), tail.t, u)?;
             chain.commit(token);
             Ok(token)
         }
