@@ -1754,22 +1754,26 @@ fn device_pass(
     d: &Device,
 ) -> Vec<Out> {
     let [b, v] = logits.dims();
-    // Row validation: first NaN / +inf position, encoded as a status code.
+    // Row validation in one reduction: the key is 2i at a NaN, 2i + 1 at a
+    // +inf and 2V elsewhere, so the row minimum m is the first bad position
+    // (m / 2) and its kind (m % 2), and the status code is -m - 2 (NaN at i:
+    // -2i - 2, +inf at i: -2i - 3; a valid row's code is never read).
     let pos = ops::positions(b, v, d);
+    let none = 2 * v as i64;
     let nan = logits.clone().is_nan();
     let posinf = logits
         .clone()
         .is_inf()
         .bool_and(logits.clone().greater_elem(0.0));
-    let nan_first = ops::min_where_int(pos.clone(), nan, v as i64);
-    let inf_first = ops::min_where_int(pos.clone(), posinf, v as i64);
-    let invalid = nan_first
+    let pos2 = pos.clone().mul_scalar(2);
+    let first_bad = pos2
         .clone()
-        .lower_elem(v as i64)
-        .bool_or(inf_first.clone().lower_elem(v as i64));
-    let nan_code = nan_first.clone().mul_scalar(-2).sub_scalar(2);
-    let inf_code = inf_first.clone().mul_scalar(-2).sub_scalar(3);
-    let code = inf_code.mask_where(nan_first.lower_equal(inf_first), nan_code);
+        .add_scalar(1)
+        .mask_fill(posinf.bool_not(), none)
+        .mask_where(nan, pos2)
+        .min_dim(1);
+    let invalid = first_bad.clone().lower_elem(none);
+    let code = first_bad.neg().sub_scalar(2);
     let clean = logits.clone().mask_fill(wide(invalid.clone(), v), 0.0);
 
     // Raw logprobs come from the input row (invalid rows fail anyway).

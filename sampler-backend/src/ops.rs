@@ -3,6 +3,8 @@
 //! uses only element-wise ops, reductions along dim 1, `topk`, `gather` and
 //! short `cumsum`s (never a sort or a cumsum over a full vocabulary row).
 
+use std::cell::RefCell;
+
 use burn_tensor::{Bool, Device, Int, Tensor, TensorData};
 
 /// Widths up to this use exact pairwise `[B, N, N]` comparisons (ranks,
@@ -40,11 +42,41 @@ pub fn col_bool(vals: &[bool], device: &Device) -> Tensor<2, Bool> {
     Tensor::<2, Bool>::from_data(TensorData::new(vals.to_vec(), [vals.len(), 1]), device)
 }
 
-/// Positions `0..n` broadcast to `[b, n]`.
+/// Positions `0..n` broadcast to `[b, n]` (from [`arange`]).
 pub fn positions(b: usize, n: usize, device: &Device) -> Tensor<2, Int> {
-    Tensor::<1, Int>::arange(0..n as i64, device)
-        .reshape([1, n])
-        .expand([b, n])
+    arange(n, device).reshape([1, n]).expand([b, n])
+}
+
+/// How many `0..n` vectors [`arange`] keeps per thread (one per distinct
+/// width: the vocabulary, `k`, block counts).
+const ARANGE_CACHED: usize = 16;
+
+thread_local! {
+    static ARANGE: RefCell<Vec<(Device, usize, Tensor<1, Int>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `0..n` as a `[n]` int tensor on `device`, uploaded once per device and
+/// width and then shared (a cached tensor is never written in place).
+///
+/// Not `Tensor::arange`: under burn's fusion (wgpu, vulkan, cuda) that is a
+/// `cumsum` of ones, and cubecl's cumsum loops over each output's prefix,
+/// O(n²) work per call (seconds at n = 151936 on a software Vulkan driver).
+pub fn arange(n: usize, device: &Device) -> Tensor<1, Int> {
+    ARANGE.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if let Some((_, _, t)) = cache.iter().find(|(d, m, _)| *m == n && d == device) {
+            return t.clone();
+        }
+        let vals: Vec<i32> = (0..n)
+            .map(|i| i32::try_from(i).unwrap_or(i32::MAX))
+            .collect();
+        let t = Tensor::<1, Int>::from_data(TensorData::new(vals, [n]), device);
+        if cache.len() == ARANGE_CACHED {
+            cache.remove(0);
+        }
+        cache.push((device.clone(), n, t.clone()));
+        t
+    })
 }
 
 /// Broadcast a `[B, 1]` column to `[B, n]`.

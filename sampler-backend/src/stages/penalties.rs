@@ -106,7 +106,7 @@ impl Penalties {
 
     /// Apply every pending delta with one scatter-add.
     fn flush(&mut self) {
-        let (Some(device), Some(counts)) = (&self.device, &self.counts) else {
+        let (Some(device), Some(_)) = (&self.device, &self.counts) else {
             return;
         };
         let m = self.rows.iter().map(|r| r.pending.len()).max().unwrap_or(0);
@@ -124,7 +124,13 @@ impl Penalties {
         }
         let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, m]), device);
         let vals = Tensor::<2>::from_data(TensorData::new(vals, [b, m]), device);
-        self.counts = Some(counts.clone().scatter(1, ids, vals, IndexingUpdateOp::Add));
+        // The table is moved into the scatter, not cloned: when no earlier
+        // step still holds it, the cubecl backends add into it in place
+        // instead of copying the whole [B, V] table every step.
+        self.counts = self
+            .counts
+            .take()
+            .map(|counts| counts.scatter(1, ids, vals, IndexingUpdateOp::Add));
     }
 }
 
