@@ -8,10 +8,11 @@
 //!
 //! Sizes: `BENCH_BATCH` (default `1,32,256`) x `BENCH_VOCAB` (default
 //! `32000,151936`); `BENCH_DEVICES` (default: every compiled-in device).
-//! Bytes per step are printed once per configuration. Results: docs/benchmarks.md.
+//! Bytes and kernels (cubecl devices) per step are printed once per
+//! configuration. Results: docs/benchmarks.md.
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use sampler_backend::{Executor, Tensor, TensorData, compiled_devices, parse_device};
+use sampler_backend::{Executor, Tensor, TensorData, compiled_devices, launches, parse_device};
 use sampler_core::{ChainSpec, OffloadPolicy, StageSpec};
 
 #[path = "common/mod.rs"]
@@ -64,10 +65,19 @@ fn bench(c: &mut Criterion) {
                     };
                     let upload =
                         || Tensor::<2>::from_data(TensorData::new(logits.clone(), [b, v]), &device);
-                    // Warm-up (kernel compilation on cubecl devices) and bytes.
-                    let Ok(out) = ex.step(upload()) else { continue };
+                    // Warm-up (kernel compilation on cubecl devices), then
+                    // one warm step's bytes and kernels.
+                    if ex.step(upload()).is_err() {
+                        continue;
+                    }
+                    let logits = upload();
+                    let (out, kernels) = launches::count_launches(|| ex.step(logits));
+                    let Ok(out) = out else { continue };
+                    let kernels = kernels
+                        .map(|k| format!(", {} kernels per step", k.total()))
+                        .unwrap_or_default();
                     eprintln!(
-                        "{dev_name} {mode} B={b} V={v}: {} bytes read back per step ({} per row)",
+                        "{dev_name} {mode} B={b} V={v}: {} bytes read back per step ({} per row){kernels}",
                         out.bytes_read,
                         out.bytes_read / b
                     );

@@ -45,6 +45,7 @@ mod batch;
 mod device;
 mod error;
 mod executor;
+pub mod launches;
 pub mod ops;
 pub mod readback;
 mod stage;
