@@ -190,6 +190,16 @@ fn stats_show_token_ids_only_when_fully_offloaded() {
         let steps = v["stats"]["steps"].as_u64().unwrap();
         assert_eq!(v["stats"]["bytes_read"].as_u64().unwrap(), 4 * steps);
         assert_eq!(v["stats"]["bytes_read_per_step"].as_f64().unwrap(), 4.0);
+        // Kernels of a warm step on a cubecl device; none to count on a CPU one.
+        let kernels = &v["stats"]["kernels_per_step"];
+        if ["flex", "ndarray", "cpu"].contains(&device.as_str()) {
+            assert!(kernels.is_null(), "{device}: {kernels}");
+        } else {
+            for part in ["model", "sampling"] {
+                let n = kernels[part].as_u64().unwrap_or(0);
+                assert!(n > 0, "{device}: {part} kernels {kernels}");
+            }
+        }
 
         // Host only: the full row of logits crosses every step.
         let (v, _) = run_json(&[

@@ -600,6 +600,10 @@ fn run(a: Args) -> Result<(), AppError> {
                 "prompt_seconds": generation.prompt_time.as_secs_f64(),
                 "generate_seconds": generation.gen_time.as_secs_f64(),
                 "tokens_per_second": generation.tokens_per_second(),
+                "kernels_per_step": generation.kernels.map(|k| json!({
+                    "model": k.model,
+                    "sampling": k.sampling,
+                })),
             },
         });
         writeln!(out, "{v}")?;
@@ -703,6 +707,14 @@ fn print_stats(
         g.steps,
         g.bytes_per_step()
     );
+    if let Some(k) = g.kernels {
+        eprintln!(
+            "kernels:   {} per step: {} sampling + {} model (the second step, counted on {device})",
+            k.sampling + k.model,
+            k.sampling,
+            k.model
+        );
+    }
 }
 
 fn main() -> ExitCode {

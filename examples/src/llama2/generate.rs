@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use sampler_backend::{BackendError, RequestId, SamplingBatch};
+use sampler_backend::{BackendError, RequestId, SamplingBatch, launches};
 use sampler_core::{SampleError, TokenId};
 
 use super::tokenizer::{BOS, EOS, Tokenizer};
@@ -53,6 +53,20 @@ pub struct Generation {
     /// Per step, the logprobs the chain asked for (`ChainSpec::logprobs`);
     /// `None` when it asked for none.
     pub logprobs: Vec<Option<sampler_core::Logprobs>>,
+    /// Kernels the second (warm) step launched on a cubecl device: the
+    /// model's forward pass and the sampling step, counted apart
+    /// ([`sampler_backend::launches`]); `None` on a CPU device, in a build
+    /// without a cubecl backend, or with fewer than two steps.
+    pub kernels: Option<StepKernels>,
+}
+
+/// Kernels of one generation step on a cubecl device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepKernels {
+    /// The model's forward pass for the step's token.
+    pub model: usize,
+    /// The sampling step (device prefix of the chain and its readback).
+    pub sampling: usize,
 }
 
 impl Generation {
@@ -238,9 +252,31 @@ pub fn generate(
     let mut pos = last;
     let mut prev = token;
     let stops = tokenizer.stop_ids();
+    // The second step is counted: the forward pass, then (after a sync, so
+    // that none of the model's queued ops lands in the sampling count) the
+    // sampling step.
+    let count_kernels = !sampler_backend::is_cpu_device(model.device());
+    let mut kernels = None;
     let stop = loop {
-        let logits = model.forward_batch(&[token], &[pos], &[0], &mut cache)?; // [1, vocab], on the device
-        let out = batch.step(&[id], logits)?;
+        let out = if count_kernels && tokens.len() == 1 {
+            let (logits, m) = launches::count_launches(|| {
+                let logits = model.forward_batch(&[token], &[pos], &[0], &mut cache);
+                let _ = model.device().sync();
+                logits
+            });
+            let logits = logits?; // [1, vocab], on the device
+            let (out, s) = launches::count_launches(|| batch.step(&[id], logits));
+            if let (Some(m), Some(s)) = (m, s) {
+                kernels = Some(StepKernels {
+                    model: m.total(),
+                    sampling: s.total(),
+                });
+            }
+            out?
+        } else {
+            let logits = model.forward_batch(&[token], &[pos], &[0], &mut cache)?; // [1, vocab], on the device
+            batch.step(&[id], logits)?
+        };
         bytes_read += out.bytes_read;
         logprobs.push(out.logprobs.into_iter().next().flatten());
         let step = tokens.len();
@@ -275,5 +311,6 @@ pub fn generate(
         prompt_time,
         gen_time,
         logprobs,
+        kernels,
     })
 }
