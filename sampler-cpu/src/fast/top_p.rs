@@ -10,15 +10,18 @@
 //! Here, with the same arithmetic, so the kept set, its order and its
 //! probabilities are bit-identical:
 //! 1. one pass for the maximum (and the row's validation);
-//! 2. one vectorised pass for `e_i` and `S`, which also gathers the tokens
-//!    within 10 nats of the maximum, in tiers by depth (5, 7, 8.5, 10 nats);
-//! 3. the exact running sum walks the head tier by tier: each tier is
-//!    counting-sorted into buckets of 1/8 nat (linear in its size), and each
-//!    bucket is sorted only when the walk gets there, so no comparison sort
-//!    runs past the cut's bucket, and no tier past the cut's is touched. A cut
-//!    deeper than 10 nats (or a `min_keep` asking for more) gathers the next
-//!    tier (14, 20, 28 nats, then the rest of the row) with one more pass and
-//!    the walk goes on.
+//! 2. one vectorised pass for `e_i` and `S`, which also estimates (in f32)
+//!    the mass within each tier end's depth below the maximum (3, 4, 5, 6, 7,
+//!    8.5, 10, 12, 14, 20, 28 nats);
+//! 3. one pass gathers the tokens down to the first tier end whose estimate
+//!    reaches `p · S` (a vectorised compare; only tokens that reach it are
+//!    looked at one by one), and the exact running sum walks them: they are
+//!    counting-sorted into buckets of 1/8 nat (linear in their number), and
+//!    each bucket is sorted only when the walk gets there, so no comparison
+//!    sort runs past the cut's bucket. When the exact walk has not reached
+//!    the cut at the end of the gathered tokens (the estimate is only an
+//!    estimate, or `min_keep` asks for more), one more pass gathers the next
+//!    tier and the walk goes on; the result never depends on the estimate.
 //!
 //! If the running sum never reaches `p` (the reference then keeps the whole
 //! set) the caller falls back to the reference.
@@ -35,13 +38,17 @@ const PER_NAT: f32 = 8.0;
 /// Buckets; the last one collects everything from 63.8125 nats below on.
 const BUCKETS: usize = 512;
 /// The tiers of the head: tier `t` holds the tokens of buckets
-/// `TIER_LAST[t - 1] + 1 ..= TIER_LAST[t]` (5, 7, 8.5, 10, 14, 20, 28 nats,
-/// then the rest of the row). Pass 2 gathers the first [`PASS2_TIERS`]; a
-/// deeper one is gathered (one more pass over the row) only when the walk
-/// gets there.
-const TIER_LAST: [usize; 8] = [40, 56, 68, 80, 112, 160, 224, BUCKETS - 1];
-const PASS2_TIERS: usize = 4;
+/// `TIER_LAST[t - 1] + 1 ..= TIER_LAST[t]` (3, 4, 5, 6, 7, 8.5, 10, 12, 14,
+/// 20, 28 nats, then the rest of the row). The exp pass estimates the mass
+/// within each tier's end; the walk starts by gathering every tier up to the
+/// first whose estimate reaches the cut, in one pass, and gathers a deeper
+/// tier (one more pass) only when the exact walk gets there.
+const TIER_LAST: [usize; 12] = [24, 32, 40, 48, 56, 68, 80, 96, 112, 160, 224, BUCKETS - 1];
 const TIERS: usize = TIER_LAST.len();
+/// Tier ends with a mass estimate (the last tier is the whole row).
+const LEVELS: usize = TIERS - 1;
+/// f32 lanes of the mass estimates.
+const MASS_LANES: usize = 16;
 
 /// The kept head of a nucleus cut: sorted (descending logit, ties by id),
 /// with the reference's un-renormalised probabilities.
@@ -57,19 +64,15 @@ pub(crate) struct Nucleus {
 /// Reusable buffers for [`top_p_full`].
 #[derive(Debug, Default)]
 pub(crate) struct TopPScratch {
-    /// Per tier, the gathered tokens in id order: [`desc_key`] and bucket.
-    tiers: [Tier; TIERS],
-    /// One tier ordered by bucket (then sorted bucket by bucket).
+    /// The gathered tokens in id order ([`desc_key`]) and their buckets:
+    /// the first walked range at the start, each deeper tier after it.
+    keys: Vec<u64>,
+    buckets: Vec<u16>,
+    /// One range ordered by bucket (then sorted bucket by bucket).
     sorted: Vec<u64>,
     /// Bucket starts in `sorted`, and the next free slot of each.
     starts: Vec<u32>,
     next: Vec<u32>,
-}
-
-#[derive(Debug, Default)]
-struct Tier {
-    keys: Vec<u64>,
-    buckets: Vec<u16>,
 }
 
 /// The bucket of logit `l`: `(max - l) · PER_NAT` rounded to an integer and
@@ -83,53 +86,58 @@ fn bucket(max: f32, l: f32) -> usize {
     ((v + 8_388_608.0).to_bits() & (BUCKETS as u32 - 1)) as usize
 }
 
-/// The tier of bucket `b` among the pass-2 tiers.
-#[inline(always)]
-fn pass2_tier(b: usize) -> usize {
-    usize::from(b > TIER_LAST[0]) + usize::from(b > TIER_LAST[1]) + usize::from(b > TIER_LAST[2])
+/// The mass estimates' thresholds on `e = exp(l - max)`: level `j` counts
+/// the `e` at or above `exp(-(TIER_LAST[j] + 0.5) / PER_NAT)`, about the
+/// tokens of buckets `0..=TIER_LAST[j]` (only the walk's speed depends on
+/// the estimate, never its result).
+fn level_thresholds() -> [f32; LEVELS] {
+    std::array::from_fn(|j| exp(-(TIER_LAST[j] as f32 + 0.5) / PER_NAT))
 }
 
 /// Pass 2: `Σ exp(l - max)` with the lane rule of `numerics::sum_f64`, and
-/// the tokens of the first [`PASS2_TIERS`] tiers gathered into them in id
-/// order. On x86-64 with AVX-512F or AVX2 a copy of the same code compiled
-/// for it runs
-/// (chosen at run time): the same operations in the same order, so the same
-/// bits (tested below).
-fn exp_sum_gather(row: &[f32], max: f32, tiers: &mut [Tier; TIERS]) -> f64 {
+/// per level `j` an f32 estimate of the mass at or above `thresholds[j]`.
+/// On x86-64 with AVX-512F or AVX2 a copy of the same code compiled for it
+/// runs (chosen at run time): the same operations in the same order, so the
+/// same bits (tested below).
+fn exp_sum_levels(row: &[f32], max: f32, thresholds: &[f32; LEVELS]) -> (f64, [f32; LEVELS]) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F (checked just above).
-            return unsafe { exp_sum_gather_avx512(row, max, tiers) };
+            return unsafe { exp_sum_levels_avx512(row, max, thresholds) };
         }
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { exp_sum_gather_avx2(row, max, tiers) };
+            return unsafe { exp_sum_levels_avx2(row, max, thresholds) };
         }
     }
-    exp_sum_gather_body(row, max, tiers)
+    exp_sum_levels_body(row, max, thresholds)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn exp_sum_gather_avx512(row: &[f32], max: f32, tiers: &mut [Tier; TIERS]) -> f64 {
-    exp_sum_gather_body(row, max, tiers)
+fn exp_sum_levels_avx512(
+    row: &[f32],
+    max: f32,
+    thresholds: &[f32; LEVELS],
+) -> (f64, [f32; LEVELS]) {
+    exp_sum_levels_body(row, max, thresholds)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn exp_sum_gather_avx2(row: &[f32], max: f32, tiers: &mut [Tier; TIERS]) -> f64 {
-    exp_sum_gather_body(row, max, tiers)
+fn exp_sum_levels_avx2(row: &[f32], max: f32, thresholds: &[f32; LEVELS]) -> (f64, [f32; LEVELS]) {
+    exp_sum_levels_body(row, max, thresholds)
 }
 
 #[inline(always)]
-fn exp_sum_gather_body(row: &[f32], max: f32, tiers: &mut [Tier; TIERS]) -> f64 {
+fn exp_sum_levels_body(row: &[f32], max: f32, thresholds: &[f32; LEVELS]) -> (f64, [f32; LEVELS]) {
     // The sum in the lanes of `numerics::sum_f64` (position mod its LANES;
     // a chunk of 64 starts at a multiple of them).
     let mut lanes = [0.0f64; SUM_LANES];
+    let mut mass = [[0.0f32; MASS_LANES]; LEVELS];
     let mut e = [0.0f32; 64];
-    let last = TIER_LAST[PASS2_TIERS - 1];
-    for (c, chunk) in row.chunks(64).enumerate() {
+    for chunk in row.chunks(64) {
         let n = chunk.len();
         for (ei, &l) in e.iter_mut().zip(chunk) {
             *ei = exp(l - max);
@@ -145,13 +153,29 @@ fn exp_sum_gather_body(row: &[f32], max: f32, tiers: &mut [Tier; TIERS]) -> f64 
         for (lane, &v) in lanes.iter_mut().zip(&e[full..n]) {
             *lane += f64::from(v);
         }
-        gather_chunk(chunk, c * 64, max, 0, last, |b, key| {
-            let t = &mut tiers[pass2_tier(b)];
-            t.keys.push(key);
-            t.buckets.push(b as u16);
-        });
+        // The tail of a short chunk holds the previous chunk's values:
+        // zero them for the estimates.
+        e[n..].fill(0.0);
+        for block in e.chunks_exact(MASS_LANES) {
+            let block: &[f32; MASS_LANES] = block.try_into().unwrap_or(&[0.0; MASS_LANES]);
+            // Written out level by level: as a loop, LLVM vectorises across
+            // the levels (gathers and scatters) instead of across the lanes.
+            macro_rules! levels {
+                ($($j:literal)*) => { $( add_at_or_above(&mut mass[$j], block, thresholds[$j]); )* };
+            }
+            const _: () = assert!(LEVELS == 11);
+            levels!(0 1 2 3 4 5 6 7 8 9 10);
+        }
     }
-    combine(lanes)
+    (combine(lanes), mass.map(|m| m.iter().sum()))
+}
+
+/// `acc[i] += e[i]` where `e[i] >= thr` (lane-wise, so it vectorises).
+#[inline(always)]
+fn add_at_or_above(acc: &mut [f32; MASS_LANES], e: &[f32; MASS_LANES], thr: f32) {
+    for i in 0..MASS_LANES {
+        acc[i] += if e[i] >= thr { e[i] } else { 0.0 };
+    }
 }
 
 /// Call `put(bucket, key)` for the logits of `chunk` (the row from position
@@ -204,6 +228,32 @@ fn gather_chunk(
     }
 }
 
+/// Gather the tokens of buckets `lo..=hi` of `row` in id order into `keys`
+/// and `buckets` (appended).
+fn gather(
+    row: &[f32],
+    max: f32,
+    lo: usize,
+    hi: usize,
+    keys: &mut Vec<u64>,
+    buckets: &mut Vec<u16>,
+) {
+    for (c, chunk) in row.chunks(64).enumerate() {
+        gather_chunk(chunk, c * 64, max, lo, hi, |b, key| {
+            keys.push(key);
+            buckets.push(b as u16);
+        });
+    }
+}
+
+/// The first tier whose mass estimate reaches `target` with a margin for the
+/// estimate's f32 rounding (the last tier, the whole row, when none does).
+fn first_tier(mass: &[f32; LEVELS], target: f64) -> usize {
+    mass.iter()
+        .position(|&m| f64::from(m) >= target * (1.0 + 1e-3))
+        .unwrap_or(TIERS - 1)
+}
+
 /// Nucleus of the full row `[vocab]` (token id = position), or `None` when the
 /// reference must decide (all `-inf`, the running sum never reaches `p`, or
 /// the cut keeps the whole row or a `-inf` candidate).
@@ -216,57 +266,61 @@ pub(crate) fn top_p_full(
     min_keep: usize,
     scratch: &mut TopPScratch,
 ) -> Result<Option<Nucleus>, Invalid> {
+    top_p_from(row, p, min_keep, scratch, None)
+}
+
+/// [`top_p_full`], the walk starting with the tiers up to `start` when given
+/// (else the estimate's first): the tests check that every start gives the
+/// same nucleus.
+fn top_p_from(
+    row: &[f32],
+    p: f32,
+    min_keep: usize,
+    scratch: &mut TopPScratch,
+    start: Option<usize>,
+) -> Result<Option<Nucleus>, Invalid> {
     let max = max_checked(row)?;
     if max == f32::NEG_INFINITY || row.is_empty() {
         return Ok(None);
     }
     let TopPScratch {
-        tiers,
+        keys,
+        buckets,
         sorted,
         starts,
         next,
     } = scratch;
-    for t in tiers.iter_mut() {
-        t.keys.clear();
-        t.buckets.clear();
-    }
+    keys.clear();
+    buckets.clear();
     // Pass 2: exponentials and their f64 sum in id order (as the
-    // reference's softmax), gathering the head's first tiers.
-    let sum = exp_sum_gather(row, max, tiers);
+    // reference's softmax), and the mass estimates per tier end.
+    let (sum, mass) = exp_sum_levels(row, max, &level_thresholds());
     let inv = 1.0 / sum;
     let target = f64::from(p) * sum;
-    // The exact running sum in sorted order: tier by tier, bucket by
-    // bucket, each bucket sorted only when the walk gets there.
+    // The exact running sum in sorted order: range by range (the tiers up
+    // to the estimate's first, then one tier at a time), bucket by bucket,
+    // each bucket sorted only when the walk gets there.
     let mut out = Nucleus::default();
     let mut cum = 0.0f64;
-    for t in 0..TIERS {
-        let lo = if t == 0 { 0 } else { TIER_LAST[t - 1] + 1 };
-        let hi = TIER_LAST[t];
-        if t >= PASS2_TIERS {
-            // A deeper tier: one more pass over the row.
-            let tier = &mut tiers[t];
-            for (c, chunk) in row.chunks(64).enumerate() {
-                gather_chunk(chunk, c * 64, max, lo, hi, |b, key| {
-                    tier.keys.push(key);
-                    tier.buckets.push(b as u16);
-                });
-            }
-        }
-        let tier = &tiers[t];
-        // Counting sort of the tier by bucket.
+    let mut lo = 0;
+    let start = start.unwrap_or_else(|| first_tier(&mass, target));
+    for &hi in &TIER_LAST[start..] {
+        let from = keys.len();
+        gather(row, max, lo, hi, keys, buckets);
+        // Counting sort of the range by bucket.
         starts.clear();
         starts.resize(hi - lo + 2, 0);
-        for &b in &tier.buckets {
+        for &b in &buckets[from..] {
             starts[usize::from(b) - lo + 1] += 1;
         }
         for b in 0..=hi - lo {
             starts[b + 1] += starts[b];
         }
         sorted.clear();
-        sorted.resize(tier.keys.len(), 0);
+        sorted.resize(keys.len() - from, 0);
         next.clear();
         next.extend_from_slice(starts);
-        for (&k, &b) in tier.keys.iter().zip(&tier.buckets) {
+        for (&k, &b) in keys[from..].iter().zip(&buckets[from..]) {
             let at = &mut next[usize::from(b) - lo];
             sorted[*at as usize] = k;
             *at += 1;
@@ -289,28 +343,22 @@ pub(crate) fn top_p_full(
                     if out.ids.len() >= row.len() || !l.is_finite() {
                         return Ok(None);
                     }
-                    // The kept set in id order: the tiers before this one
+                    // The kept set in id order: the ranges before this one
                     // whole, and this one up to the cut.
-                    for done in &tiers[..t] {
-                        out.by_id.extend(
-                            done.keys
-                                .iter()
-                                .map(|&key| (key_id(key), row[key_id(key) as usize])),
-                        );
-                    }
                     out.by_id.extend(
-                        tier.keys
+                        keys[..from]
                             .iter()
-                            .filter(|&&key| key <= k)
+                            .chain(keys[from..].iter().filter(|&&key| key <= k))
                             .map(|&key| (key_id(key), row[key_id(key) as usize])),
                     );
-                    if t > 0 {
+                    if from > 0 {
                         out.by_id.sort_unstable_by_key(|&(id, _)| id);
                     }
                     return Ok(Some(out));
                 }
             }
         }
+        lo = hi + 1;
     }
     // The running sum never reached p: the reference keeps everything.
     Ok(None)
@@ -320,33 +368,54 @@ pub(crate) fn top_p_full(
 mod tests {
     use super::*;
 
+    fn xorshift_row(len: usize, seed: u32, mut f: impl FnMut(usize, u32) -> f32) -> Vec<f32> {
+        let mut x = seed;
+        (0..len)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                f(i, x)
+            })
+            .collect()
+    }
+
     /// The run-time dispatched pass (AVX-512F or AVX2 where the CPU has it),
-    /// and every level the CPU has, give the
-    /// baseline build's sum bits and the same head.
+    /// and every level the CPU has, give the baseline build's sum and mass
+    /// bits; the sum is `numerics::sum_f64`'s and each mass estimate is
+    /// close to the exact mass at or above its threshold.
     #[test]
     fn pass_two_is_the_same_on_every_level() {
-        let mut x = 0x9e37_79b9u32;
+        let thresholds = level_thresholds();
         for len in [1usize, 63, 64, 129, 5000, 151_936] {
-            let row: Vec<f32> = (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 17;
-                    x ^= x << 5;
-                    if x.is_multiple_of(97) {
-                        f32::NEG_INFINITY
-                    } else {
-                        (x % 30_000) as f32 / 1000.0 - 20.0
-                    }
-                })
-                .collect();
+            let row = xorshift_row(len, 0x9e37_79b9, |_, x| {
+                if x.is_multiple_of(97) {
+                    f32::NEG_INFINITY
+                } else {
+                    (x % 30_000) as f32 / 1000.0 - 20.0
+                }
+            });
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut a: [Tier; TIERS] = Default::default();
-            let mut b: [Tier; TIERS] = Default::default();
-            let sa = exp_sum_gather(&row, max, &mut a);
-            let sb = exp_sum_gather_body(&row, max, &mut b);
+            let (sa, ma) = exp_sum_levels(&row, max, &thresholds);
+            let (sb, mb) = exp_sum_levels_body(&row, max, &thresholds);
             assert_eq!(sa.to_bits(), sb.to_bits(), "len {len}");
+            assert_eq!(ma.map(f32::to_bits), mb.map(f32::to_bits), "len {len}");
             let rule = sampler_core::numerics::sum_f64(row.iter().map(|&l| exp(l - max)));
             assert_eq!(sa.to_bits(), rule.to_bits(), "len {len}");
+            for (j, &thr) in thresholds.iter().enumerate() {
+                let exact: f64 = row
+                    .iter()
+                    .map(|&l| exp(l - max))
+                    .filter(|&e| e >= thr)
+                    .map(f64::from)
+                    .sum();
+                let got = f64::from(ma[j]);
+                assert!(
+                    (got - exact).abs() <= 1e-4 * exact + 1e-30,
+                    "len {len} level {j}: {got} vs {exact}"
+                );
+                assert!(j == 0 || ma[j] >= ma[j - 1], "len {len} level {j}");
+            }
             // Every level the CPU has, not only the one dispatch picks.
             #[cfg(target_arch = "x86_64")]
             for (level, has) in [
@@ -354,47 +423,30 @@ mod tests {
                 ("avx512f", std::is_x86_feature_detected!("avx512f")),
             ] {
                 if has {
-                    let mut c: [Tier; TIERS] = Default::default();
                     // SAFETY: the CPU has the level (checked above).
-                    let sc = unsafe {
+                    let (sc, mc) = unsafe {
                         if level == "avx2" {
-                            exp_sum_gather_avx2(&row, max, &mut c)
+                            exp_sum_levels_avx2(&row, max, &thresholds)
                         } else {
-                            exp_sum_gather_avx512(&row, max, &mut c)
+                            exp_sum_levels_avx512(&row, max, &thresholds)
                         }
                     };
                     assert_eq!(sc.to_bits(), sb.to_bits(), "{level}, len {len}");
-                    for t in 0..PASS2_TIERS {
-                        assert_eq!(c[t].keys, b[t].keys, "{level}, len {len} tier {t}");
-                        assert_eq!(c[t].buckets, b[t].buckets, "{level}, len {len} tier {t}");
-                    }
+                    assert_eq!(
+                        mc.map(f32::to_bits),
+                        mb.map(f32::to_bits),
+                        "{level}, len {len}"
+                    );
                 }
-            }
-            // The gathered tiers: every logit of their buckets, in id order.
-            for t in 0..PASS2_TIERS {
-                let lo = if t == 0 { 0 } else { TIER_LAST[t - 1] + 1 };
-                let want: Vec<u64> = (0..len)
-                    .filter(|&i| (lo..=TIER_LAST[t]).contains(&bucket(max, row[i])))
-                    .map(|i| desc_key(row[i], i as TokenId))
-                    .collect();
-                assert!(t > 0 || !want.is_empty(), "len {len}");
-                assert_eq!(a[t].keys, want, "len {len} tier {t}");
-                assert_eq!(b[t].keys, want, "len {len} tier {t}");
-                let buckets: Vec<u16> = want
-                    .iter()
-                    .map(|&k| bucket(max, row[key_id(k) as usize]) as u16)
-                    .collect();
-                assert_eq!(a[t].buckets, buckets, "len {len} tier {t}");
             }
         }
     }
 
-    /// The deeper tiers' gather (one more pass, `lo > 0`, the last up to
-    /// bucket 511 with `-inf` and huge magnitudes): exactly the tokens of
-    /// their buckets, in id order.
+    /// The gather of any bucket range (one tier or several, from bucket 0 or
+    /// deeper, the last up to bucket 511 with `-inf` and huge magnitudes):
+    /// exactly the tokens of its buckets, in id order, with their buckets.
     #[test]
-    fn deeper_tiers_gather_their_buckets() {
-        let mut x = 0x51ed_270bu32;
+    fn gather_takes_exactly_its_buckets() {
         let specials = [f32::NEG_INFINITY, -f32::MAX, -1e30, -0.0, 0.0];
         for (len, scale) in [
             (5usize, 40.0f32),
@@ -402,73 +454,66 @@ mod tests {
             (20_001, 90.0),
             (4096, 1e30),
         ] {
-            let row: Vec<f32> = (0..len)
-                .map(|i| {
-                    x ^= x << 13;
-                    x ^= x >> 17;
-                    x ^= x << 5;
-                    if i % 37 == 5 {
-                        specials[(x % 5) as usize]
-                    } else {
-                        -((x % 10_000) as f32 / 10_000.0) * scale
-                    }
-                })
-                .collect();
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            for t in PASS2_TIERS..TIERS {
-                let (lo, hi) = (TIER_LAST[t - 1] + 1, TIER_LAST[t]);
-                let mut got = Tier::default();
-                for (c, chunk) in row.chunks(64).enumerate() {
-                    gather_chunk(chunk, c * 64, max, lo, hi, |b, key| {
-                        got.keys.push(key);
-                        got.buckets.push(b as u16);
-                    });
+            let row = xorshift_row(len, 0x51ed_270b, |i, x| {
+                if i % 37 == 5 {
+                    specials[(x % 5) as usize]
+                } else {
+                    -((x % 10_000) as f32 / 10_000.0) * scale
                 }
+            });
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut ranges: Vec<(usize, usize)> = (0..TIERS)
+                .map(|t| (if t == 0 { 0 } else { TIER_LAST[t - 1] + 1 }, TIER_LAST[t]))
+                .collect();
+            ranges.extend(TIER_LAST.iter().map(|&hi| (0, hi)));
+            for (lo, hi) in ranges {
+                let (mut keys, mut buckets) = (Vec::new(), Vec::new());
+                gather(&row, max, lo, hi, &mut keys, &mut buckets);
                 let want: Vec<usize> = (0..len)
                     .filter(|&i| (lo..=hi).contains(&bucket(max, row[i])))
                     .collect();
-                let keys: Vec<u64> = want
+                let want_keys: Vec<u64> = want
                     .iter()
                     .map(|&i| desc_key(row[i], i as TokenId))
                     .collect();
-                assert_eq!(got.keys, keys, "len {len} scale {scale} tier {t}");
-                let buckets: Vec<u16> = want.iter().map(|&i| bucket(max, row[i]) as u16).collect();
-                assert_eq!(got.buckets, buckets, "len {len} scale {scale} tier {t}");
+                assert_eq!(
+                    keys, want_keys,
+                    "len {len} scale {scale} buckets {lo}..={hi}"
+                );
+                let want_buckets: Vec<u16> =
+                    want.iter().map(|&i| bucket(max, row[i]) as u16).collect();
+                assert_eq!(
+                    buckets, want_buckets,
+                    "len {len} scale {scale} buckets {lo}..={hi}"
+                );
             }
         }
     }
 
-    /// Cuts in every tier (p-driven in the first four, `min_keep`-driven
-    /// beyond 10 nats): the kernel decides (no fallback) and its nucleus is
-    /// the reference stage's: ids, order, logits, probabilities, and the same
-    /// set in id order.
+    /// Cuts in every tier (p-driven in the first ones, `min_keep`-driven
+    /// deeper), the walk started from the estimate's tier and from every
+    /// other tier: the kernel decides (no fallback) and its nucleus is the
+    /// reference stage's: ids, order, logits, probabilities, and the same set
+    /// in id order.
     #[test]
     fn every_tier_holds_a_cut_that_matches_the_reference() {
         use sampler_core::{Candidates, ChainSpec, StageSpec};
         let vocab = 20_000;
         let mut hit = [0usize; TIERS];
         let mut scratch = TopPScratch::default();
-        for c in [0.8f32, 1.0, 1.3, 2.0, 3.0] {
+        for c in [0.5f32, 0.8, 1.0, 1.3, 2.0, 3.0] {
             // -c·ln(rank), ranks scattered over ids: with c = 1 the mass is
             // spread evenly over the ~9.9 nats of depth.
             let row: Vec<f32> = (0..vocab)
                 .map(|i| -c * ((((i * 7919 + 13) % vocab) + 1) as f32).ln())
                 .collect();
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            for p in [0.3f32, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99] {
+            for p in [0.1f32, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99] {
                 for min_keep in [1usize, 100, 1000, 5000, 12_000, 19_999] {
-                    let at = format!("c {c} p {p} min_keep {min_keep}");
                     let spec = ChainSpec::new(vec![StageSpec::TopP { p, min_keep }], None);
                     let mut chain = crate::build_chain(&spec).unwrap();
                     let mut want = Candidates::from_logits(&row);
                     chain.apply_from(0, &mut want).unwrap();
-                    let Some(got) = top_p_full(&row, p, min_keep, &mut scratch).unwrap() else {
-                        panic!("{at}: the kernel fell back ({} kept)", want.len());
-                    };
-                    assert_eq!(got.ids, want.ids(), "{at}");
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&got.logits), bits(want.logits()), "{at}");
-                    assert_eq!(bits(&got.probs), bits(want.probs().unwrap()), "{at}");
                     let mut by_id: Vec<(TokenId, f32)> = want
                         .ids()
                         .iter()
@@ -476,12 +521,55 @@ mod tests {
                         .zip(want.logits().iter().copied())
                         .collect();
                     by_id.sort_unstable_by_key(|&(id, _)| id);
-                    assert_eq!(got.by_id, by_id, "{at}");
-                    let last = bucket(max, *got.logits.last().unwrap());
-                    hit[TIER_LAST.iter().position(|&h| last <= h).unwrap()] += 1;
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    for start in std::iter::once(None).chain((0..TIERS).map(Some)) {
+                        let at = format!("c {c} p {p} min_keep {min_keep} start {start:?}");
+                        let Some(got) = top_p_from(&row, p, min_keep, &mut scratch, start).unwrap()
+                        else {
+                            panic!("{at}: the kernel fell back ({} kept)", want.len());
+                        };
+                        assert_eq!(got.ids, want.ids(), "{at}");
+                        assert_eq!(bits(&got.logits), bits(want.logits()), "{at}");
+                        assert_eq!(bits(&got.probs), bits(want.probs().unwrap()), "{at}");
+                        assert_eq!(got.by_id, by_id, "{at}");
+                        if start.is_none() {
+                            let last = bucket(max, *got.logits.last().unwrap());
+                            hit[TIER_LAST.iter().position(|&h| last <= h).unwrap()] += 1;
+                        }
+                    }
                 }
             }
         }
-        assert!(hit.iter().all(|&n| n > 0), "cuts per tier: {hit:?}");
+        assert!(
+            hit[..TIERS - 1].iter().all(|&n| n > 0),
+            "cuts per tier: {hit:?}"
+        );
+    }
+
+    /// On heavy-tailed rows the estimate's first tier is the cut's own (or
+    /// the one before, when the cut lies within the estimate's margin): the
+    /// walk gathers one range, not one per tier.
+    #[test]
+    fn the_estimate_starts_at_the_cut_tier() {
+        let vocab = 32_000;
+        for c in [1.1f32, 1.3, 1.5] {
+            let row: Vec<f32> = (0..vocab)
+                .map(|i| -c * ((((i * 7919 + 13) % vocab) + 1) as f32).ln())
+                .collect();
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            for p in [0.5f32, 0.8, 0.9, 0.95] {
+                let (sum, mass) = exp_sum_levels(&row, max, &level_thresholds());
+                let start = first_tier(&mass, f64::from(p) * sum);
+                let got = top_p_full(&row, p, 1, &mut TopPScratch::default())
+                    .unwrap()
+                    .unwrap();
+                let last = bucket(max, *got.logits.last().unwrap());
+                let cut_tier = TIER_LAST.iter().position(|&h| last <= h).unwrap();
+                assert!(
+                    start == cut_tier || start == cut_tier + 1,
+                    "c {c} p {p}: estimate tier {start}, cut in tier {cut_tier}"
+                );
+            }
+        }
     }
 }
