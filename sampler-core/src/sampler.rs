@@ -69,6 +69,16 @@ pub trait Sampler: Send {
         None
     }
 
+    /// The history window of a stage that penalises repeated tokens
+    /// (`penalties`): one `(token, occurrences)` per distinct token in the
+    /// window, appended to `out` in no particular order. Returns `false` (and
+    /// appends nothing) for stages without such a window. The CPU fast path
+    /// reads it to penalise the history's tokens itself, inside its top-k
+    /// selection, instead of running the stage on a candidate superset.
+    fn history_counts(&self, _out: &mut Vec<(TokenId, u32)>) -> bool {
+        false
+    }
+
     /// Clone into a box (chains are cloneable per row).
     fn box_clone(&self) -> Box<dyn Sampler>;
 }

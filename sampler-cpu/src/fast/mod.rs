@@ -11,15 +11,16 @@
 //! bit for bit (same ids, logits, order, probabilities and flags), so every
 //! later stage computes what it computes in the reference. Two tails are
 //! fused instead of run stage by stage, with the same arithmetic: a
-//! `[temperature] -> dist` tail after any kernel, and after `penalties` (the
-//! chain's own stage, on the kernel's superset) the `top_k ->
-//! [temperature] -> dist` that follows it.
+//! `[temperature] -> dist` tail after any kernel, and `penalties -> top_k ->
+//! [temperature] -> dist` as a whole (the history's tokens penalised inside
+//! the top-k selection, read from the stage through
+//! [`Sampler::history_counts`]).
 //!
 //! | first active stage | kernel | survivors |
 //! |---|---|---|
 //! | `greedy` (the only active stage) | `top_k(1)`'s kernel | the token |
 //! | `top_k(k)` | selection with a running k-th-best threshold | `k`, sorted |
-//! | `penalties` (never raising a logit) then `top_k(k)` | selection of `k + last_n`; the penalties stage on it; then `top_k` on keys (fused with a `[temperature] -> dist` tail) | `k + last_n`, id order (`k`, sorted, after `top_k`) |
+//! | `penalties` (never raising a logit) then `top_k(k)` | with a `[temperature] -> dist` tail: selection of the `k + h` best (`h` distinct history tokens), the history's tokens penalised in it, the `k` best keys, the fused tail; otherwise selection of `k + last_n` and the penalties stage on it | the token; otherwise `k + last_n`, id order |
 //! | `min_p(p)`, `p <= 1` | running max, survivors buffered | tokens `>= max + ln p`, id order |
 //! | `top_p(p)` | max; exp + sum, gathering the head within 10 nats in tiers; bucket each tier, sort only up to the cut | nucleus, sorted |
 //!
@@ -146,6 +147,10 @@ struct Scratch {
     ids: Vec<TokenId>,
     blocks: Vec<(usize, f32)>,
     sel: Vec<f32>,
+    /// The penalties' history window, sorted by token.
+    counts: Vec<(TokenId, u32)>,
+    /// `(key, logit)` of the penalised top-k superset.
+    keyed: Vec<(u64, f32)>,
     top_p: TopPScratch,
     /// A full row for stages that edit logits before a lead.
     row: Candidates,
@@ -359,6 +364,83 @@ pub fn sample_row(logits: &[f32], chain: &mut Chain) -> Result<TokenId, SampleEr
     run_lead(logits, lead, chain, 0)
 }
 
+/// `penalties -> top_k(k) -> [temperature] -> dist` with the history read
+/// from the penalties stage ([`Sampler::history_counts`]): one selection of
+/// the `k + h` best raw logits (`h` distinct history tokens; the `k` best
+/// after the penalties are among them and the history), the history's
+/// tokens penalised in that set with the stage's own arithmetic
+/// ([`crate::stages::Penalties::penalised`]), then the `k` best keys and
+/// the fused tail. `None`: not decided here (no history window, a bad row,
+/// a superset too large to be worth it, a NaN after a penalty); the caller
+/// goes on as without this path.
+fn penalised_top_k_token(
+    logits: &[f32],
+    chain: &Chain,
+    at: usize,
+    k: usize,
+    tail: tail::TempDist,
+    s: &mut Scratch,
+) -> Option<Result<TokenId, SampleError>> {
+    let stage = &chain.stages()[at];
+    let Some(StageSpec::Penalties {
+        last_n,
+        repeat,
+        frequency,
+        presence,
+        scope,
+    }) = stage.spec()
+    else {
+        return None;
+    };
+    let vocab = logits.len();
+    s.counts.clear();
+    if !stage.history_counts(&mut s.counts) {
+        return None;
+    }
+    // Tokens outside the row are never penalised (the stage matches ids).
+    s.counts.retain(|&(t, c)| (t as usize) < vocab && c > 0);
+    s.counts.sort_unstable();
+    let keep = k.saturating_add(s.counts.len());
+    if keep >= vocab / 4
+        || top_k_keys(logits, keep, &mut s.blocks, &mut s.sel, &mut s.keys).is_err()
+    {
+        return None;
+    }
+    let pen = crate::stages::Penalties::new(last_n, repeat, frequency, presence, scope);
+    s.keyed.clear();
+    let counts = &s.counts;
+    s.keyed.extend(
+        s.keys
+            .iter()
+            .map(|&key| key_id(key))
+            .filter(|&id| counts.binary_search_by_key(&id, |&(t, _)| t).is_err())
+            .map(|id| (desc_key(logits[id as usize], id), logits[id as usize])),
+    );
+    for &(t, c) in counts {
+        let l = pen.penalised(logits[t as usize], c);
+        if l.is_nan() {
+            return None;
+        }
+        s.keyed.push((desc_key(l, t), l));
+    }
+    let keyed = &mut s.keyed;
+    if k < keyed.len() {
+        keyed.select_nth_unstable_by_key(k - 1, |&(key, _)| key);
+        keyed.truncate(k);
+    }
+    keyed.sort_unstable_by_key(|&(key, _)| key);
+    let mut by_id: Vec<(TokenId, f32)> = keyed.iter().map(|&(key, l)| (key_id(key), l)).collect();
+    by_id.sort_unstable_by_key(|&(id, _)| id);
+    let u = RowRng {
+        seed: chain.seed(),
+        step: chain.step(),
+        stage_index: tail.dist_at,
+    }
+    .uniform(0);
+    let current = keyed.iter().map(|&(_, l)| l);
+    Some(temp_dist_token(current, by_id.into_iter(), tail.t, u))
+}
+
 /// Run `lead`'s kernel on `logits` and the rest of the chain on its
 /// survivors. `start`: where the reference resumes when the kernel cannot
 /// decide (0: the whole chain, with validation; otherwise the stages from
@@ -369,6 +451,16 @@ fn run_lead(
     chain: &mut Chain,
     start: usize,
 ) -> Result<TokenId, SampleError> {
+    if let Lead::PenaltiesTopK {
+        at, top_k_at, k, ..
+    } = lead
+        && let Some(tail) = temp_dist_tail(chain.stages(), top_k_at + 1)
+        && let Some(token) = with_scratch(|s| penalised_top_k_token(logits, chain, at, k, tail, s))
+    {
+        let token = token?;
+        chain.commit(token);
+        return Ok(token);
+    }
     match with_scratch(|s| survivors(logits, lead, s)) {
         Survivors::Token(t) => {
             chain.commit(t);
@@ -528,6 +620,108 @@ mod tests {
             let lead = lead(chain.stages()).unwrap();
             let out = with_scratch(|s| survivors(&logits, lead, s));
             assert!(!matches!(out, Survivors::Reference), "{lead:?} fell back");
+        }
+    }
+
+    /// `penalties -> top_k -> [temperature] -> dist` decided by the fused
+    /// path (history read from the stage, penalised in the selection): the
+    /// same tokens and chain state as the stages one by one, over steps, with
+    /// repeated history tokens, tokens outside the vocabulary, a `-inf` and
+    /// a huge logit on history tokens, ties, and each kind of penalty.
+    #[test]
+    fn penalised_top_k_matches_the_stages() {
+        let vocab = 5000;
+        // Positive logits near the top (division by `repeat` matters),
+        // ties among the first ranks.
+        let mut logits: Vec<f32> = zipf(vocab).iter().map(|&l| 0.1 * l + 3.0).collect();
+        logits[17] = f32::NEG_INFINITY;
+        logits[18] = -f32::MAX;
+        for t in 100..140 {
+            logits[t] = logits[(7919 + 13) % vocab];
+        }
+        let top = (0..vocab)
+            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+            .unwrap();
+        let history: Vec<TokenId> = [top, top, 17, 18, 100, 101, 101, 9999, 70_000]
+            .iter()
+            .map(|&t| t as TokenId)
+            .chain((0..60).map(|i| (i * 613 % vocab) as TokenId))
+            .collect();
+        for (repeat, frequency, presence, last_n) in [
+            (1.1f32, 0.0f32, 0.0f32, 64usize),
+            (1.0, 0.5, 0.0, 64),
+            (1.0, 0.0, 1.5, 16),
+            (1.3, 0.2, 0.4, 200),
+            (5.0, 3.0, 3.0, 8),
+        ] {
+            for (k, t) in [
+                (1i64, None),
+                (40, Some(0.8f32)),
+                (7, Some(1.0)),
+                (300, Some(1.5)),
+            ] {
+                let mut stages = vec![
+                    StageSpec::Penalties {
+                        last_n,
+                        repeat,
+                        frequency,
+                        presence,
+                        scope: sampler_core::HistoryScope::PromptAndOutput,
+                    },
+                    StageSpec::TopK { k },
+                ];
+                if let Some(t) = t {
+                    stages.push(StageSpec::Temperature {
+                        t,
+                        dynatemp_range: 0.0,
+                        dynatemp_exponent: 1.0,
+                    });
+                }
+                stages.push(StageSpec::Dist);
+                let at = format!(
+                    "repeat {repeat} freq {frequency} pres {presence} last_n {last_n} k {k} t {t:?}"
+                );
+                let mut fast = crate::build_chain(&ChainSpec::new(stages, Some(7))).unwrap();
+                fast.accept_prompt(&history);
+                let mut slow = fast.clone();
+                // Without the penalties the same seed samples other tokens:
+                // the history matters here.
+                let mut plain = crate::build_chain(&ChainSpec::new(
+                    fast.stages()[1..].iter().filter_map(|s| s.spec()).collect(),
+                    Some(7),
+                ))
+                .unwrap();
+                let mut differs = false;
+                for step in 0..6 {
+                    let lead = lead(fast.stages()).unwrap();
+                    let Lead::PenaltiesTopK {
+                        at: p_at,
+                        top_k_at,
+                        k,
+                        ..
+                    } = lead
+                    else {
+                        panic!("{at}: lead {lead:?}");
+                    };
+                    let tail = temp_dist_tail(fast.stages(), top_k_at + 1).unwrap();
+                    let decided =
+                        with_scratch(|s| penalised_top_k_token(&logits, &fast, p_at, k, tail, s));
+                    assert!(decided.is_some(), "{at}: the fused path fell back");
+                    let got = sample_row(&logits, &mut fast);
+                    let want = slow.sample_from(0, &mut Candidates::from_logits(&logits));
+                    assert_eq!(got, want, "{at}, step {step}");
+                    differs |= plain.sample_from(0, &mut Candidates::from_logits(&logits)) != want;
+                    assert_eq!(fast.step(), slow.step(), "{at}, step {step}");
+                }
+                assert!(differs, "{at}: the penalties never changed the token");
+                // Same history afterwards: one more step on a fresh row agrees.
+                let shifted: Vec<f32> = logits.iter().rev().copied().collect();
+                assert_eq!(
+                    sample_row(&shifted, &mut fast),
+                    slow.sample_from(0, &mut Candidates::from_logits(&shifted)),
+                    "{at}, after"
+                );
+            }
         }
     }
 }

@@ -49,6 +49,24 @@ impl Penalties {
         }
     }
 
+    /// The logit `orig` of a token that occurs `c >= 1` times in the window,
+    /// penalised: `-inf` stays `-inf`; otherwise multiplied by `repeat` if
+    /// `<= 0`, else divided by it, then `c·frequency + presence` subtracted;
+    /// a finite logit saturates at `±f32::MAX` instead of overflowing.
+    pub fn penalised(&self, orig: f32, c: u32) -> f32 {
+        if orig == f32::NEG_INFINITY {
+            // Banned stays banned (`-inf - -inf` would be NaN).
+            return orig;
+        }
+        let l = if orig <= 0.0 {
+            orig * self.repeat
+        } else {
+            orig / self.repeat
+        };
+        let l = l - (c as f32 * self.frequency + self.presence);
+        saturate(l, orig)
+    }
+
     /// Occurrences of `token` in the current window.
     pub fn count(&self, token: TokenId) -> u32 {
         self.counts.get(&token).copied().unwrap_or(0)
@@ -82,20 +100,13 @@ impl Sampler for Penalties {
         }
         let logits = row.logits_mut();
         for (pos, c) in edits {
-            let orig = logits[pos];
-            if orig == f32::NEG_INFINITY {
-                // Banned stays banned (`-inf - -inf` would be NaN).
-                continue;
-            }
-            let l = if orig <= 0.0 {
-                orig * self.repeat
-            } else {
-                orig / self.repeat
-            };
-            let l = l - (c as f32 * self.frequency + self.presence);
-            logits[pos] = saturate(l, orig);
+            logits[pos] = self.penalised(logits[pos], c);
         }
         Ok(())
+    }
+    fn history_counts(&self, out: &mut Vec<(TokenId, u32)>) -> bool {
+        out.extend(self.counts.iter().map(|(&t, &c)| (t, c)));
+        true
     }
     fn accept(&mut self, token: TokenId, origin: TokenOrigin) {
         if self.last_n == 0 || (self.scope == HistoryScope::Output && origin == TokenOrigin::Prompt)
