@@ -423,7 +423,17 @@ fn penalised_top_k_token(
         }
         s.keyed.push((desc_key(l, t), l));
     }
-    let keyed = &mut s.keyed;
+    Some(top_k_tail_token(&mut s.keyed, k, chain, tail))
+}
+
+/// `top_k(k) -> [temperature] -> dist` over `(key, logit)` pairs
+/// ([`desc_key`]): the `k` best keys, sorted, then the fused tail.
+fn top_k_tail_token(
+    keyed: &mut Vec<(u64, f32)>,
+    k: usize,
+    chain: &Chain,
+    tail: tail::TempDist,
+) -> Result<TokenId, SampleError> {
     if k < keyed.len() {
         keyed.select_nth_unstable_by_key(k - 1, |&(key, _)| key);
         keyed.truncate(k);
@@ -438,7 +448,7 @@ fn penalised_top_k_token(
     }
     .uniform(0);
     let current = keyed.iter().map(|&(_, l)| l);
-    Some(temp_dist_token(current, by_id.into_iter(), tail.t, u))
+    temp_dist_token(current, by_id.into_iter(), tail.t, u)
 }
 
 /// Run `lead`'s kernel on `logits` and the rest of the chain on its
@@ -484,22 +494,7 @@ fn run_lead(
                 .zip(row.logits())
                 .map(|(&id, &l)| (desc_key(l, id), l))
                 .collect();
-            if k < keyed.len() {
-                keyed.select_nth_unstable_by_key(k - 1, |&(key, _)| key);
-                keyed.truncate(k);
-            }
-            keyed.sort_unstable_by_key(|&(key, _)| key);
-            let mut by_id: Vec<(TokenId, f32)> =
-                keyed.iter().map(|&(key, l)| (key_id(key), l)).collect();
-            by_id.sort_unstable_by_key(|&(id, _)| id);
-            let u = RowRng {
-                seed: chain.seed(),
-                step: chain.step(),
-                stage_index: tail.dist_at,
-            }
-            .uniform(0);
-            let current = keyed.iter().map(|&(_, l)| l);
-            let token = temp_dist_token(current, by_id.into_iter(), tail.t, u)?;
+            let token = top_k_tail_token(&mut keyed, k, chain, tail)?;
             chain.commit(token);
             Ok(token)
         }
