@@ -2,7 +2,10 @@
 //!
 //! Chain: `top_k(40); temperature(0.8); top_p(0.9); dist` (llama.cpp's
 //! common order), on Zipf-like logits, for every compiled-in device:
-//! * `offloaded`: the whole chain on the device (4 B/row read back);
+//! * `offloaded`: the whole chain on the device (4 B/row read back), with
+//!   the custom kernels on a cubecl device;
+//! * `offloaded_recipes`: the same with the kernels turned off (burn's
+//!   generic ops only; cubecl devices), side by side in the same run;
 //! * `topk_prefix`: only `top_k` on the device (8·40 B/row), the rest on sampler-cpu;
 //! * `cpu_only`: offloading off (full rows read back, 4·V B/row).
 //!
@@ -54,11 +57,15 @@ fn bench(c: &mut Criterion) {
             for b in list("BENCH_BATCH", "1,32,256") {
                 let Ok(b) = b.parse::<usize>() else { continue };
                 let logits = zipf_logits(b, v);
-                for (mode, policy) in [
-                    ("offloaded", OffloadPolicy::Device),
-                    ("topk_prefix", OffloadPolicy::Stages(1)),
-                    ("cpu_only", OffloadPolicy::Off),
+                for (mode, policy, kernels_on) in [
+                    ("offloaded", OffloadPolicy::Device, true),
+                    ("offloaded_recipes", OffloadPolicy::Device, false),
+                    ("topk_prefix", OffloadPolicy::Stages(1), true),
+                    ("cpu_only", OffloadPolicy::Off, true),
                 ] {
+                    if !kernels_on && !set_kernels(false) {
+                        continue; // no custom kernels in this build or on this device
+                    }
                     let rows: Vec<ChainSpec> = (0..b).map(|r| chain(r as u64)).collect();
                     let Ok(mut ex) = Executor::new(rows, v, &device, policy) else {
                         continue;
@@ -89,10 +96,25 @@ fn bench(c: &mut Criterion) {
                             criterion::BatchSize::PerIteration,
                         )
                     });
+                    set_kernels(true);
                 }
             }
         }
         group.finish();
+    }
+}
+
+/// Turn the custom cubecl kernels on or off; false when this build has none.
+fn set_kernels(on: bool) -> bool {
+    #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda"))]
+    {
+        sampler_backend::kernels::set_enabled(on);
+        true
+    }
+    #[cfg(not(any(feature = "wgpu", feature = "vulkan", feature = "cuda")))]
+    {
+        let _ = on;
+        false
     }
 }
 

@@ -1760,21 +1760,33 @@ fn device_pass(
     // -2i - 2, +inf at i: -2i - 3; a valid row's code is never read).
     let pos = ops::positions(b, v, d);
     let none = 2 * v as i64;
-    let nan = logits.clone().is_nan();
-    let posinf = logits
-        .clone()
-        .is_inf()
-        .bool_and(logits.clone().greater_elem(0.0));
-    let pos2 = pos.clone().mul_scalar(2);
-    let first_bad = pos2
-        .clone()
-        .add_scalar(1)
-        .mask_fill(posinf.bool_not(), none)
-        .mask_where(nan, pos2)
-        .min_dim(1);
+    let first_bad = kernel_first_bad(&logits).unwrap_or_else(|| {
+        let nan = logits.clone().is_nan();
+        let posinf = logits
+            .clone()
+            .is_inf()
+            .bool_and(logits.clone().greater_elem(0.0));
+        let pos2 = pos.clone().mul_scalar(2);
+        pos2.clone()
+            .add_scalar(1)
+            .mask_fill(posinf.bool_not(), none)
+            .mask_where(nan, pos2)
+            .min_dim(1)
+    });
     let invalid = first_bad.clone().lower_elem(none);
     let code = first_bad.neg().sub_scalar(2);
-    let clean = logits.clone().mask_fill(wide(invalid.clone(), v), 0.0);
+    // Invalid rows are zeroed for the stages, unless the first stage takes
+    // them as they are (a kernel whose invalid rows' outputs are replaced by
+    // their codes below): then no `[B, V]` copy.
+    let unsanitised = lp.is_none()
+        && stages
+            .first()
+            .is_some_and(|st| st.takes_unsanitised_rows(b, v, d));
+    let clean = if unsanitised {
+        logits.clone()
+    } else {
+        logits.clone().mask_fill(wide(invalid.clone(), v), 0.0)
+    };
 
     // Raw logprobs come from the input row (invalid rows fail anyway).
     let raw_lp = lp
@@ -1897,6 +1909,18 @@ fn device_pass(
         }
     }
     out
+}
+
+/// The row validation kernel on a cubecl device (same keys as the recipe
+/// in [`device_pass`]); `None` elsewhere.
+#[cfg(feature = "cubecl-kernels")]
+fn kernel_first_bad(logits: &Tensor<2>) -> Option<Tensor<2, Int>> {
+    crate::kernels::first_bad(logits)
+}
+
+#[cfg(not(feature = "cubecl-kernels"))]
+fn kernel_first_bad(_logits: &Tensor<2>) -> Option<Tensor<2, Int>> {
+    None
 }
 
 fn read_i64(d: &TensorData) -> Vec<i64> {

@@ -45,6 +45,8 @@ mod batch;
 mod device;
 mod error;
 mod executor;
+#[cfg(feature = "cubecl-kernels")]
+pub mod kernels;
 pub mod launches;
 pub mod ops;
 pub mod readback;

@@ -55,7 +55,11 @@ pub struct StepData {
     /// The selected token id per row `[B]`, set by a selecting stage.
     pub sampled: Option<Tensor<1, Int>>,
     /// Per-row invalid mask `[B, 1]` (NaN / `+inf` in the input row). Stages
-    /// see sanitised logits (zeros) on invalid rows and need not look at it.
+    /// see sanitised logits (zeros) on invalid rows and need not look at it,
+    /// except a first stage that said it takes unsanitised rows
+    /// ([`DeviceStage::takes_unsanitised_rows`]): then the stages see the
+    /// input rows as they are, and every output of an invalid row is
+    /// replaced by its status code.
     pub invalid: Tensor<2, Bool>,
     /// Step row -> slot `[B]`: the slot (row of the stage's own per-row
     /// tensors, `[S, ..]`) of each step row; `None` when step row `r` is
@@ -140,6 +144,15 @@ pub trait DeviceStage: Send {
     fn set_input(&mut self, _rows: &[RowState]) {}
     /// Append this stage's tensor ops to the step.
     fn apply(&self, data: &mut StepData);
+    /// Whether, as the first device stage of a step over `[batch, width]`
+    /// logits on `device`, this stage's `apply` can take the input rows
+    /// unsanitised: each row's outputs depend on that row alone and nothing
+    /// fails on a NaN or `+inf` (the outputs of invalid rows are replaced by
+    /// their status codes). Then the step skips the `[B, V]` copy that zeroes
+    /// invalid rows. Default: no (the custom cubecl kernels say yes).
+    fn takes_unsanitised_rows(&self, _batch: usize, _width: usize, _device: &Device) -> bool {
+        false
+    }
     /// Width after this stage given the width before (only `top_k` narrows).
     fn out_width(&self, width: usize) -> usize {
         width

@@ -5,7 +5,8 @@
 //! candidates are walked in ascending token-id order and the first with
 //! `e_i > 0 && cum_i >= u * S` is chosen. No sort and no full-row cumsum:
 //! * width `<= PAIRWISE_MAX` (after a `top_k`): `cum_i = sum_j e_j [id_j <= id_i]`
-//!   from a pairwise `[B, N, N]` comparison;
+//!   from a pairwise `[B, N, N]` comparison (on a cubecl device, widths up to
+//!   `kernels::TOP_K_MAX` run the same rule as one custom kernel);
 //! * full rows: a two-level prefix sum over blocks of `DIST_BLOCK` tokens
 //!   (block sums, a short cumsum over blocks, then a short cumsum inside
 //!   the crossing block). Wide rows with `ids` are first scattered back to
@@ -63,6 +64,10 @@ impl DeviceStage for Dist {
     }
     fn apply(&self, data: &mut StepData) {
         let Some(u) = &self.uniforms else { return };
+        if let Some(tok) = kernel_dist(data, u) {
+            data.sampled = Some(tok);
+            return;
+        }
         let tok = if data.width <= PAIRWISE_MAX {
             let ids = data.token_ids();
             pairwise(&data.logits, &ids, u)
@@ -82,6 +87,18 @@ impl DeviceStage for Dist {
         };
         data.sampled = Some(tok.reshape([data.batch]));
     }
+}
+
+/// The narrow-row kernel on a cubecl device (same rule as [`pairwise`]);
+/// `None` elsewhere.
+#[cfg(feature = "cubecl-kernels")]
+fn kernel_dist(data: &StepData, u: &Tensor<2>) -> Option<Tensor<1, Int>> {
+    crate::kernels::dist(&data.logits, &data.token_ids(), u)
+}
+
+#[cfg(not(feature = "cubecl-kernels"))]
+fn kernel_dist(_data: &StepData, _u: &Tensor<2>) -> Option<Tensor<1, Int>> {
+    None
 }
 
 /// Exact id-ordered cumulative sums by pairwise comparison; `[B, 1]` token ids.

@@ -1,7 +1,10 @@
 //! `greedy` on the device: the maximum logit, ties to the lowest token id
 //! (vLLM / TensorRT-LLM rule), mapped through `ids` after a
 //! device `top_k` (llama.cpp returned the position instead: bug_cases §12).
+//! On a cubecl device a full row goes through one custom kernel
+//! ([`crate::kernels`]'s argmax, same rule).
 
+use burn_tensor::Device;
 use sampler_core::StageSpec;
 
 use crate::ops;
@@ -27,11 +30,43 @@ impl DeviceStage for Greedy {
     fn init(&mut self, _ctx: &InitContext) -> Result<(), DeviceRefusal> {
         Ok(())
     }
+    fn takes_unsanitised_rows(&self, batch: usize, width: usize, device: &Device) -> bool {
+        kernel_applies(batch, width, device)
+    }
     fn apply(&self, data: &mut StepData) {
+        if let Some(tok) = kernel_argmax(data) {
+            data.sampled = Some(tok);
+            return;
+        }
         let ids = data.token_ids();
         let (_, live) = ops::safe_max(&data.logits);
         let tok = ops::argmax_lowest_id(&data.logits, &ids);
         let tok = tok.mask_fill(live.bool_not(), crate::readback::CODE_ALL_MASKED);
         data.sampled = Some(tok.reshape([data.batch]));
     }
+}
+
+/// The argmax kernel on a cubecl device for a full-vocabulary row
+/// (positions are token ids); `None` elsewhere (the generic recipe).
+#[cfg(feature = "cubecl-kernels")]
+fn kernel_argmax(data: &StepData) -> Option<burn_tensor::Tensor<1, burn_tensor::Int>> {
+    if data.ids.is_some() || data.order_ids.is_some() {
+        return None;
+    }
+    crate::kernels::argmax(&data.logits)
+}
+
+#[cfg(feature = "cubecl-kernels")]
+fn kernel_applies(b: usize, n: usize, device: &Device) -> bool {
+    !crate::is_cpu_device(device) && crate::kernels::argmax_applies(b, n)
+}
+
+#[cfg(not(feature = "cubecl-kernels"))]
+fn kernel_applies(_b: usize, _n: usize, _device: &Device) -> bool {
+    false
+}
+
+#[cfg(not(feature = "cubecl-kernels"))]
+fn kernel_argmax(_data: &StepData) -> Option<burn_tensor::Tensor<1, burn_tensor::Int>> {
+    None
 }

@@ -2,12 +2,14 @@
 //! boundary ties resolved to the lowest token ids (CPU rule) by a second
 //! `topk` over a tie key, and a per-row mask for rows with a smaller `k`.
 //! `k` is clamped to the width (bug_cases §12: `top_k(10)` over 4 logits);
-//! `k <= 0` rows keep everything (no-op).
+//! `k <= 0` rows keep everything (no-op). On a cubecl device a full row
+//! goes through one custom kernel instead ([`crate::kernels`]'s top-k: the
+//! same candidates in the same order).
 //!
 //! After this stage `ids [B, K]` maps positions to token ids and the width
 //! is `K`; later stages look tokens up through it.
 
-use burn_tensor::{Int, Tensor};
+use burn_tensor::{Bool, Device, Int, Tensor};
 use sampler_core::StageSpec;
 
 use crate::ops;
@@ -55,6 +57,43 @@ impl TopK {
     }
 }
 
+/// The top-k kernel on a cubecl device, for a full-vocabulary row
+/// (positions are token ids): `([B, k] logits masked past each row's own k,
+/// [B, k] positions, [B, k] live)`. `None` elsewhere (the generic recipe).
+fn kernel_top_k(
+    data: &StepData,
+    k_row: &Tensor<2, Int>,
+    k: usize,
+) -> Option<(Tensor<2>, Tensor<2, Int>, Tensor<2, Bool>)> {
+    if data.ids.is_some() || data.order_ids.is_some() {
+        return None;
+    }
+    let (vals, pos) = kernel_select(&data.logits, k)?;
+    let kr = k_row.clone().clamp(1, k as i64);
+    let live = ops::positions(data.batch, k, &data.device).lower(ops::wide(kr, k));
+    Some((ops::mask_logits(vals, live.clone()), pos, live))
+}
+
+#[cfg(feature = "cubecl-kernels")]
+fn kernel_applies(b: usize, n: usize, k: usize, device: &Device) -> bool {
+    !crate::is_cpu_device(device) && crate::kernels::top_k_applies(b, n, k)
+}
+
+#[cfg(not(feature = "cubecl-kernels"))]
+fn kernel_applies(_b: usize, _n: usize, _k: usize, _device: &Device) -> bool {
+    false
+}
+
+#[cfg(feature = "cubecl-kernels")]
+fn kernel_select(logits: &Tensor<2>, k: usize) -> Option<(Tensor<2>, Tensor<2, Int>)> {
+    crate::kernels::top_k(logits, k)
+}
+
+#[cfg(not(feature = "cubecl-kernels"))]
+fn kernel_select(_logits: &Tensor<2>, _k: usize) -> Option<(Tensor<2>, Tensor<2, Int>)> {
+    None
+}
+
 impl DeviceStage for TopK {
     fn name(&self) -> &'static str {
         "top_k"
@@ -73,19 +112,37 @@ impl DeviceStage for TopK {
     fn out_width(&self, width: usize) -> usize {
         self.k_max.min(width).max(1)
     }
+    fn takes_unsanitised_rows(&self, batch: usize, width: usize, device: &Device) -> bool {
+        kernel_applies(batch, width, self.out_width(width), device)
+    }
     fn apply(&self, data: &mut StepData) {
         let Some(k_row) = &self.k_row else { return };
         let k_row = &data.per_row(k_row);
         let k = self.out_width(data.width);
-        let order = data.token_ids();
-        let (vals, pos, live) = ops::canonical_topk_positions(&data.logits, &order, k_row, k);
-        let index = match &data.ids {
-            Some(ids) => ids.clone().gather(1, pos.clone()),
-            None => pos.clone(),
-        };
         // Padding (past the row's own k) ranks after every real candidate.
         let pad = ops::positions(data.batch, k, &data.device).add_scalar(data.vocab as i64);
-        let order = order.gather(1, pos).mask_where(live.bool_not(), pad);
+        let (vals, index, order) = match kernel_top_k(data, k_row, k) {
+            // Positions are token ids here: the kernel's ties to the lowest
+            // position are ties to the lowest id.
+            Some((vals, pos, live)) => {
+                let order = pos.clone().mask_where(live.bool_not(), pad);
+                (vals, pos, order)
+            }
+            None => {
+                let order = data.token_ids();
+                let (vals, pos, live) =
+                    ops::canonical_topk_positions(&data.logits, &order, k_row, k);
+                let index = match &data.ids {
+                    Some(ids) => ids.clone().gather(1, pos.clone()),
+                    None => pos.clone(),
+                };
+                (
+                    vals,
+                    index,
+                    order.gather(1, pos).mask_where(live.bool_not(), pad),
+                )
+            }
+        };
         data.logits = vals;
         data.ids = Some(index);
         data.order_ids = Some(order);

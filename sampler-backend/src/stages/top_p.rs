@@ -5,7 +5,9 @@
 //! are no-ops. Width unchanged; dropped candidates become `-inf`.
 //!
 //! * width `<= PAIRWISE_MAX` (after a `top_k`): exact ranks and masses
-//!   before each candidate from pairwise `[B, N, N]` comparisons;
+//!   before each candidate from pairwise `[B, N, N]` comparisons (on a
+//!   cubecl device, widths up to `kernels::TOP_K_MAX` run the same rule as
+//!   one custom kernel);
 //! * full rows: no sort and no cumsum. The crossing logit `v*` (the largest
 //!   logit whose mass `sum(e where l >= v*) >= p * S`) is found by a
 //!   bisection that snaps every midpoint to an actual logit (two reductions
@@ -35,6 +37,8 @@ pub struct TopP {
     noop: Option<Tensor<2, Bool>>,
     keep_row: Option<Tensor<2, Int>>,
     keep_max: usize,
+    /// `p`, `+inf` on no-op rows: the narrow-row kernel's column.
+    p_or_all: Option<Tensor<2>>,
 }
 
 impl TopP {
@@ -57,6 +61,7 @@ impl TopP {
             noop: None,
             keep_row: None,
             keep_max: 1,
+            p_or_all: None,
         }
     }
 }
@@ -71,6 +76,12 @@ impl DeviceStage for TopP {
         let noop: Vec<bool> = self.ps.iter().map(|&p| p >= 1.0).collect();
         let keep: Vec<i64> = self.keeps.iter().map(|&k| k.clamp(1, n) as i64).collect();
         self.keep_max = keep.iter().copied().max().unwrap_or(1) as usize;
+        let p_or_all: Vec<f32> = p
+            .iter()
+            .zip(&noop)
+            .map(|(&p, &all)| if all { f32::INFINITY } else { p })
+            .collect();
+        self.p_or_all = Some(ops::col_f32(&p_or_all, &ctx.device));
         self.p = Some(ops::col_f32(&p, &ctx.device));
         self.noop = Some(ops::col_bool(&noop, &ctx.device));
         self.keep_row = Some(ops::col_int(&keep, &ctx.device));
@@ -88,6 +99,13 @@ impl DeviceStage for TopP {
         let keep_row = &keep_row;
         let n = data.width;
         let ids = data.token_ids();
+        if let Some(p_or_all) = &self.p_or_all
+            && let Some(out) = kernel_top_p(&data.logits, &ids, &data.per_row(p_or_all), keep_row)
+        {
+            data.logits = out;
+            data.probs = None;
+            return;
+        }
         let (e, _) = ops::exps(&data.logits);
         let s = e.clone().sum_dim(1);
         let target = p.clone().mul(s);
@@ -110,6 +128,28 @@ impl DeviceStage for TopP {
         data.logits = ops::mask_logits(data.logits.clone(), keep);
         data.probs = None;
     }
+}
+
+/// The narrow-row kernel on a cubecl device (same rule as the pairwise
+/// recipe); `None` elsewhere.
+#[cfg(feature = "cubecl-kernels")]
+fn kernel_top_p(
+    logits: &Tensor<2>,
+    ids: &Tensor<2, Int>,
+    p: &Tensor<2>,
+    keep: &Tensor<2, Int>,
+) -> Option<Tensor<2>> {
+    crate::kernels::top_p(logits, ids, p, keep)
+}
+
+#[cfg(not(feature = "cubecl-kernels"))]
+fn kernel_top_p(
+    _logits: &Tensor<2>,
+    _ids: &Tensor<2, Int>,
+    _p: &Tensor<2>,
+    _keep: &Tensor<2, Int>,
+) -> Option<Tensor<2>> {
+    None
 }
 
 /// The nucleus mask `[B, N]` of full rows by reductions only.

@@ -1,0 +1,706 @@
+//! Custom cubecl kernels for the hot path on the cubecl devices (wgpu,
+//! vulkan, cuda), launched on burn's own tensor handles.
+//!
+//! burn's generic ops build a row top-k out of two `topk`s, a dozen
+//! element-wise ops and gathers (about 60 kernels a step), and greedy out of
+//! three reductions. These kernels do the same work in one launch per batch,
+//! one workgroup (cube) per row, with the CPU's rules:
+//!
+//! * [`top_k`]: the canonical top `K` of each row of `[B, N]` logits (logit
+//!   descending, ties to the lowest position), as `[B, K]` logits and
+//!   `[B, K]` positions (i32). A radix select on order-preserving `u32` keys
+//!   (4 passes of 8 bits, a 256-bin histogram in shared memory per pass)
+//!   finds the `K`-th key exactly; a counting pass over contiguous chunks
+//!   collects the survivors in ascending position, so the ties kept at the
+//!   boundary are the lowest positions; a rank pass over the `K` survivors in
+//!   shared memory writes them in canonical order. Reads the row 6 times.
+//! * [`argmax`]: the lowest position of each row's maximum logit `[B]` (i32),
+//!   [`crate::readback::CODE_ALL_MASKED`] for a row of `-inf`. Reads the row
+//!   once.
+//!
+//! Both need only shared memory, `u32` shared atomics and workgroup barriers
+//! (no subgroup operations), so they run on lavapipe as on CUDA and NVIDIA
+//! Vulkan. The inputs are the step's sanitised logits (no NaN: the row
+//! validation replaced invalid rows); `-0.0` and `0.0` are the same logit.
+//!
+//! Each function returns `None` when the tensor does not live on a cubecl
+//! device or the shape is outside what the kernel handles (`K` above
+//! [`TOP_K_MAX`]); the caller then uses the generic recipe
+//! ([`crate::ops::canonical_topk_positions`], [`crate::ops::argmax_lowest_id`]).
+//! The outputs are registered with burn's fusion stream like uploaded data,
+//! so later ops use them as any other tensor.
+
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{Cube, CubeBackend};
+use burn_fusion::stream::StreamId;
+use burn_fusion::{FusionTensor, NoOp};
+use burn_ir::{BackendIr, InitOperationIr, OperationIr};
+use burn_tensor::{DType, Int, Shape, Tensor};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether the stages use the kernels (default: yes). Process-wide; for
+/// side-by-side measurements of the kernels against the generic recipes
+/// (`benches/device_step.rs`) and tests of both paths, not for serving.
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Turn the custom kernels on or off for every step started afterwards
+/// (off: every stage runs its generic burn-op recipe).
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Whether the custom kernels are on ([`set_enabled`]).
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// The largest `K` the top-k kernel keeps (its survivors live in shared
+/// memory: `8·K` bytes); larger `K` use the generic recipe.
+pub const TOP_K_MAX: usize = 1024;
+
+/// Threads per row (one workgroup per row). A power of two.
+const UNITS: u32 = 256;
+
+/// Bins of one radix pass (8 bits).
+const BINS: usize = 256;
+
+/// Order-preserving key of a logit: `a > b` as floats iff `key(a) > key(b)`
+/// (for non-NaN values; `-0.0` is keyed as `0.0`).
+#[cube]
+fn order_key(x: f32) -> u32 {
+    // Bit tests only (no float compare): a device that flushes subnormals
+    // must not merge them with zero.
+    let raw = u32::reinterpret(x);
+    let bits = select(raw == 0x8000_0000u32, 0u32, raw);
+    select(
+        (bits & 0x8000_0000u32) != 0u32,
+        bits ^ 0xFFFF_FFFFu32,
+        bits | 0x8000_0000u32,
+    )
+}
+
+/// The key of `-inf`: every row whose best key is this has no finite logit.
+const NEG_INF_KEY: u32 = 0x007F_FFFF;
+
+#[cube(launch)]
+fn topk_rows(
+    logits: &[f32],
+    out_vals: &mut [f32],
+    out_pos: &mut [i32],
+    width: u32,
+    k: u32,
+    #[comptime] units: usize,
+    #[comptime] k_cap: usize,
+) {
+    let row = CUBE_POS_X;
+    let tid = UNIT_POS;
+    let base = row * width;
+
+    let hist = Shared::<[Atomic<u32>]>::new_slice(BINS);
+    let mut sel = Shared::<[u32]>::new_slice(2usize);
+    let mut cnt_gt = Shared::<[u32]>::new_slice(units);
+    let mut cnt_eq = Shared::<[u32]>::new_slice(units);
+    let mut cand_key = Shared::<[u32]>::new_slice(k_cap);
+    let mut cand_pos = Shared::<[u32]>::new_slice(k_cap);
+
+    // Radix select, most significant byte first: `prefix` holds the bytes
+    // of the k-th largest key found so far, `remaining` the rank still
+    // sought among the keys that share them.
+    let mut prefix = 0u32;
+    let mut mask = 0u32;
+    let mut remaining = k;
+    for pass in 0..4u32 {
+        let shift = 24u32 - pass * 8u32;
+        let mut b = tid;
+        while b < 256u32 {
+            hist[b as usize].store(0u32);
+            b += CUBE_DIM;
+        }
+        sync_cube();
+        let mut i = tid;
+        while i < width {
+            let key = order_key(logits[(base + i) as usize]);
+            if (key & mask) == prefix {
+                hist[((key >> shift) & 255u32) as usize].fetch_add(1u32);
+            }
+            i += CUBE_DIM;
+        }
+        sync_cube();
+        if tid == 0u32 {
+            let mut above = 0u32;
+            let mut chosen = 0u32;
+            let mut need = remaining;
+            let mut done = false;
+            for j in 0..256u32 {
+                let bin = 255u32 - j;
+                let c = hist[bin as usize].load();
+                if !done {
+                    if above + c >= remaining {
+                        chosen = bin;
+                        need = remaining - above;
+                        done = true;
+                    } else {
+                        above += c;
+                    }
+                }
+            }
+            sel[0] = chosen;
+            sel[1] = need;
+        }
+        sync_cube();
+        prefix |= sel[0] << shift;
+        mask |= 255u32 << shift;
+        remaining = sel[1];
+        sync_cube();
+    }
+    // `prefix` is the k-th largest key; `remaining` of its ties are kept
+    // (the lowest positions), after the `k - remaining` larger keys.
+    let count_gt = k - remaining;
+
+    // Survivors in ascending position: each thread owns a contiguous chunk.
+    let chunk = (width + CUBE_DIM - 1u32) / CUBE_DIM;
+    let start = select(tid * chunk < width, tid * chunk, width);
+    let end = select(start + chunk < width, start + chunk, width);
+    let mut gt = 0u32;
+    let mut eq = 0u32;
+    for i in start..end {
+        let key = order_key(logits[(base + i) as usize]);
+        if key > prefix {
+            gt += 1u32;
+        } else if key == prefix {
+            eq += 1u32;
+        }
+    }
+    cnt_gt[tid as usize] = gt;
+    cnt_eq[tid as usize] = eq;
+    sync_cube();
+    if tid == 0u32 {
+        let mut run_gt = 0u32;
+        let mut run_eq = 0u32;
+        for t in 0..CUBE_DIM {
+            let g = cnt_gt[t as usize];
+            let e = cnt_eq[t as usize];
+            cnt_gt[t as usize] = run_gt;
+            cnt_eq[t as usize] = run_eq;
+            run_gt += g;
+            run_eq += e;
+        }
+    }
+    sync_cube();
+    let mut og = cnt_gt[tid as usize];
+    let mut oe = cnt_eq[tid as usize];
+    for i in start..end {
+        let key = order_key(logits[(base + i) as usize]);
+        if key > prefix {
+            cand_key[og as usize] = key;
+            cand_pos[og as usize] = i;
+            og += 1u32;
+        } else if key == prefix {
+            if oe < remaining {
+                cand_key[(count_gt + oe) as usize] = key;
+                cand_pos[(count_gt + oe) as usize] = i;
+            }
+            oe += 1u32;
+        }
+    }
+    sync_cube();
+
+    // Canonical order: rank = larger keys + equal keys at lower positions
+    // (the survivors are in ascending position).
+    let mut c = tid;
+    while c < k {
+        let kc = cand_key[c as usize];
+        let mut rank = 0u32;
+        for j in 0..k {
+            let kj = cand_key[j as usize];
+            if kj > kc || (kj == kc && j < c) {
+                rank += 1u32;
+            }
+        }
+        let p = cand_pos[c as usize];
+        out_vals[(row * k + rank) as usize] = logits[(base + p) as usize];
+        out_pos[(row * k + rank) as usize] = i32::cast_from(p);
+        c += CUBE_DIM;
+    }
+}
+
+#[cube(launch)]
+fn argmax_rows(logits: &[f32], out: &mut [i32], width: u32, #[comptime] units: usize) {
+    let row = CUBE_POS_X;
+    let tid = UNIT_POS;
+    let base = row * width;
+    let mut best_key = Shared::<[u32]>::new_slice(units);
+    let mut best_pos = Shared::<[u32]>::new_slice(units);
+
+    // Each thread visits ascending positions: the first maximum it meets is
+    // its lowest.
+    let mut bk = 0u32;
+    let mut bp = width;
+    let mut i = tid;
+    while i < width {
+        let key = order_key(logits[(base + i) as usize]);
+        if key > bk {
+            bk = key;
+            bp = i;
+        }
+        i += CUBE_DIM;
+    }
+    best_key[tid as usize] = bk;
+    best_pos[tid as usize] = bp;
+    sync_cube();
+    let mut s = CUBE_DIM / 2u32;
+    while s > 0u32 {
+        if tid < s {
+            let k1 = best_key[tid as usize];
+            let p1 = best_pos[tid as usize];
+            let k2 = best_key[(tid + s) as usize];
+            let p2 = best_pos[(tid + s) as usize];
+            if k2 > k1 || (k2 == k1 && p2 < p1) {
+                best_key[tid as usize] = k2;
+                best_pos[tid as usize] = p2;
+            }
+        }
+        sync_cube();
+        s /= 2u32;
+    }
+    if tid == 0u32 {
+        let key = best_key[0];
+        let pos = i32::cast_from(best_pos[0]);
+        out[row as usize] = select(key <= NEG_INF_KEY, -1i32, pos);
+    }
+}
+
+type FusionRuntime = burn_cubecl::fusion::FusionCubeRuntime;
+type FusionClient = burn_fusion::Client<FusionRuntime>;
+
+/// The contiguous cubecl tensor under a float tensor, with its pending ops
+/// executed, and its fusion client; `None` off the cubecl backends.
+fn resolve_float(t: &Tensor<2>) -> Option<(CubeTensor, FusionClient)> {
+    if !enabled() {
+        return None;
+    }
+    let fused: FusionTensor<FusionRuntime> = t.clone().try_into_primitive::<Cube>().ok()?;
+    let client = fused.client.clone();
+    let cube = client.resolve_tensor_float::<CubeBackend>(fused);
+    Some((into_contiguous(cube), client))
+}
+
+/// Register a kernel's output with the fusion stream (as uploaded data is),
+/// so that later ops see an ordinary tensor.
+fn register(out: CubeTensor, client: &FusionClient) -> FusionTensor<FusionRuntime> {
+    let shape = out.meta.shape().clone();
+    let dtype = out.dtype;
+    let handle = <CubeBackend as BackendIr>::float_tensor_handle(out);
+    let desc = InitOperationIr::create(shape, dtype, || client.register_tensor_handle(handle));
+    let mut outs = client.register(
+        StreamId::current(),
+        OperationIr::Init(desc),
+        NoOp::<CubeBackend>::new(),
+    );
+    outs.remove(0)
+}
+
+/// Whether [`top_k`] takes `[b, n]` rows at this `k` (kernels on, `k` in
+/// `1..=min(n, TOP_K_MAX)`, `b·n` within `u32`), on a cubecl device.
+pub fn top_k_applies(b: usize, n: usize, k: usize) -> bool {
+    enabled() && k > 0 && k <= n && k <= TOP_K_MAX && argmax_applies(b, n)
+}
+
+/// Whether [`argmax`] takes `[b, n]` rows (kernels on, `b·n` within `u32`),
+/// on a cubecl device.
+pub fn argmax_applies(b: usize, n: usize) -> bool {
+    enabled() && b > 0 && n > 0 && u32::try_from(b * n).is_ok()
+}
+
+/// Threads per row for this device: [`UNITS`], or the largest power of two
+/// its workgroups allow.
+fn units(cube: &CubeTensor) -> u32 {
+    let max = cube.client.properties().hardware.max_units_per_cube.max(1);
+    let cap = UNITS.min(max);
+    if cap.is_power_of_two() {
+        cap
+    } else {
+        cap.next_power_of_two() >> 1
+    }
+}
+
+/// The canonical top `k` of each row of `logits [B, N]` (logit descending,
+/// ties to the lowest position): `([B, k] logits, [B, k] positions as i32)`.
+/// `None` when `logits` is not on a cubecl device, or `k` is 0, above `N`
+/// or above [`TOP_K_MAX`]. The logits must hold no NaN.
+pub fn top_k(logits: &Tensor<2>, k: usize) -> Option<(Tensor<2>, Tensor<2, Int>)> {
+    let [b, n] = logits.dims();
+    if !top_k_applies(b, n, k) {
+        return None;
+    }
+    let (cube, fusion) = resolve_float(logits)?;
+    let units = units(&cube);
+    let (client, device) = (cube.client.clone(), cube.device.clone());
+    let vals = empty_device_contiguous_dtype(
+        client.clone(),
+        device.clone(),
+        Shape::new([b, k]),
+        DType::F32,
+    );
+    let pos = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, k]), DType::I32);
+    let launched = topk_rows::launch(
+        &client,
+        CubeCount::Static(b as u32, 1, 1),
+        CubeDim::new_1d(units),
+        unsafe { BufferArg::from_raw_parts(cube.handle.clone(), b * n) },
+        unsafe { BufferArg::from_raw_parts(vals.handle.clone(), b * k) },
+        unsafe { BufferArg::from_raw_parts(pos.handle.clone(), b * k) },
+        n as u32,
+        k as u32,
+        units as usize,
+        TOP_K_MAX,
+    );
+    let _ = launched;
+    let vals = Tensor::<2>::from_primitive::<Cube>(register(vals, &fusion));
+    let pos = Tensor::<2, Int>::from_primitive::<Cube>(register(pos, &fusion));
+    Some((vals, pos))
+}
+
+/// The lowest position of each row's maximum logit, `[B]` as i32
+/// ([`crate::readback::CODE_ALL_MASKED`] for a row of `-inf`). `None` when
+/// `logits` is not on a cubecl device. The logits must hold no NaN.
+pub fn argmax(logits: &Tensor<2>) -> Option<Tensor<1, Int>> {
+    let [b, n] = logits.dims();
+    if !argmax_applies(b, n) {
+        return None;
+    }
+    let (cube, fusion) = resolve_float(logits)?;
+    let units = units(&cube);
+    let (client, device) = (cube.client.clone(), cube.device.clone());
+    let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b]), DType::I32);
+    let launched = argmax_rows::launch(
+        &client,
+        CubeCount::Static(b as u32, 1, 1),
+        CubeDim::new_1d(units),
+        unsafe { BufferArg::from_raw_parts(cube.handle.clone(), b * n) },
+        unsafe { BufferArg::from_raw_parts(out.handle.clone(), b) },
+        n as u32,
+        units as usize,
+    );
+    let _ = launched;
+    Some(Tensor::<1, Int>::from_primitive::<Cube>(register(
+        out, &fusion,
+    )))
+}
+
+/// Row max (0 for a row of `-inf`, so `l - max` stays finite) and the sum of
+/// `exp(l - max)`, from a row held in shared memory; thread 0 walks the row
+/// in position order, so the sum's order is fixed.
+#[cube]
+fn shared_max_and_sum(
+    sl: &Shared<[f32]>,
+    se: &mut Shared<[f32]>,
+    stat: &mut Shared<[f32]>,
+    width: u32,
+) {
+    if UNIT_POS == 0u32 {
+        // -inf from its bits: cubecl's WGSL backend prints an infinite
+        // literal as `-Inf`, which WGSL does not know.
+        let neg_inf = f32::reinterpret(0xFF80_0000u32);
+        let mut m = neg_inf;
+        for i in 0..width {
+            let l = sl[i as usize];
+            if l > m {
+                m = l;
+            }
+        }
+        stat[0] = select(m == neg_inf, 0.0f32, m);
+    }
+    sync_cube();
+    let m = stat[0];
+    let mut i = UNIT_POS;
+    while i < width {
+        se[i as usize] = f32::exp(sl[i as usize] - m);
+        i += CUBE_DIM;
+    }
+    sync_cube();
+    if UNIT_POS == 0u32 {
+        let mut s = 0.0f32;
+        for i in 0..width {
+            s += se[i as usize];
+        }
+        stat[1] = s;
+    }
+    sync_cube();
+}
+
+#[cube(launch)]
+fn top_p_rows(
+    logits: &[f32],
+    ids: &[i32],
+    p: &[f32],
+    keep: &[i32],
+    out: &mut [f32],
+    width: u32,
+    #[comptime] cap: usize,
+) {
+    let row = CUBE_POS_X;
+    let base = row * width;
+    let mut sl = Shared::<[f32]>::new_slice(cap);
+    let mut sid = Shared::<[i32]>::new_slice(cap);
+    let mut se = Shared::<[f32]>::new_slice(cap);
+    let mut stat = Shared::<[f32]>::new_slice(2usize);
+    let mut i = UNIT_POS;
+    while i < width {
+        sl[i as usize] = logits[(base + i) as usize];
+        sid[i as usize] = ids[(base + i) as usize];
+        i += CUBE_DIM;
+    }
+    sync_cube();
+    shared_max_and_sum(&sl, &mut se, &mut stat, width);
+    let target = p[row as usize] * stat[1];
+    let min_keep = u32::cast_from(keep[row as usize]);
+    let mut c = UNIT_POS;
+    while c < width {
+        let lc = sl[c as usize];
+        let dc = sid[c as usize];
+        let mut rank = 0u32;
+        let mut before = 0.0f32;
+        for j in 0..width {
+            let lj = sl[j as usize];
+            if lj > lc || (lj == lc && sid[j as usize] < dc) {
+                rank += 1u32;
+                before += se[j as usize];
+            }
+        }
+        let kept = before < target || rank < min_keep;
+        out[(base + c) as usize] = select(kept, lc, f32::reinterpret(0xFF80_0000u32));
+        c += CUBE_DIM;
+    }
+}
+
+#[cube(launch)]
+fn dist_rows(
+    logits: &[f32],
+    ids: &[i32],
+    u: &[f32],
+    out: &mut [i32],
+    width: u32,
+    #[comptime] cap: usize,
+    #[comptime] units: usize,
+) {
+    let row = CUBE_POS_X;
+    let tid = UNIT_POS;
+    let base = row * width;
+    let mut sl = Shared::<[f32]>::new_slice(cap);
+    let mut sid = Shared::<[i32]>::new_slice(cap);
+    let mut se = Shared::<[f32]>::new_slice(cap);
+    let mut stat = Shared::<[f32]>::new_slice(2usize);
+    let mut first = Shared::<[i32]>::new_slice(units);
+    let mut last = Shared::<[i32]>::new_slice(units);
+    let mut i = tid;
+    while i < width {
+        sl[i as usize] = logits[(base + i) as usize];
+        sid[i as usize] = ids[(base + i) as usize];
+        i += CUBE_DIM;
+    }
+    sync_cube();
+    shared_max_and_sum(&sl, &mut se, &mut stat, width);
+    let s = stat[1];
+    let target = u[row as usize] * s;
+    // Candidates in ascending id order: the first whose cumulative weight
+    // reaches u·S; the last positive one when rounding leaves none.
+    let mut f = i32::cast_from(0x7FFF_FFFFu32);
+    let mut l = i32::cast_from(0u32) - 1i32;
+    let mut c = tid;
+    while c < width {
+        let ec = se[c as usize];
+        let dc = sid[c as usize];
+        if ec > 0.0f32 {
+            let mut cum = 0.0f32;
+            for j in 0..width {
+                if sid[j as usize] <= dc {
+                    cum += se[j as usize];
+                }
+            }
+            if cum >= target && dc < f {
+                f = dc;
+            }
+            if dc > l {
+                l = dc;
+            }
+        }
+        c += CUBE_DIM;
+    }
+    first[tid as usize] = f;
+    last[tid as usize] = l;
+    sync_cube();
+    let mut half = CUBE_DIM / 2u32;
+    while half > 0u32 {
+        if tid < half {
+            let f2 = first[(tid + half) as usize];
+            let l2 = last[(tid + half) as usize];
+            if f2 < first[tid as usize] {
+                first[tid as usize] = f2;
+            }
+            if l2 > last[tid as usize] {
+                last[tid as usize] = l2;
+            }
+        }
+        sync_cube();
+        half /= 2u32;
+    }
+    if tid == 0u32 {
+        let f = first[0];
+        let tok = select(f == 2_147_483_647i32, last[0], f);
+        out[row as usize] = select(s == 0.0f32, -1i32, tok);
+    }
+}
+
+/// The contiguous cubecl tensor under an int tensor, pending ops executed.
+fn resolve_int(t: &Tensor<2, Int>) -> Option<CubeTensor> {
+    let fused: FusionTensor<FusionRuntime> = t.clone().try_into_primitive::<Cube>().ok()?;
+    let client = fused.client.clone();
+    Some(into_contiguous(
+        client.resolve_tensor_int::<CubeBackend>(fused),
+    ))
+}
+
+/// Narrow rows (after a top-k) that the per-row kernels below take.
+fn narrow(logits: &Tensor<2>) -> Option<(usize, usize)> {
+    let [b, n] = logits.dims();
+    (b > 0 && n > 0 && n <= TOP_K_MAX && u32::try_from(b * n).is_ok()).then_some((b, n))
+}
+
+/// `top_p` over narrow rows `[B, N]` (`N <= TOP_K_MAX`), the device recipe's
+/// rule in one kernel: in canonical order (logit descending, ties to the
+/// lowest of `ids`), keep a candidate iff the weight `exp(l - max)` before
+/// it is `< p·S` or its rank is `< keep`; the others become `-inf`.
+/// `p` `[B, 1]` (`+inf` keeps the whole row), `keep` `[B, 1]`. `None` off
+/// the cubecl devices or for wider rows.
+pub fn top_p(
+    logits: &Tensor<2>,
+    ids: &Tensor<2, Int>,
+    p: &Tensor<2>,
+    keep: &Tensor<2, Int>,
+) -> Option<Tensor<2>> {
+    let (b, n) = narrow(logits)?;
+    let (l, fusion) = resolve_float(logits)?;
+    let (ids, p, keep) = (resolve_int(ids)?, resolve_float(p)?.0, resolve_int(keep)?);
+    let units = units(&l);
+    let (client, device) = (l.client.clone(), l.device.clone());
+    let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, n]), DType::F32);
+    let launched = top_p_rows::launch(
+        &client,
+        CubeCount::Static(b as u32, 1, 1),
+        CubeDim::new_1d(units),
+        unsafe { BufferArg::from_raw_parts(l.handle.clone(), b * n) },
+        unsafe { BufferArg::from_raw_parts(ids.handle.clone(), b * n) },
+        unsafe { BufferArg::from_raw_parts(p.handle.clone(), b) },
+        unsafe { BufferArg::from_raw_parts(keep.handle.clone(), b) },
+        unsafe { BufferArg::from_raw_parts(out.handle.clone(), b * n) },
+        n as u32,
+        TOP_K_MAX,
+    );
+    let _ = launched;
+    Some(Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)))
+}
+
+/// `dist` over narrow rows `[B, N]` (`N <= TOP_K_MAX`), the device recipe's
+/// rule in one kernel: weights `exp(l - max)`, walked in ascending `ids`
+/// order, the first with a positive weight whose cumulative weight reaches
+/// `u·S` (the last positive one if rounding leaves none); `-1`
+/// ([`crate::readback::CODE_ALL_MASKED`]) when `S = 0`. Returns the chosen
+/// id `[B]`. `u` `[B, 1]`. `None` off the cubecl devices or for wider rows.
+pub fn dist(logits: &Tensor<2>, ids: &Tensor<2, Int>, u: &Tensor<2>) -> Option<Tensor<1, Int>> {
+    let (b, n) = narrow(logits)?;
+    let (l, fusion) = resolve_float(logits)?;
+    let (ids, u) = (resolve_int(ids)?, resolve_float(u)?.0);
+    let units = units(&l);
+    let (client, device) = (l.client.clone(), l.device.clone());
+    let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b]), DType::I32);
+    let launched = dist_rows::launch(
+        &client,
+        CubeCount::Static(b as u32, 1, 1),
+        CubeDim::new_1d(units),
+        unsafe { BufferArg::from_raw_parts(l.handle.clone(), b * n) },
+        unsafe { BufferArg::from_raw_parts(ids.handle.clone(), b * n) },
+        unsafe { BufferArg::from_raw_parts(u.handle.clone(), b) },
+        unsafe { BufferArg::from_raw_parts(out.handle.clone(), b) },
+        n as u32,
+        TOP_K_MAX,
+        units as usize,
+    );
+    let _ = launched;
+    Some(Tensor::<1, Int>::from_primitive::<Cube>(register(
+        out, &fusion,
+    )))
+}
+
+#[cube(launch)]
+fn first_bad_rows(logits: &[f32], out: &mut [i32], width: u32, #[comptime] units: usize) {
+    let row = CUBE_POS_X;
+    let tid = UNIT_POS;
+    let base = row * width;
+    let mut best = Shared::<[u32]>::new_slice(units);
+    // Bit tests (no float compare, which fast-math may fold): NaN at i is
+    // 2i, +inf at i is 2i + 1; a thread's first hit is its lowest.
+    let none = 2u32 * width;
+    let mut m = none;
+    let mut i = tid;
+    while i < width {
+        let bits = u32::reinterpret(logits[(base + i) as usize]);
+        let abs = bits & 0x7FFF_FFFFu32;
+        if m == none {
+            if abs > 0x7F80_0000u32 {
+                m = 2u32 * i;
+            } else if bits == 0x7F80_0000u32 {
+                m = 2u32 * i + 1u32;
+            }
+        }
+        i += CUBE_DIM;
+    }
+    best[tid as usize] = m;
+    sync_cube();
+    let mut half = CUBE_DIM / 2u32;
+    while half > 0u32 {
+        if tid < half {
+            let other = best[(tid + half) as usize];
+            if other < best[tid as usize] {
+                best[tid as usize] = other;
+            }
+        }
+        sync_cube();
+        half /= 2u32;
+    }
+    if tid == 0u32 {
+        out[row as usize] = i32::cast_from(best[0]);
+    }
+}
+
+/// Row validation in one pass: per row of `logits [B, V]`, `2i` for a NaN
+/// at position `i`, `2i + 1` for a `+inf` at `i`, whichever comes first,
+/// and `2V` for a valid row; `[B, 1]` as i32. `None` off the cubecl devices
+/// (or when `2V` overflows i32).
+pub fn first_bad(logits: &Tensor<2>) -> Option<Tensor<2, Int>> {
+    let [b, n] = logits.dims();
+    if b == 0 || n == 0 || i32::try_from(2 * n).is_err() || u32::try_from(b * n).is_err() {
+        return None;
+    }
+    let (cube, fusion) = resolve_float(logits)?;
+    let units = units(&cube);
+    let (client, device) = (cube.client.clone(), cube.device.clone());
+    let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, 1]), DType::I32);
+    let launched = first_bad_rows::launch(
+        &client,
+        CubeCount::Static(b as u32, 1, 1),
+        CubeDim::new_1d(units),
+        unsafe { BufferArg::from_raw_parts(cube.handle.clone(), b * n) },
+        unsafe { BufferArg::from_raw_parts(out.handle.clone(), b) },
+        n as u32,
+        units as usize,
+    );
+    let _ = launched;
+    Some(Tensor::<2, Int>::from_primitive::<Cube>(register(
+        out, &fusion,
+    )))
+}

@@ -1,0 +1,351 @@
+//! The custom cubecl kernels (`sampler_backend::kernels`) against a plain
+//! Rust reference: the canonical top `k` of each row (logit descending,
+//! ties to the lowest position) and the greedy argmax (lowest position of
+//! the maximum, `-1` for a row of `-inf`), on rows built to break them:
+//! long runs of ties at the boundary, `-inf`, `-0.0` next to `0.0`, `±f32::MAX`,
+//! subnormals, widths around the workgroup size, `k` of 1, the width and the
+//! kernel's cap, and rows whose keys share their high bytes (every radix
+//! pass must narrow). Run on wgpu (CI: lavapipe); other builds have no
+//! kernels and report it.
+#![cfg_attr(not(feature = "wgpu"), allow(dead_code, unused_imports))]
+
+mod device_support;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use sampler_backend::burn_tensor::{Device, Tensor, TensorData};
+
+/// Positions of the canonical top `k` of `row`.
+fn reference_top_k(row: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..row.len()).collect();
+    // `-0.0 == 0.0` under `partial_cmp`, as the kernel keys them.
+    idx.sort_by(|&a, &b| row[b].partial_cmp(&row[a]).unwrap().then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+fn reference_argmax(row: &[f32]) -> i64 {
+    let top = reference_top_k(row, 1)[0];
+    if row[top] == f32::NEG_INFINITY {
+        -1
+    } else {
+        top as i64
+    }
+}
+
+/// Rows of one kind: `kind` picks the hazard.
+fn row(kind: usize, n: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
+    (0..n)
+        .map(|i| match kind {
+            // Few distinct values: long tie runs at any boundary.
+            0 => (rng.random_range(0..4) as f32) * 0.5,
+            // Zipf-like, a few -inf, a few ties.
+            1 => {
+                if rng.random_range(0..10) == 0 {
+                    f32::NEG_INFINITY
+                } else {
+                    -((rng.random_range(1..1000) as f32).ln())
+                }
+            }
+            // Signed zeros, extremes and subnormals.
+            2 => [0.0, -0.0, f32::MAX, -f32::MAX, 1e-45, -1e-45, 1.0, -1.0][rng.random_range(0..8)],
+            // Keys sharing their top bytes: values in [1, 1 + 2^-10).
+            3 => 1.0 + (rng.random_range(0..1024) as f32) * f32::EPSILON,
+            // All -inf except maybe one.
+            4 => {
+                if i == n / 2 && n % 2 == 0 {
+                    3.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            }
+            // Distinct values, descending with position (worst order).
+            _ => -(i as f32),
+        })
+        .collect()
+}
+
+fn upload(rows: &[Vec<f32>], device: &Device) -> Tensor<2> {
+    let (b, n) = (rows.len(), rows[0].len());
+    let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+    Tensor::<2>::from_data(TensorData::new(flat, [b, n]), device)
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
+    use sampler_backend::kernels;
+    let Some(device) = device_support::device("wgpu") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut checked = 0;
+    for &n in &[1usize, 3, 255, 256, 257, 1000, 4099, 32_000] {
+        let rows: Vec<Vec<f32>> = (0..6).map(|kind| row(kind, n, &mut rng)).collect();
+        let t = upload(&rows, &device);
+
+        let got: Vec<i64> = kernels::argmax(&t)
+            .expect("wgpu has the argmax kernel")
+            .into_data()
+            .convert::<i64>()
+            .iter::<i64>()
+            .collect();
+        for (r, rrow) in rows.iter().enumerate() {
+            assert_eq!(
+                got[r],
+                reference_argmax(rrow),
+                "argmax, n = {n}, row kind {r}"
+            );
+        }
+
+        let mut ks = vec![1, 2, 50, n, kernels::TOP_K_MAX];
+        ks.retain(|&k| k <= n && k <= kernels::TOP_K_MAX);
+        ks.dedup();
+        for &k in &ks {
+            let (vals, pos) = kernels::top_k(&t, k).expect("wgpu has the top-k kernel");
+            assert_eq!(vals.dims(), [rows.len(), k]);
+            let vals: Vec<f32> = vals.into_data().iter::<f32>().collect();
+            let pos: Vec<i64> = pos.into_data().convert::<i64>().iter::<i64>().collect();
+            for (r, rrow) in rows.iter().enumerate() {
+                let want = reference_top_k(rrow, k);
+                let got_pos: Vec<usize> = pos[r * k..(r + 1) * k]
+                    .iter()
+                    .map(|&p| p as usize)
+                    .collect();
+                assert_eq!(
+                    got_pos, want,
+                    "top_k positions, n = {n}, k = {k}, row kind {r}"
+                );
+                for (j, &p) in want.iter().enumerate() {
+                    assert_eq!(
+                        vals[r * k + j].to_bits(),
+                        rrow[p].to_bits(),
+                        "top_k value, n = {n}, k = {k}, row kind {r}, slot {j}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    // Outside the kernel's range the caller falls back to the recipe.
+    let t = upload(&[vec![0.0; 2000]], &device);
+    assert!(kernels::top_k(&t, kernels::TOP_K_MAX + 1).is_none());
+    assert!(kernels::top_k(&t, 0).is_none());
+    assert!(kernels::top_k(&t, 2001).is_none());
+    assert!(checked > 150, "{checked} rows checked");
+}
+
+/// Narrow rows as a top-k leaves them: logits with ties and `-inf`, ids a
+/// shuffled subset of the vocabulary with padding ids past it.
+fn narrow_case(n: usize, rng: &mut ChaCha8Rng) -> (Vec<f32>, Vec<i32>) {
+    let logits = (0..n)
+        .map(|_| match rng.random_range(0..8) {
+            0 => f32::NEG_INFINITY,
+            1 => 1.5,
+            _ => rng.random_range(-6.0f32..6.0),
+        })
+        .collect();
+    let mut ids: Vec<i32> = (0..n as i32).map(|i| i * 7 + 3).collect();
+    for i in (1..n).rev() {
+        ids.swap(i, rng.random_range(0..=i));
+    }
+    (logits, ids)
+}
+
+/// The device recipe's top_p rule in f64: keep iff the weight before a
+/// candidate (canonical order) is `< p·S` or its rank is `< keep`;
+/// `None` when `p·S` lies within `1e-5` (relative) of a kept/dropped edge.
+fn reference_top_p(l: &[f32], ids: &[i32], p: f64, keep: usize) -> Option<Vec<bool>> {
+    let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let m = if m == f32::NEG_INFINITY {
+        0.0
+    } else {
+        m as f64
+    };
+    let e: Vec<f64> = l.iter().map(|&x| (x as f64 - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    let target = p * s;
+    let mut out = Vec::new();
+    for i in 0..l.len() {
+        let before_i = |j: usize| l[j] > l[i] || (l[j] == l[i] && ids[j] < ids[i]);
+        let rank = (0..l.len()).filter(|&j| before_i(j)).count();
+        let before: f64 = (0..l.len()).filter(|&j| before_i(j)).map(|j| e[j]).sum();
+        let exact = target == 0.0 || target.is_infinite();
+        if !exact && rank >= keep && (before - target).abs() <= 1e-5 * s {
+            return None;
+        }
+        out.push(before < target || rank < keep);
+    }
+    Some(out)
+}
+
+/// The device recipe's dist rule in f64: ascending ids, the first positive
+/// weight whose cumulative weight reaches `u·S`; `None` near an edge.
+fn reference_dist(l: &[f32], ids: &[i32], u: f64) -> Option<i64> {
+    let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if m == f32::NEG_INFINITY {
+        return Some(-1);
+    }
+    let e: Vec<f64> = l.iter().map(|&x| (x as f64 - m as f64).exp()).collect();
+    let s: f64 = e.iter().sum();
+    let mut order: Vec<usize> = (0..l.len()).collect();
+    order.sort_by_key(|&i| ids[i]);
+    let mut cum = 0.0;
+    for &i in &order {
+        if e[i] > 0.0 {
+            cum += e[i];
+            if (cum - u * s).abs() <= 1e-5 * s {
+                return None;
+            }
+            if cum >= u * s {
+                return Some(ids[i] as i64);
+            }
+        }
+    }
+    order
+        .iter()
+        .rev()
+        .find(|&&i| e[i] > 0.0)
+        .map(|&i| ids[i] as i64)
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_narrow_top_p_dist_and_validation_kernels_match_the_reference() {
+    use sampler_backend::burn_tensor::Int;
+    use sampler_backend::kernels;
+    let Some(device) = device_support::device("wgpu") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let (mut checked, mut edges) = (0, 0);
+    for &n in &[1usize, 2, 40, 255, 256, 257, 1024] {
+        let b = 5;
+        let cases: Vec<(Vec<f32>, Vec<i32>)> = (0..b).map(|_| narrow_case(n, &mut rng)).collect();
+        let mut cases = cases;
+        cases[b - 1].0 = vec![f32::NEG_INFINITY; n]; // a dead row
+        let ps: Vec<f32> = vec![0.9, 0.0, 0.5, f32::INFINITY, 0.3];
+        let keeps: Vec<i32> = vec![1, 1, 3, 1, 2];
+        let us: Vec<f32> = (0..b).map(|_| rng.random_range(0.0f32..1.0)).collect();
+        let logits = upload(
+            &cases.iter().map(|c| c.0.clone()).collect::<Vec<_>>(),
+            &device,
+        );
+        let flat_ids: Vec<i32> = cases.iter().flat_map(|c| c.1.clone()).collect();
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(flat_ids, [b, n]), &device);
+        let col = |v: &[f32]| Tensor::<2>::from_data(TensorData::new(v.to_vec(), [b, 1]), &device);
+        let keep = Tensor::<2, Int>::from_data(TensorData::new(keeps.clone(), [b, 1]), &device);
+
+        let kept: Vec<f32> = kernels::top_p(&logits, &ids, &col(&ps), &keep)
+            .expect("top_p kernel")
+            .into_data()
+            .iter::<f32>()
+            .collect();
+        let toks: Vec<i64> = kernels::dist(&logits, &ids, &col(&us))
+            .expect("dist kernel")
+            .into_data()
+            .convert::<i64>()
+            .iter::<i64>()
+            .collect();
+        for (r, (l, id)) in cases.iter().enumerate() {
+            match reference_top_p(l, id, ps[r] as f64, keeps[r] as usize) {
+                Some(want) => {
+                    for (i, &w) in want.iter().enumerate() {
+                        let got = kept[r * n + i];
+                        let expect = if w { l[i] } else { f32::NEG_INFINITY };
+                        assert_eq!(
+                            got.to_bits(),
+                            expect.to_bits(),
+                            "top_p n = {n} row {r} slot {i}"
+                        );
+                    }
+                    checked += 1;
+                }
+                None => {
+                    println!("edge at n = {n} row {r}");
+                    edges += 1
+                }
+            }
+            match reference_dist(l, id, us[r] as f64) {
+                Some(want) => {
+                    assert_eq!(toks[r], want, "dist n = {n} row {r}");
+                    checked += 1;
+                }
+                None => {
+                    println!("edge at n = {n} row {r}");
+                    edges += 1
+                }
+            }
+        }
+    }
+    assert!(
+        checked >= 60 && edges <= 3,
+        "{checked} checked, {edges} at an edge"
+    );
+    assert!(
+        kernels::top_p(
+            &upload(&[vec![0.0; 1025]], &device),
+            &Tensor::<2, Int>::zeros([1, 1025], &device),
+            &Tensor::<2>::ones([1, 1], &device),
+            &Tensor::<2, Int>::ones([1, 1], &device)
+        )
+        .is_none()
+    );
+
+    // Validation: 2i at the first NaN, 2i + 1 at the first +inf, 2V if none.
+    let v = 3000;
+    let mut rows = vec![vec![0.5f32; v]; 5];
+    rows[1][2500] = f32::NAN;
+    rows[1][2700] = f32::INFINITY;
+    rows[2][7] = f32::INFINITY;
+    rows[2][9] = f32::NAN;
+    rows[3][0] = f32::NEG_INFINITY;
+    rows[4][v - 1] = -f32::NAN;
+    let got: Vec<i64> = kernels::first_bad(&upload(&rows, &device))
+        .expect("validation kernel")
+        .into_data()
+        .convert::<i64>()
+        .iter::<i64>()
+        .collect();
+    assert_eq!(
+        got,
+        vec![2 * v as i64, 5000, 15, 2 * v as i64, 2 * (v as i64 - 1)]
+    );
+}
+
+/// A full vocabulary row at the sizes of real models, many rows at once.
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_top_k_kernel_on_large_vocabularies() {
+    use sampler_backend::kernels;
+    let Some(device) = device_support::device("wgpu") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let n = 151_936;
+    let rows: Vec<Vec<f32>> = (0..4).map(|kind| row(kind, n, &mut rng)).collect();
+    let t = upload(&rows, &device);
+    let k = 40;
+    let (_, pos) = kernels::top_k(&t, k).expect("kernel");
+    let pos: Vec<i64> = pos.into_data().convert::<i64>().iter::<i64>().collect();
+    for (r, rrow) in rows.iter().enumerate() {
+        let want: Vec<i64> = reference_top_k(rrow, k)
+            .into_iter()
+            .map(|p| p as i64)
+            .collect();
+        assert_eq!(&pos[r * k..(r + 1) * k], &want[..], "row kind {r}");
+    }
+}
+
+/// Builds without a cubecl backend have no kernels module: the stages run
+/// the generic recipe (covered by every other device test).
+#[cfg(not(feature = "wgpu"))]
+#[test]
+fn reference_helpers_agree_on_a_small_row() {
+    let r = [1.0, 3.0, -0.0, 3.0, 0.0, f32::NEG_INFINITY];
+    assert_eq!(reference_top_k(&r, 4), vec![1, 3, 0, 2]);
+    assert_eq!(reference_argmax(&r), 1);
+    assert_eq!(reference_argmax(&[f32::NEG_INFINITY; 3]), -1);
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    assert_eq!(row(5, 4, &mut rng), vec![0.0, -1.0, -2.0, -3.0]);
+}
