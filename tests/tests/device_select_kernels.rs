@@ -74,6 +74,7 @@ fn upload(rows: &[Vec<f32>], device: &Device) -> Tensor<2> {
 #[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
+    use sampler_backend::burn_tensor::Int;
     use sampler_backend::kernels;
     let Some(device) = device_support::device("wgpu") else {
         return;
@@ -102,10 +103,19 @@ fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
         ks.retain(|&k| k <= n && k <= kernels::TOP_K_MAX);
         ks.dedup();
         for &k in &ks {
-            let (vals, pos) = kernels::top_k(&t, k).expect("wgpu has the top-k kernel");
+            // Each row's own k: the batch's k, or less (padding after it).
+            let own: Vec<i32> = (0..rows.len())
+                .map(|r| (k as i32 - r as i32).max(1))
+                .collect();
+            let k_row =
+                Tensor::<2, Int>::from_data(TensorData::new(own.clone(), [rows.len(), 1]), &device);
+            let pad_base = 1_000_000;
+            let (vals, pos, order) =
+                kernels::top_k(&t, k, &k_row, pad_base).expect("wgpu has the top-k kernel");
             assert_eq!(vals.dims(), [rows.len(), k]);
             let vals: Vec<f32> = vals.into_data().iter::<f32>().collect();
             let pos: Vec<i64> = pos.into_data().convert::<i64>().iter::<i64>().collect();
+            let order: Vec<i64> = order.into_data().convert::<i64>().iter::<i64>().collect();
             for (r, rrow) in rows.iter().enumerate() {
                 let want = reference_top_k(rrow, k);
                 let got_pos: Vec<usize> = pos[r * k..(r + 1) * k]
@@ -117,11 +127,14 @@ fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
                     "top_k positions, n = {n}, k = {k}, row kind {r}"
                 );
                 for (j, &p) in want.iter().enumerate() {
-                    assert_eq!(
-                        vals[r * k + j].to_bits(),
-                        rrow[p].to_bits(),
-                        "top_k value, n = {n}, k = {k}, row kind {r}, slot {j}"
-                    );
+                    let (v, o) = if j < own[r] as usize {
+                        (rrow[p], p as i64)
+                    } else {
+                        (f32::NEG_INFINITY, (pad_base + j) as i64)
+                    };
+                    let at = format!("n = {n}, k = {k}, row kind {r}, slot {j}");
+                    assert_eq!(vals[r * k + j].to_bits(), v.to_bits(), "top_k value, {at}");
+                    assert_eq!(order[r * k + j], o, "top_k order id, {at}");
                 }
                 checked += 1;
             }
@@ -129,9 +142,10 @@ fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
     }
     // Outside the kernel's range the caller falls back to the recipe.
     let t = upload(&[vec![0.0; 2000]], &device);
-    assert!(kernels::top_k(&t, kernels::TOP_K_MAX + 1).is_none());
-    assert!(kernels::top_k(&t, 0).is_none());
-    assert!(kernels::top_k(&t, 2001).is_none());
+    let one = Tensor::<2, Int>::ones([1, 1], &device);
+    assert!(kernels::top_k(&t, kernels::TOP_K_MAX + 1, &one, 2000).is_none());
+    assert!(kernels::top_k(&t, 0, &one, 2000).is_none());
+    assert!(kernels::top_k(&t, 2001, &one, 2000).is_none());
     assert!(checked > 150, "{checked} rows checked");
 }
 
@@ -317,6 +331,7 @@ fn wgpu_narrow_top_p_dist_and_validation_kernels_match_the_reference() {
 #[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_top_k_kernel_on_large_vocabularies() {
+    use sampler_backend::burn_tensor::Int;
     use sampler_backend::kernels;
     let Some(device) = device_support::device("wgpu") else {
         return;
@@ -326,7 +341,8 @@ fn wgpu_top_k_kernel_on_large_vocabularies() {
     let rows: Vec<Vec<f32>> = (0..4).map(|kind| row(kind, n, &mut rng)).collect();
     let t = upload(&rows, &device);
     let k = 40;
-    let (_, pos) = kernels::top_k(&t, k).expect("kernel");
+    let k_row = Tensor::<2, Int>::from_data(TensorData::new(vec![40i32; 4], [4, 1]), &device);
+    let (_, pos, _) = kernels::top_k(&t, k, &k_row, n).expect("kernel");
     let pos: Vec<i64> = pos.into_data().convert::<i64>().iter::<i64>().collect();
     for (r, rrow) in rows.iter().enumerate() {
         let want: Vec<i64> = reference_top_k(rrow, k)

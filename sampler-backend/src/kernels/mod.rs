@@ -89,10 +89,13 @@ const NEG_INF_KEY: u32 = 0x007F_FFFF;
 #[cube(launch)]
 fn topk_rows(
     logits: &[f32],
+    k_row: &[i32],
     out_vals: &mut [f32],
     out_pos: &mut [i32],
+    out_order: &mut [i32],
     width: u32,
     k: u32,
+    pad_base: u32,
     #[comptime] units: usize,
     #[comptime] k_cap: usize,
 ) {
@@ -211,6 +214,8 @@ fn topk_rows(
 
     // Canonical order: rank = larger keys + equal keys at lower positions
     // (the survivors are in ascending position).
+    let k_req = k_row[row as usize];
+    let k_own = select(k_req < 1i32, 1i32, k_req);
     let mut c = tid;
     while c < k {
         let kc = cand_key[c as usize];
@@ -221,9 +226,18 @@ fn topk_rows(
                 rank += 1u32;
             }
         }
+        // Slots past the row's own k are padding: -inf, ordered after every
+        // real candidate (`pad_base + slot`).
         let p = cand_pos[c as usize];
-        out_vals[(row * k + rank) as usize] = logits[(base + p) as usize];
-        out_pos[(row * k + rank) as usize] = i32::cast_from(p);
+        let live = i32::cast_from(rank) < k_own;
+        let slot = (row * k + rank) as usize;
+        out_vals[slot] = select(
+            live,
+            logits[(base + p) as usize],
+            f32::reinterpret(0xFF80_0000u32),
+        );
+        out_pos[slot] = i32::cast_from(p);
+        out_order[slot] = select(live, i32::cast_from(p), i32::cast_from(pad_base + rank));
         c += CUBE_DIM;
     }
 }
@@ -329,40 +343,53 @@ fn units(cube: &CubeTensor) -> u32 {
 }
 
 /// The canonical top `k` of each row of `logits [B, N]` (logit descending,
-/// ties to the lowest position): `([B, k] logits, [B, k] positions as i32)`.
-/// `None` when `logits` is not on a cubecl device, or `k` is 0, above `N`
-/// or above [`TOP_K_MAX`]. The logits must hold no NaN.
-pub fn top_k(logits: &Tensor<2>, k: usize) -> Option<(Tensor<2>, Tensor<2, Int>)> {
+/// ties to the lowest position), as a device `top_k` leaves it:
+/// `([B, k] logits, [B, k] positions, [B, k] order ids)` (positions and
+/// order ids as i32). `k_row` `[B, 1]` is each row's own `k` (clamped to
+/// `1..=k`): its slots past that are padding, with logit `-inf` and order id
+/// `pad_base + slot` (after every real candidate). `None` when `logits` is
+/// not on a cubecl device, or `k` is 0, above `N` or above [`TOP_K_MAX`].
+/// A row with a NaN gets some candidates of that row (discarded by the
+/// caller: an invalid row's outputs are replaced by its status code).
+pub fn top_k(
+    logits: &Tensor<2>,
+    k: usize,
+    k_row: &Tensor<2, Int>,
+    pad_base: usize,
+) -> Option<(Tensor<2>, Tensor<2, Int>, Tensor<2, Int>)> {
     let [b, n] = logits.dims();
-    if !top_k_applies(b, n, k) {
+    if !top_k_applies(b, n, k) || u32::try_from(pad_base + k).is_err() {
         return None;
     }
     let (cube, fusion) = resolve_float(logits)?;
+    let k_row = resolve_int(k_row)?;
     let units = units(&cube);
     let (client, device) = (cube.client.clone(), cube.device.clone());
-    let vals = empty_device_contiguous_dtype(
-        client.clone(),
-        device.clone(),
-        Shape::new([b, k]),
-        DType::F32,
-    );
-    let pos = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, k]), DType::I32);
+    let shape = Shape::new([b, k]);
+    let new =
+        |dtype| empty_device_contiguous_dtype(client.clone(), device.clone(), shape.clone(), dtype);
+    let (vals, pos, order) = (new(DType::F32), new(DType::I32), new(DType::I32));
     let launched = topk_rows::launch(
         &client,
         CubeCount::Static(b as u32, 1, 1),
         CubeDim::new_1d(units),
         unsafe { BufferArg::from_raw_parts(cube.handle.clone(), b * n) },
+        unsafe { BufferArg::from_raw_parts(k_row.handle.clone(), b) },
         unsafe { BufferArg::from_raw_parts(vals.handle.clone(), b * k) },
         unsafe { BufferArg::from_raw_parts(pos.handle.clone(), b * k) },
+        unsafe { BufferArg::from_raw_parts(order.handle.clone(), b * k) },
         n as u32,
         k as u32,
+        pad_base as u32,
         units as usize,
         TOP_K_MAX,
     );
     let _ = launched;
-    let vals = Tensor::<2>::from_primitive::<Cube>(register(vals, &fusion));
-    let pos = Tensor::<2, Int>::from_primitive::<Cube>(register(pos, &fusion));
-    Some((vals, pos))
+    Some((
+        Tensor::<2>::from_primitive::<Cube>(register(vals, &fusion)),
+        Tensor::<2, Int>::from_primitive::<Cube>(register(pos, &fusion)),
+        Tensor::<2, Int>::from_primitive::<Cube>(register(order, &fusion)),
+    ))
 }
 
 /// The lowest position of each row's maximum logit, `[B]` as i32
@@ -703,4 +730,127 @@ pub fn first_bad(logits: &Tensor<2>) -> Option<Tensor<2, Int>> {
     Some(Tensor::<2, Int>::from_primitive::<Cube>(register(
         out, &fusion,
     )))
+}
+
+#[cube(launch)]
+fn temperature_rows(
+    logits: &[f32],
+    ids: &[i32],
+    t: &[f32],
+    out: &mut [f32],
+    width: u32,
+    greedy_below: f32,
+    #[comptime] has_ids: bool,
+    #[comptime] units: usize,
+) {
+    let row = CUBE_POS_X;
+    let tid = UNIT_POS;
+    let base = row * width;
+    let tr = t[row as usize];
+    let neg_inf = f32::reinterpret(0xFF80_0000u32);
+    if tr < greedy_below {
+        // Greedy temperature: only the lowest id among the maxima stays.
+        let mut best_key = Shared::<[u32]>::new_slice(units);
+        let mut best_id = Shared::<[i32]>::new_slice(units);
+        let mut bk = 0u32;
+        let mut bid = i32::cast_from(0x7FFF_FFFFu32);
+        let mut i = tid;
+        while i < width {
+            let key = order_key(logits[(base + i) as usize]);
+            let mut id = i32::cast_from(i);
+            if comptime!(has_ids) {
+                id = ids[(base + i) as usize];
+            }
+            if key > bk || (key == bk && id < bid) {
+                bk = key;
+                bid = id;
+            }
+            i += CUBE_DIM;
+        }
+        best_key[tid as usize] = bk;
+        best_id[tid as usize] = bid;
+        sync_cube();
+        let mut half = CUBE_DIM / 2u32;
+        while half > 0u32 {
+            if tid < half {
+                let k2 = best_key[(tid + half) as usize];
+                let d2 = best_id[(tid + half) as usize];
+                let k1 = best_key[tid as usize];
+                if k2 > k1 || (k2 == k1 && d2 < best_id[tid as usize]) {
+                    best_key[tid as usize] = k2;
+                    best_id[tid as usize] = d2;
+                }
+            }
+            sync_cube();
+            half /= 2u32;
+        }
+        let winner = best_id[0];
+        let mut j = tid;
+        while j < width {
+            let mut id = i32::cast_from(j);
+            if comptime!(has_ids) {
+                id = ids[(base + j) as usize];
+            }
+            let l = logits[(base + j) as usize];
+            out[(base + j) as usize] = select(id == winner, l, neg_inf);
+            j += CUBE_DIM;
+        }
+    } else {
+        // l / t, finite results saturated at ±f32::MAX, -inf kept.
+        let max = f32::reinterpret(0x7F7F_FFFFu32);
+        let mut j = tid;
+        while j < width {
+            let l = logits[(base + j) as usize];
+            let q = l / tr;
+            let q = select(q > max, max, q);
+            let q = select(q < -max, -max, q);
+            let dead = u32::reinterpret(l) == 0xFF80_0000u32;
+            out[(base + j) as usize] = select(dead, neg_inf, q);
+            j += CUBE_DIM;
+        }
+    }
+}
+
+/// Temperature over `logits [B, N]` (no dynamic range), the device recipe's
+/// rule in one kernel: rows with `t < greedy_below` keep only the lowest id
+/// among their maxima (ids from `ids` `[B, N]`, or positions when `None`);
+/// other rows get `l / t`, finite results saturated at `±f32::MAX`, `-inf`
+/// kept. `t` `[B, 1]`. `None` off the cubecl devices.
+pub fn temperature(
+    logits: &Tensor<2>,
+    ids: Option<&Tensor<2, Int>>,
+    t: &Tensor<2>,
+    greedy_below: f32,
+) -> Option<Tensor<2>> {
+    let [b, n] = logits.dims();
+    if !argmax_applies(b, n) {
+        return None;
+    }
+    let (l, fusion) = resolve_float(logits)?;
+    let t = resolve_float(t)?.0;
+    let ids = match ids {
+        Some(ids) => Some(resolve_int(ids)?),
+        None => None,
+    };
+    let units = units(&l);
+    let (client, device) = (l.client.clone(), l.device.clone());
+    let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, n]), DType::F32);
+    // Without ids the kernel never reads them: any int buffer will do.
+    let ids_handle = ids.as_ref().map_or(t.handle.clone(), |i| i.handle.clone());
+    let ids_len = if ids.is_some() { b * n } else { b };
+    let launched = temperature_rows::launch(
+        &client,
+        CubeCount::Static(b as u32, 1, 1),
+        CubeDim::new_1d(units),
+        unsafe { BufferArg::from_raw_parts(l.handle.clone(), b * n) },
+        unsafe { BufferArg::from_raw_parts(ids_handle, ids_len) },
+        unsafe { BufferArg::from_raw_parts(t.handle.clone(), b) },
+        unsafe { BufferArg::from_raw_parts(out.handle.clone(), b * n) },
+        n as u32,
+        greedy_below,
+        ids.is_some(),
+        units as usize,
+    );
+    let _ = launched;
+    Some(Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)))
 }

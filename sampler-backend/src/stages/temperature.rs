@@ -114,6 +114,13 @@ impl DeviceStage for Temperature {
         );
         let n = data.width;
         let l = data.logits.clone();
+        if !self.any_dynamic
+            && let Some(out) = kernel_temperature(&l, data.order_ids.as_ref().or(data.ids.as_ref()), t)
+        {
+            data.logits = out;
+            data.probs = None;
+            return;
+        }
         // `unchanged`: dynamic rows with at most one finite candidate.
         let (t_eff, unchanged) = if self.any_dynamic {
             let (e, _) = ops::exps(&l);
@@ -166,4 +173,24 @@ impl DeviceStage for Temperature {
         data.logits = scaled.mask_where(wide(greedy, n), argmax_only);
         data.probs = None;
     }
+}
+
+/// The temperature kernel on a cubecl device (rows without a dynamic
+/// range; same rule as the recipe above); `None` elsewhere.
+#[cfg(feature = "cubecl-kernels")]
+fn kernel_temperature(
+    logits: &Tensor<2>,
+    ids: Option<&Tensor<2, burn_tensor::Int>>,
+    t: &Tensor<2>,
+) -> Option<Tensor<2>> {
+    crate::kernels::temperature(logits, ids, t, GREEDY_TEMPERATURE)
+}
+
+#[cfg(not(feature = "cubecl-kernels"))]
+fn kernel_temperature(
+    _logits: &Tensor<2>,
+    _ids: Option<&Tensor<2, burn_tensor::Int>>,
+    _t: &Tensor<2>,
+) -> Option<Tensor<2>> {
+    None
 }

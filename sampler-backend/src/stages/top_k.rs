@@ -9,7 +9,7 @@
 //! After this stage `ids [B, K]` maps positions to token ids and the width
 //! is `K`; later stages look tokens up through it.
 
-use burn_tensor::{Bool, Device, Int, Tensor};
+use burn_tensor::{Device, Int, Tensor};
 use sampler_core::StageSpec;
 
 use crate::ops;
@@ -58,20 +58,18 @@ impl TopK {
 }
 
 /// The top-k kernel on a cubecl device, for a full-vocabulary row
-/// (positions are token ids): `([B, k] logits masked past each row's own k,
-/// [B, k] positions, [B, k] live)`. `None` elsewhere (the generic recipe).
+/// (positions are token ids): `([B, k] logits, [B, k] ids, [B, k] order
+/// ids)` with each row's slots past its own k as padding, as the recipe
+/// leaves them. `None` elsewhere (the generic recipe).
 fn kernel_top_k(
     data: &StepData,
     k_row: &Tensor<2, Int>,
     k: usize,
-) -> Option<(Tensor<2>, Tensor<2, Int>, Tensor<2, Bool>)> {
+) -> Option<Selected> {
     if data.ids.is_some() || data.order_ids.is_some() {
         return None;
     }
-    let (vals, pos) = kernel_select(&data.logits, k)?;
-    let kr = k_row.clone().clamp(1, k as i64);
-    let live = ops::positions(data.batch, k, &data.device).lower(ops::wide(kr, k));
-    Some((ops::mask_logits(vals, live.clone()), pos, live))
+    kernel_select(&data.logits, k, k_row, data.vocab)
 }
 
 #[cfg(feature = "cubecl-kernels")]
@@ -84,13 +82,15 @@ fn kernel_applies(_b: usize, _n: usize, _k: usize, _device: &Device) -> bool {
     false
 }
 
+type Selected = (Tensor<2>, Tensor<2, Int>, Tensor<2, Int>);
+
 #[cfg(feature = "cubecl-kernels")]
-fn kernel_select(logits: &Tensor<2>, k: usize) -> Option<(Tensor<2>, Tensor<2, Int>)> {
-    crate::kernels::top_k(logits, k)
+fn kernel_select(logits: &Tensor<2>, k: usize, k_row: &Tensor<2, Int>, vocab: usize) -> Option<Selected> {
+    crate::kernels::top_k(logits, k, k_row, vocab)
 }
 
 #[cfg(not(feature = "cubecl-kernels"))]
-fn kernel_select(_logits: &Tensor<2>, _k: usize) -> Option<(Tensor<2>, Tensor<2, Int>)> {
+fn kernel_select(_logits: &Tensor<2>, _k: usize, _k_row: &Tensor<2, Int>, _vocab: usize) -> Option<Selected> {
     None
 }
 
@@ -119,16 +119,14 @@ impl DeviceStage for TopK {
         let Some(k_row) = &self.k_row else { return };
         let k_row = &data.per_row(k_row);
         let k = self.out_width(data.width);
-        // Padding (past the row's own k) ranks after every real candidate.
-        let pad = ops::positions(data.batch, k, &data.device).add_scalar(data.vocab as i64);
         let (vals, index, order) = match kernel_top_k(data, k_row, k) {
             // Positions are token ids here: the kernel's ties to the lowest
             // position are ties to the lowest id.
-            Some((vals, pos, live)) => {
-                let order = pos.clone().mask_where(live.bool_not(), pad);
-                (vals, pos, order)
-            }
+            Some(selected) => selected,
             None => {
+                // Padding (past the row's own k) ranks after every real candidate.
+                let pad =
+                    ops::positions(data.batch, k, &data.device).add_scalar(data.vocab as i64);
                 let order = data.token_ids();
                 let (vals, pos, live) =
                     ops::canonical_topk_positions(&data.logits, &order, k_row, k);
