@@ -4,7 +4,7 @@
 //! row), a repeated step launches as many (within 5 %: fusion's choices move
 //! a count by a few kernels), and no step exceeds the ceilings below:
 //! today's counts on lavapipe with the custom kernels (2026-12-02: 4 / 7 /
-//! 631 / 10 at V = 32000; the generic-op recipes alone launched 16 / 78 /
+//! 7 / 10 at V = 32000; the generic-op recipes alone launched 16 / 78 /
 //! 646 / 64) plus a kernel or about 10 % for another adapter's fusion
 //! choices, so a change that adds kernels fails here. The budgets
 //! are 2 / 4 / 6 / 5 (docs/architecture.md says what is left). Run on
@@ -60,7 +60,7 @@ fn chains() -> Vec<(&'static str, Vec<StageSpec>, usize)> {
                 temp(0.7),
                 StageSpec::Dist,
             ],
-            700,
+            8,
         ),
         (
             "penalties; top_k(40); temperature; dist",

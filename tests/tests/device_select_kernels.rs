@@ -327,6 +327,164 @@ fn wgpu_narrow_top_p_dist_and_validation_kernels_match_the_reference() {
     );
 }
 
+/// Temperature: `l / t` saturated at `±f32::MAX` with `-inf` kept, and
+/// `t < 1e-5` keeping only the lowest id among the maxima (through `ids`,
+/// or positions without them).
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_temperature_kernel_matches_the_reference() {
+    use sampler_backend::burn_tensor::Int;
+    use sampler_backend::kernels;
+    let Some(device) = device_support::device("wgpu") else {
+        return;
+    };
+    let row0 = vec![1.0, -2.0, f32::NEG_INFINITY, 3.0e38, -3.0e38, 0.0, 2.5];
+    let row1 = vec![2.0, 5.0, 5.0, f32::NEG_INFINITY, 5.0, -1.0, 0.0];
+    let row2 = vec![f32::NEG_INFINITY; 7];
+    let rows = vec![row0.clone(), row1.clone(), row2];
+    let n = 7;
+    let t = Tensor::<2>::from_data(TensorData::new(vec![0.5f32, 0.0, 1e-6], [3, 1]), &device);
+    let ids: Vec<i32> = vec![6, 5, 4, 3, 2, 1, 0].repeat(3);
+    let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [3, n]), &device);
+    let bits = |x: Tensor<2>| {
+        x.into_data()
+            .iter::<f32>()
+            .map(f32::to_bits)
+            .collect::<Vec<_>>()
+    };
+    let ninf = f32::NEG_INFINITY;
+    let scaled: Vec<f32> = row0
+        .iter()
+        .map(|&l| {
+            if l == ninf {
+                ninf
+            } else {
+                (l / 0.5).clamp(-f32::MAX, f32::MAX)
+            }
+        })
+        .collect();
+
+    // Positions as ids: row 1's maxima are at 1, 2, 4 -> 1 stays; a row of
+    // -inf keeps its first.
+    let got = bits(kernels::temperature(&upload(&rows, &device), None, &t, 1e-5).expect("kernel"));
+    let mut want = scaled.clone();
+    want.extend([ninf, 5.0, ninf, ninf, ninf, ninf, ninf]);
+    want.extend([ninf; 7]);
+    assert_eq!(got, want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+
+    // With ids reversed, the lowest id among row 1's maxima is at position 4.
+    let got =
+        bits(kernels::temperature(&upload(&rows, &device), Some(&ids), &t, 1e-5).expect("kernel"));
+    let mut want = scaled;
+    want.extend([ninf, ninf, ninf, ninf, 5.0, ninf, ninf]);
+    want.extend([ninf; 7]);
+    assert_eq!(got, want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+}
+
+/// The CPU's top_p rule on a full row in f64 (positions are ids,
+/// `min_keep = 1`): keep iff the weight before it in canonical order is
+/// `< p·S`, and always the first maximum; `None` when `p·S` lies within
+/// `1e-5` (relative) of a kept candidate's edge.
+fn reference_top_p_full(l: &[f32], p: f64) -> Option<Vec<bool>> {
+    let order = reference_top_k(l, l.len());
+    let m = l[order[0]];
+    let m = if m == f32::NEG_INFINITY {
+        0.0
+    } else {
+        m as f64
+    };
+    let e: Vec<f64> = l.iter().map(|&x| (x as f64 - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    let target = p * s;
+    let mut keep = vec![false; l.len()];
+    let mut before = 0.0;
+    for (rank, &i) in order.iter().enumerate() {
+        if target.is_finite() && target > 0.0 && (before - target).abs() <= 1e-5 * s {
+            return None;
+        }
+        keep[i] = before < target || rank == 0;
+        before += e[i];
+    }
+    Some(keep)
+}
+
+/// Full-row top_p and dist: Zipf-like rows with ties and `-inf`, p from 0
+/// to 1 and `+inf` (a no-op row), against the references above.
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_full_row_top_p_and_dist_kernels_match_the_reference() {
+    use sampler_backend::kernels;
+    let Some(device) = device_support::device("wgpu") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let (mut checked, mut edges) = (0, 0);
+    for &n in &[1025usize, 5000, 32_000] {
+        let mut rows: Vec<Vec<f32>> = (0..6).map(|kind| row(kind % 4, n, &mut rng)).collect();
+        rows[5] = vec![f32::NEG_INFINITY; n];
+        rows[4][n / 3] = 40.0; // one token dominates
+        let ps = [0.9f32, 0.5, 0.0, 1.0, 0.99, 0.7];
+        let p_col = |ps: &[f32]| {
+            let v: Vec<f32> = ps
+                .iter()
+                .map(|&p| if p >= 1.0 { f32::INFINITY } else { p })
+                .collect();
+            Tensor::<2>::from_data(TensorData::new(v, [ps.len(), 1]), &device)
+        };
+        let t = upload(&rows, &device);
+        let got: Vec<f32> = kernels::top_p_full(&t, &p_col(&ps))
+            .expect("kernel")
+            .into_data()
+            .iter::<f32>()
+            .collect();
+        let us: Vec<f32> = (0..rows.len())
+            .map(|_| rng.random_range(0.0f32..1.0))
+            .collect();
+        let u = Tensor::<2>::from_data(TensorData::new(us.clone(), [rows.len(), 1]), &device);
+        let toks: Vec<i64> = kernels::dist_full(&t, &u)
+            .expect("kernel")
+            .into_data()
+            .convert::<i64>()
+            .iter::<i64>()
+            .collect();
+        let positions: Vec<i32> = (0..n as i32).collect();
+        for (r, l) in rows.iter().enumerate() {
+            let p = if ps[r] >= 1.0 {
+                f64::INFINITY
+            } else {
+                ps[r] as f64
+            };
+            match reference_top_p_full(l, p) {
+                Some(want) => {
+                    for (i, &w) in want.iter().enumerate() {
+                        let expect = if w { l[i] } else { f32::NEG_INFINITY };
+                        assert_eq!(
+                            got[r * n + i].to_bits(),
+                            expect.to_bits(),
+                            "top_p n = {n} row {r} (p = {p}) position {i}"
+                        );
+                    }
+                    checked += 1;
+                }
+                None => edges += 1,
+            }
+            match reference_dist(l, &positions, us[r] as f64) {
+                Some(want) => {
+                    assert_eq!(toks[r], want, "dist n = {n} row {r}");
+                    checked += 1;
+                }
+                None => edges += 1,
+            }
+        }
+    }
+    // Rows of many near-equal weights often put a cumulative weight within
+    // 1e-5 of p·S (f32 sums in another order): those are not compared.
+    assert!(
+        checked >= 28 && edges <= 8,
+        "{checked} checked, {edges} at an edge"
+    );
+}
+
 /// A full vocabulary row at the sizes of real models, many rows at once.
 #[cfg(feature = "wgpu")]
 #[test]

@@ -854,3 +854,353 @@ pub fn temperature(
     let _ = launched;
     Some(Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)))
 }
+
+/// Threads per row of the full-row kernels (their per-thread bins live in
+/// shared memory: `16 · 4` bytes a thread).
+const FULL_ROW_UNITS: u32 = 128;
+
+/// Bits per pass of the weighted radix search (16 bins).
+const MASS_BITS: u32 = 4;
+
+#[cube(launch)]
+fn top_p_full_rows(
+    logits: &[f32],
+    p: &[f32],
+    out: &mut [f32],
+    width: u32,
+    #[comptime] units: usize,
+) {
+    let row = CUBE_POS_X;
+    let tid = UNIT_POS;
+    let base = row * width;
+    let neg_inf = f32::reinterpret(0xFF80_0000u32);
+    let mut best_key = Shared::<[u32]>::new_slice(units);
+    let mut best_pos = Shared::<[u32]>::new_slice(units);
+    let mut bins = Shared::<[f32]>::new_slice(units * 16usize);
+    let mut tot = Shared::<[f32]>::new_slice(16usize);
+    let mut sel = Shared::<[f32]>::new_slice(2usize);
+    let mut sel_bin = Shared::<[u32]>::new_slice(1usize);
+    let mut chunk_mass = Shared::<[f32]>::new_slice(units);
+
+    // Pass 1: the maximum and its lowest position (rank 0, always kept).
+    let mut bk = 0u32;
+    let mut bp = width;
+    let mut i = tid;
+    while i < width {
+        let key = order_key(logits[(base + i) as usize]);
+        if key > bk {
+            bk = key;
+            bp = i;
+        }
+        i += CUBE_DIM;
+    }
+    best_key[tid as usize] = bk;
+    best_pos[tid as usize] = bp;
+    sync_cube();
+    let mut half = CUBE_DIM / 2u32;
+    while half > 0u32 {
+        if tid < half {
+            let k2 = best_key[(tid + half) as usize];
+            let p2 = best_pos[(tid + half) as usize];
+            let k1 = best_key[tid as usize];
+            if k2 > k1 || (k2 == k1 && p2 < best_pos[tid as usize]) {
+                best_key[tid as usize] = k2;
+                best_pos[tid as usize] = p2;
+            }
+        }
+        sync_cube();
+        half /= 2u32;
+    }
+    let first = best_pos[0];
+    let m_raw = logits[(base + select(first < width, first, 0u32)) as usize];
+    let m = select(best_key[0] <= NEG_INF_KEY, 0.0f32, m_raw);
+
+    // Weighted radix search, 4 bits a pass: T = the largest key whose mass
+    // at or above it reaches p·S; `above` = the mass strictly above T.
+    let mut prefix = 0u32;
+    let mut mask = 0u32;
+    let mut above = 0.0f32;
+    let mut target = 0.0f32;
+    for pass in 0..8u32 {
+        let shift = 28u32 - pass * MASS_BITS;
+        for b in 0..16u32 {
+            bins[(tid * 16u32 + b) as usize] = 0.0f32;
+        }
+        let mut j = tid;
+        while j < width {
+            let l = logits[(base + j) as usize];
+            let key = order_key(l);
+            if (key & mask) == prefix {
+                let slot = (tid * 16u32 + ((key >> shift) & 15u32)) as usize;
+                bins[slot] += f32::exp(l - m);
+            }
+            j += CUBE_DIM;
+        }
+        sync_cube();
+        if tid < 16u32 {
+            let mut s = 0.0f32;
+            for t in 0..CUBE_DIM {
+                s += bins[(t * 16u32 + tid) as usize];
+            }
+            tot[tid as usize] = s;
+        }
+        sync_cube();
+        if tid == 0u32 {
+            if pass == 0u32 {
+                let mut s = 0.0f32;
+                for b in 0..16u32 {
+                    s += tot[b as usize];
+                }
+                sel[1] = p[row as usize] * s;
+            }
+            let goal = sel[1];
+            // From the top bin down: the first non-empty bin where the mass
+            // reaches the goal; rounding that never reaches it takes the
+            // lowest non-empty bin (every candidate kept).
+            let mut cum = above;
+            let mut chosen = 0u32;
+            let mut chosen_above = above;
+            let mut done = false;
+            let mut lowest = 16u32;
+            let mut lowest_above = above;
+            for r in 0..16u32 {
+                let b = 15u32 - r;
+                let mass = tot[b as usize];
+                if !done && mass > 0.0f32 {
+                    lowest = b;
+                    lowest_above = cum;
+                    if cum + mass >= goal {
+                        chosen = b;
+                        chosen_above = cum;
+                        done = true;
+                    }
+                    cum += mass;
+                }
+            }
+            if !done {
+                chosen = select(lowest < 16u32, lowest, 0u32);
+                chosen_above = lowest_above;
+            }
+            sel_bin[0] = chosen;
+            sel[0] = chosen_above;
+        }
+        sync_cube();
+        prefix |= sel_bin[0] << shift;
+        mask |= 15u32 << shift;
+        above = sel[0];
+        target = sel[1];
+        sync_cube();
+    }
+
+    // Ties at T in position order: each thread owns a contiguous chunk.
+    let chunk = (width + CUBE_DIM - 1u32) / CUBE_DIM;
+    let start = select(tid * chunk < width, tid * chunk, width);
+    let end = select(start + chunk < width, start + chunk, width);
+    let mut mine = 0.0f32;
+    for j in start..end {
+        let l = logits[(base + j) as usize];
+        if order_key(l) == prefix {
+            mine += f32::exp(l - m);
+        }
+    }
+    chunk_mass[tid as usize] = mine;
+    sync_cube();
+    if tid == 0u32 {
+        let mut run = 0.0f32;
+        for t in 0..CUBE_DIM {
+            let x = chunk_mass[t as usize];
+            chunk_mass[t as usize] = run;
+            run += x;
+        }
+    }
+    sync_cube();
+    let mut before = above + chunk_mass[tid as usize];
+    // p = +inf: a no-op row keeps everything.
+    let all = p[row as usize] > f32::reinterpret(0x7F7F_FFFFu32);
+    for j in start..end {
+        let l = logits[(base + j) as usize];
+        let key = order_key(l);
+        let mut kept = all || key > prefix || j == first;
+        if key == prefix {
+            kept = kept || before < target;
+            before += f32::exp(l - m);
+        }
+        out[(base + j) as usize] = select(kept, l, neg_inf);
+    }
+}
+
+#[cube(launch)]
+fn dist_full_rows(
+    logits: &[f32],
+    u: &[f32],
+    out: &mut [i32],
+    width: u32,
+    #[comptime] units: usize,
+) {
+    let row = CUBE_POS_X;
+    let tid = UNIT_POS;
+    let base = row * width;
+    let neg_inf = f32::reinterpret(0xFF80_0000u32);
+    let mut red = Shared::<[f32]>::new_slice(units);
+    let mut hit = Shared::<[i32]>::new_slice(units);
+    let mut last = Shared::<[i32]>::new_slice(units);
+    let mut total = Shared::<[f32]>::new_slice(1usize);
+
+    let mut mx = neg_inf;
+    let mut i = tid;
+    while i < width {
+        let l = logits[(base + i) as usize];
+        if l > mx {
+            mx = l;
+        }
+        i += CUBE_DIM;
+    }
+    red[tid as usize] = mx;
+    sync_cube();
+    let mut half = CUBE_DIM / 2u32;
+    while half > 0u32 {
+        if tid < half {
+            let o = red[(tid + half) as usize];
+            if o > red[tid as usize] {
+                red[tid as usize] = o;
+            }
+        }
+        sync_cube();
+        half /= 2u32;
+    }
+    let m0 = red[0];
+    let m = select(m0 == neg_inf, 0.0f32, m0);
+    sync_cube();
+
+    // Weights of each thread's contiguous chunk, then the exclusive prefix
+    // over chunks (ascending ids), then the chunk that holds u·S walks.
+    let chunk = (width + CUBE_DIM - 1u32) / CUBE_DIM;
+    let start = select(tid * chunk < width, tid * chunk, width);
+    let end = select(start + chunk < width, start + chunk, width);
+    let mut mine = 0.0f32;
+    let mut my_last = i32::cast_from(0u32) - 1i32;
+    for j in start..end {
+        let e = f32::exp(logits[(base + j) as usize] - m);
+        mine += e;
+        if e > 0.0f32 {
+            my_last = i32::cast_from(j);
+        }
+    }
+    red[tid as usize] = mine;
+    sync_cube();
+    if tid == 0u32 {
+        let mut run = 0.0f32;
+        for t in 0..CUBE_DIM {
+            let x = red[t as usize];
+            red[t as usize] = run;
+            run += x;
+        }
+        total[0] = run;
+    }
+    sync_cube();
+    let s = total[0];
+    let target = u[row as usize] * s;
+    let mut cum = red[tid as usize];
+    let mut f = i32::cast_from(0x7FFF_FFFFu32);
+    for j in start..end {
+        let e = f32::exp(logits[(base + j) as usize] - m);
+        cum += e;
+        if e > 0.0f32 && cum >= target && f == 2_147_483_647i32 {
+            f = i32::cast_from(j);
+        }
+    }
+    sync_cube();
+    hit[tid as usize] = f;
+    last[tid as usize] = my_last;
+    sync_cube();
+    let mut half2 = CUBE_DIM / 2u32;
+    while half2 > 0u32 {
+        if tid < half2 {
+            let f2 = hit[(tid + half2) as usize];
+            let l2 = last[(tid + half2) as usize];
+            if f2 < hit[tid as usize] {
+                hit[tid as usize] = f2;
+            }
+            if l2 > last[tid as usize] {
+                last[tid as usize] = l2;
+            }
+        }
+        sync_cube();
+        half2 /= 2u32;
+    }
+    if tid == 0u32 {
+        let fh = hit[0];
+        let tok = select(fh == 2_147_483_647i32, last[0], fh);
+        out[row as usize] = select(s == 0.0f32, -1i32, tok);
+    }
+}
+
+/// Threads per row of the full-row kernels on this device.
+fn full_row_units(cube: &CubeTensor) -> u32 {
+    units(cube).min(FULL_ROW_UNITS)
+}
+
+/// Full-vocabulary `top_p` over `logits [B, V]` (positions are token ids,
+/// `min_keep <= 1`), the CPU rule in one kernel: in canonical order keep a
+/// candidate iff the weight `exp(l - max)` before it is `< p·S`, and always
+/// the first maximum. A weighted radix search (8 passes of 4 bits over the
+/// order-preserving keys, per-thread bins in shared memory, summed in a
+/// fixed order) finds the crossing key; its ties are kept in ascending
+/// position while the weight before them is `< p·S`. `p` `[B, 1]` (`+inf`
+/// keeps the whole row). About 11 reads of the row. `None` off the cubecl
+/// devices.
+pub fn top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<Tensor<2>> {
+    let [b, n] = logits.dims();
+    if !argmax_applies(b, n) {
+        return None;
+    }
+    let (l, fusion) = resolve_float(logits)?;
+    let p = resolve_float(p)?.0;
+    let units = full_row_units(&l);
+    let (client, device) = (l.client.clone(), l.device.clone());
+    let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, n]), DType::F32);
+    let launched = top_p_full_rows::launch(
+        &client,
+        CubeCount::Static(b as u32, 1, 1),
+        CubeDim::new_1d(units),
+        unsafe { BufferArg::from_raw_parts(l.handle.clone(), b * n) },
+        unsafe { BufferArg::from_raw_parts(p.handle.clone(), b) },
+        unsafe { BufferArg::from_raw_parts(out.handle.clone(), b * n) },
+        n as u32,
+        units as usize,
+    );
+    let _ = launched;
+    Some(Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)))
+}
+
+/// Full-vocabulary `dist` over `logits [B, V]` (positions are token ids),
+/// the device recipe's rule in one kernel: weights `exp(l - max)` in
+/// ascending id order, the first positive one whose cumulative weight
+/// reaches `u·S` (the last positive one if rounding leaves none), `-1` when
+/// `S = 0`; `[B]` ids. Chunk sums, their prefix, then one chunk walked: 3
+/// reads of the row. `u` `[B, 1]`. `None` off the cubecl devices.
+pub fn dist_full(logits: &Tensor<2>, u: &Tensor<2>) -> Option<Tensor<1, Int>> {
+    let [b, n] = logits.dims();
+    if !argmax_applies(b, n) || i32::try_from(n).is_err() {
+        return None;
+    }
+    let (l, fusion) = resolve_float(logits)?;
+    let u = resolve_float(u)?.0;
+    let units = full_row_units(&l);
+    let (client, device) = (l.client.clone(), l.device.clone());
+    let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b]), DType::I32);
+    let launched = dist_full_rows::launch(
+        &client,
+        CubeCount::Static(b as u32, 1, 1),
+        CubeDim::new_1d(units),
+        unsafe { BufferArg::from_raw_parts(l.handle.clone(), b * n) },
+        unsafe { BufferArg::from_raw_parts(u.handle.clone(), b) },
+        unsafe { BufferArg::from_raw_parts(out.handle.clone(), b) },
+        n as u32,
+        units as usize,
+    );
+    let _ = launched;
+    Some(Tensor::<1, Int>::from_primitive::<Cube>(register(
+        out, &fusion,
+    )))
+}

@@ -93,6 +93,12 @@ impl DeviceStage for Dist {
 /// `None` elsewhere.
 #[cfg(feature = "cubecl-kernels")]
 fn kernel_dist(data: &StepData, u: &Tensor<2>) -> Option<Tensor<1, Int>> {
+    if data.width > crate::kernels::TOP_K_MAX {
+        if data.ids.is_some() || data.order_ids.is_some() {
+            return None;
+        }
+        return crate::kernels::dist_full(&data.logits, u);
+    }
     crate::kernels::dist(&data.logits, &data.token_ids(), u)
 }
 

@@ -106,6 +106,16 @@ impl DeviceStage for TopP {
             data.probs = None;
             return;
         }
+        let full_row = data.ids.is_none() && data.order_ids.is_none();
+        if full_row
+            && self.keep_max <= 1
+            && let Some(p_or_all) = &self.p_or_all
+            && let Some(out) = kernel_top_p_full(&data.logits, &data.per_row(p_or_all))
+        {
+            data.logits = out;
+            data.probs = None;
+            return;
+        }
         let (e, _) = ops::exps(&data.logits);
         let s = e.clone().sum_dim(1);
         let target = p.clone().mul(s);
@@ -149,6 +159,18 @@ fn kernel_top_p(
     _p: &Tensor<2>,
     _keep: &Tensor<2, Int>,
 ) -> Option<Tensor<2>> {
+    None
+}
+
+/// The full-row kernel on a cubecl device (rows of the whole vocabulary,
+/// `min_keep <= 1`); `None` elsewhere.
+#[cfg(feature = "cubecl-kernels")]
+fn kernel_top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<Tensor<2>> {
+    crate::kernels::top_p_full(logits, p)
+}
+
+#[cfg(not(feature = "cubecl-kernels"))]
+fn kernel_top_p_full(_logits: &Tensor<2>, _p: &Tensor<2>) -> Option<Tensor<2>> {
     None
 }
 
