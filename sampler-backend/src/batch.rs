@@ -1760,32 +1760,37 @@ fn device_pass(
     // -2i - 2, +inf at i: -2i - 3; a valid row's code is never read).
     let pos = ops::positions(b, v, d);
     let none = 2 * v as i64;
-    let first_bad = kernel_first_bad(&logits).unwrap_or_else(|| {
-        let nan = logits.clone().is_nan();
-        let posinf = logits
-            .clone()
-            .is_inf()
-            .bool_and(logits.clone().greater_elem(0.0));
-        let pos2 = pos.clone().mul_scalar(2);
-        pos2.clone()
-            .add_scalar(1)
-            .mask_fill(posinf.bool_not(), none)
-            .mask_where(nan, pos2)
-            .min_dim(1)
-    });
-    let invalid = first_bad.clone().lower_elem(none);
-    let code = first_bad.neg().sub_scalar(2);
+    let validate = |logits: &Tensor<2>| {
+        kernel_first_bad(logits).unwrap_or_else(|| {
+            let nan = logits.clone().is_nan();
+            let posinf = logits
+                .clone()
+                .is_inf()
+                .bool_and(logits.clone().greater_elem(0.0));
+            let pos2 = pos.clone().mul_scalar(2);
+            pos2.clone()
+                .add_scalar(1)
+                .mask_fill(posinf.bool_not(), none)
+                .mask_where(nan, pos2)
+                .min_dim(1)
+        })
+    };
     // Invalid rows are zeroed for the stages, unless the first stage takes
-    // them as they are (a kernel whose invalid rows' outputs are replaced by
-    // their codes below): then no `[B, V]` copy.
+    // them as they are (a kernel that validates them in its own pass and
+    // whose invalid rows' outputs are replaced by their codes below): then
+    // no validation pass and no `[B, V]` copy here.
     let unsanitised = lp.is_none()
         && stages
             .first()
             .is_some_and(|st| st.takes_unsanitised_rows(b, v, d));
-    let clean = if unsanitised {
-        logits.clone()
+    let (validated, clean) = if unsanitised {
+        (None, logits.clone())
     } else {
-        logits.clone().mask_fill(wide(invalid.clone(), v), 0.0)
+        let first_bad = validate(&logits);
+        let invalid = first_bad.clone().lower_elem(none);
+        let code = first_bad.neg().sub_scalar(2);
+        let clean = logits.clone().mask_fill(wide(invalid.clone(), v), 0.0);
+        (Some((invalid, code)), clean)
     };
 
     // Raw logprobs come from the input row (invalid rows fail anyway).
@@ -1809,7 +1814,8 @@ fn device_pass(
         ids: None,
         order_ids: None,
         sampled: None,
-        invalid: invalid.clone(),
+        invalid: validated.as_ref().map(|(invalid, _)| invalid.clone()),
+        first_bad: None,
         slots,
         batch: b,
         vocab: v,
@@ -1846,6 +1852,16 @@ fn device_pass(
             ));
         }
     }
+    // The validation keys: from before the stages, from the first stage's
+    // own pass, or (a first stage that did not validate) from the input now.
+    let (invalid, code) = match (validated, data.first_bad.take()) {
+        (Some(checked), _) => checked,
+        (None, found) => {
+            let first_bad = found.unwrap_or_else(|| validate(&logits));
+            let invalid = first_bad.clone().lower_elem(none);
+            (invalid, first_bad.neg().sub_scalar(2))
+        }
+    };
     let mut out = Vec::with_capacity(5);
     let mut raw_cands = None;
     match readback {

@@ -55,12 +55,18 @@ pub struct StepData {
     /// The selected token id per row `[B]`, set by a selecting stage.
     pub sampled: Option<Tensor<1, Int>>,
     /// Per-row invalid mask `[B, 1]` (NaN / `+inf` in the input row). Stages
-    /// see sanitised logits (zeros) on invalid rows and need not look at it,
-    /// except a first stage that said it takes unsanitised rows
-    /// ([`DeviceStage::takes_unsanitised_rows`]): then the stages see the
-    /// input rows as they are, and every output of an invalid row is
+    /// see sanitised logits (zeros) on invalid rows and need not look at it.
+    /// `None` when the first stage takes the rows unsanitised
+    /// ([`DeviceStage::takes_unsanitised_rows`]) and validates them in its
+    /// own pass: then the stages see the input rows as they are, that stage
+    /// sets [`StepData::first_bad`], and every output of an invalid row is
     /// replaced by its status code.
-    pub invalid: Tensor<2, Bool>,
+    pub invalid: Option<Tensor<2, Bool>>,
+    /// Validation keys `[B, 1]` (int) set by a first stage that validated
+    /// the unsanitised rows itself (`invalid` is `None`): `2i` for a NaN at
+    /// position `i`, `2i + 1` for a `+inf`, `2V` for a valid row. When no
+    /// stage sets it, the step validates the input rows after the stages.
+    pub first_bad: Option<Tensor<2, Int>>,
     /// Step row -> slot `[B]`: the slot (row of the stage's own per-row
     /// tensors, `[S, ..]`) of each step row; `None` when step row `r` is
     /// slot `r`. Stages read per-row tensors through [`StepData::per_row`].
@@ -149,7 +155,9 @@ pub trait DeviceStage: Send {
     /// unsanitised: each row's outputs depend on that row alone and nothing
     /// fails on a NaN or `+inf` (the outputs of invalid rows are replaced by
     /// their status codes). Then the step skips the `[B, V]` copy that zeroes
-    /// invalid rows. Default: no (the custom cubecl kernels say yes).
+    /// invalid rows and leaves [`StepData::invalid`] `None`; the stage may
+    /// validate the rows in its own pass ([`StepData::first_bad`]). Default:
+    /// no (the custom cubecl kernels say yes).
     fn takes_unsanitised_rows(&self, _batch: usize, _width: usize, _device: &Device) -> bool {
         false
     }

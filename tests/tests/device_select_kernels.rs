@@ -87,6 +87,7 @@ fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
 
         let got: Vec<i64> = kernels::argmax(&t)
             .expect("wgpu has the argmax kernel")
+            .0
             .into_data()
             .convert::<i64>()
             .iter::<i64>()
@@ -110,8 +111,23 @@ fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
             let k_row =
                 Tensor::<2, Int>::from_data(TensorData::new(own.clone(), [rows.len(), 1]), &device);
             let pad_base = 1_000_000;
-            let (vals, pos, order) =
-                kernels::top_k(&t, k, &k_row, pad_base).expect("wgpu has the top-k kernel");
+            let kernels::TopK {
+                logits: vals,
+                positions: pos,
+                order_ids: order,
+                first_bad,
+            } = kernels::top_k(&t, k, &k_row, pad_base).expect("wgpu has the top-k kernel");
+            let valid = 2 * n as i64;
+            let bad: Vec<i64> = first_bad
+                .into_data()
+                .convert::<i64>()
+                .iter::<i64>()
+                .collect();
+            assert_eq!(
+                bad,
+                vec![valid; rows.len()],
+                "first_bad of valid rows, n = {n}"
+            );
             assert_eq!(vals.dims(), [rows.len(), k]);
             let vals: Vec<f32> = vals.into_data().iter::<f32>().collect();
             let pos: Vec<i64> = pos.into_data().convert::<i64>().iter::<i64>().collect();
@@ -321,10 +337,17 @@ fn wgpu_narrow_top_p_dist_and_validation_kernels_match_the_reference() {
         .convert::<i64>()
         .iter::<i64>()
         .collect();
-    assert_eq!(
-        got,
-        vec![2 * v as i64, 5000, 15, 2 * v as i64, 2 * (v as i64 - 1)]
-    );
+    let want = vec![2 * v as i64, 5000, 15, 2 * v as i64, 2 * (v as i64 - 1)];
+    assert_eq!(got, want);
+    // The top-k and argmax kernels validate in their first pass: same keys.
+    let t = upload(&rows, &device);
+    let k_row = Tensor::<2, Int>::ones([5, 1], &device);
+    let from_top_k = kernels::top_k(&t, 3, &k_row, v).expect("kernel").first_bad;
+    let from_argmax = kernels::argmax(&t).expect("kernel").1;
+    for keys in [from_top_k, from_argmax] {
+        let keys: Vec<i64> = keys.into_data().convert::<i64>().iter::<i64>().collect();
+        assert_eq!(keys, want);
+    }
 }
 
 /// Temperature: `l / t` saturated at `±f32::MAX` with `-inf` kept, and
@@ -500,7 +523,7 @@ fn wgpu_top_k_kernel_on_large_vocabularies() {
     let t = upload(&rows, &device);
     let k = 40;
     let k_row = Tensor::<2, Int>::from_data(TensorData::new(vec![40i32; 4], [4, 1]), &device);
-    let (_, pos, _) = kernels::top_k(&t, k, &k_row, n).expect("kernel");
+    let pos = kernels::top_k(&t, k, &k_row, n).expect("kernel").positions;
     let pos: Vec<i64> = pos.into_data().convert::<i64>().iter::<i64>().collect();
     for (r, rrow) in rows.iter().enumerate() {
         let want: Vec<i64> = reference_top_k(rrow, k)

@@ -13,7 +13,10 @@
 //!   finds the `K`-th key exactly; a counting pass over contiguous chunks
 //!   collects the survivors in ascending position, so the ties kept at the
 //!   boundary are the lowest positions; a rank pass over the `K` survivors in
-//!   shared memory writes them in canonical order. Reads the row 6 times.
+//!   shared memory writes them in canonical order. A first pass takes the
+//!   `K`-th largest of the threads' own maxima as a floor (for `K` up to the
+//!   workgroup size), so the histograms count only the keys above it. Reads
+//!   the row 7 times.
 //! * [`argmax`]: the lowest position of each row's maximum logit `[B]` (i32),
 //!   [`crate::readback::CODE_ALL_MASKED`] for a row of `-inf`. Reads the row
 //!   once.
@@ -83,6 +86,34 @@ fn order_key(x: f32) -> u32 {
     )
 }
 
+/// The validation key of position `i`: `2i` for a NaN, `2i + 1` for a
+/// `+inf`, `none` otherwise (bit tests: fast-math cannot fold them).
+#[cube]
+fn bad_key(x: f32, i: u32, none: u32) -> u32 {
+    let bits = u32::reinterpret(x);
+    let nan = (bits & 0x7FFF_FFFFu32) > 0x7F80_0000u32;
+    let inf = bits == 0x7F80_0000u32;
+    select(nan, 2u32 * i, select(inf, 2u32 * i + 1u32, none))
+}
+
+/// Minimum of `buf[0..CUBE_DIM]` into `buf[0]` (a tree; every thread calls).
+#[cube]
+fn shared_min(buf: &mut Shared<[u32]>) {
+    sync_cube();
+    let tid = UNIT_POS;
+    let mut half = CUBE_DIM / 2u32;
+    while half > 0u32 {
+        if tid < half {
+            let other = buf[(tid + half) as usize];
+            if other < buf[tid as usize] {
+                buf[tid as usize] = other;
+            }
+        }
+        sync_cube();
+        half /= 2u32;
+    }
+}
+
 /// The key of `-inf`: every row whose best key is this has no finite logit.
 const NEG_INF_KEY: u32 = 0x007F_FFFF;
 
@@ -93,6 +124,7 @@ fn topk_rows(
     out_vals: &mut [f32],
     out_pos: &mut [i32],
     out_order: &mut [i32],
+    out_bad: &mut [i32],
     width: u32,
     k: u32,
     pad_base: u32,
@@ -109,6 +141,77 @@ fn topk_rows(
     let mut cnt_eq = Shared::<[u32]>::new_slice(units);
     let mut cand_key = Shared::<[u32]>::new_slice(k_cap);
     let mut cand_pos = Shared::<[u32]>::new_slice(k_cap);
+    let mut tmax = Shared::<[u32]>::new_slice(units);
+    let mut floor = Shared::<[u32]>::new_slice(1usize);
+    let counter = Shared::<[Atomic<u32>]>::new_slice(1usize);
+    let mut bads = Shared::<[u32]>::new_slice(units);
+
+    // A floor under the k-th largest key: the k-th largest of the threads'
+    // own maxima (k distinct elements at or above it). Keys below it are
+    // never among the top k, so the histograms skip them (few atomics).
+    // The same pass validates the row (first NaN / +inf, as `first_bad`).
+    let none = 2u32 * width;
+    let mut bad = none;
+    let mut own = 0u32;
+    let mut i0 = tid;
+    while i0 < width {
+        let x = logits[(base + i0) as usize];
+        let key = order_key(x);
+        if key > own {
+            own = key;
+        }
+        if bad == none {
+            bad = bad_key(x, i0, none);
+        }
+        i0 += CUBE_DIM;
+    }
+    tmax[tid as usize] = own;
+    bads[tid as usize] = bad;
+    if tid == 0u32 {
+        floor[0] = 0u32;
+    }
+    sync_cube();
+    if k <= CUBE_DIM {
+        let mut rank = 0u32;
+        for t in 0..CUBE_DIM {
+            let o = tmax[t as usize];
+            if o > own || (o == own && t < tid) {
+                rank += 1u32;
+            }
+        }
+        if rank == k - 1u32 {
+            floor[0] = own;
+        }
+    }
+    shared_min(&mut bads);
+    if tid == 0u32 {
+        out_bad[row as usize] = i32::cast_from(bads[0]);
+    }
+    let low = floor[0];
+
+    // Fast path: the keys at or above the floor, compacted into shared
+    // memory (any order); when they fit, ranking them gives the top k
+    // without the radix passes below (a uniform flag: the passes still
+    // meet every barrier, with nothing to do).
+    if tid == 0u32 {
+        counter[0].store(0u32);
+    }
+    sync_cube();
+    let mut ic = tid;
+    while ic < width {
+        let key = order_key(logits[(base + ic) as usize]);
+        if key >= low {
+            let at = counter[0].fetch_add(1u32);
+            if at < k_cap as u32 {
+                cand_key[at as usize] = key;
+                cand_pos[at as usize] = ic;
+            }
+        }
+        ic += CUBE_DIM;
+    }
+    sync_cube();
+    let compacted = counter[0].load();
+    let fast = compacted <= k_cap as u32;
 
     // Radix select, most significant byte first: `prefix` holds the bytes
     // of the k-th largest key found so far, `remaining` the rank still
@@ -125,15 +228,15 @@ fn topk_rows(
         }
         sync_cube();
         let mut i = tid;
-        while i < width {
+        while i < width && !fast {
             let key = order_key(logits[(base + i) as usize]);
-            if (key & mask) == prefix {
+            if key >= low && (key & mask) == prefix {
                 hist[((key >> shift) & 255u32) as usize].fetch_add(1u32);
             }
             i += CUBE_DIM;
         }
         sync_cube();
-        if tid == 0u32 {
+        if tid == 0u32 && !fast {
             let mut above = 0u32;
             let mut chosen = 0u32;
             let mut need = remaining;
@@ -170,12 +273,14 @@ fn topk_rows(
     let end = select(start + chunk < width, start + chunk, width);
     let mut gt = 0u32;
     let mut eq = 0u32;
-    for i in start..end {
-        let key = order_key(logits[(base + i) as usize]);
-        if key > prefix {
-            gt += 1u32;
-        } else if key == prefix {
-            eq += 1u32;
+    if !fast {
+        for i in start..end {
+            let key = order_key(logits[(base + i) as usize]);
+            if key > prefix {
+                gt += 1u32;
+            } else if key == prefix {
+                eq += 1u32;
+            }
         }
     }
     cnt_gt[tid as usize] = gt;
@@ -196,7 +301,8 @@ fn topk_rows(
     sync_cube();
     let mut og = cnt_gt[tid as usize];
     let mut oe = cnt_eq[tid as usize];
-    for i in start..end {
+    let collect_end = select(fast, start, end);
+    for i in start..collect_end {
         let key = order_key(logits[(base + i) as usize]);
         if key > prefix {
             cand_key[og as usize] = key;
@@ -212,56 +318,79 @@ fn topk_rows(
     }
     sync_cube();
 
-    // Canonical order: rank = larger keys + equal keys at lower positions
-    // (the survivors are in ascending position).
+    // Canonical order: rank = larger keys + equal keys at lower positions,
+    // among the compacted keys (fast) or the k survivors; ranks below k are
+    // written.
     let k_req = k_row[row as usize];
     let k_own = select(k_req < 1i32, 1i32, k_req);
+    let held = select(fast, compacted, k);
     let mut c = tid;
-    while c < k {
+    while c < held {
         let kc = cand_key[c as usize];
+        let pc = cand_pos[c as usize];
         let mut rank = 0u32;
-        for j in 0..k {
+        for j in 0..held {
             let kj = cand_key[j as usize];
-            if kj > kc || (kj == kc && j < c) {
+            if kj > kc || (kj == kc && cand_pos[j as usize] < pc) {
                 rank += 1u32;
             }
         }
         // Slots past the row's own k are padding: -inf, ordered after every
         // real candidate (`pad_base + slot`).
-        let p = cand_pos[c as usize];
+        let p = pc;
         let live = i32::cast_from(rank) < k_own;
-        let slot = (row * k + rank) as usize;
-        out_vals[slot] = select(
-            live,
-            logits[(base + p) as usize],
-            f32::reinterpret(0xFF80_0000u32),
-        );
-        out_pos[slot] = i32::cast_from(p);
-        out_order[slot] = select(live, i32::cast_from(p), i32::cast_from(pad_base + rank));
+        if rank < k {
+            let slot = (row * k + rank) as usize;
+            out_vals[slot] = select(
+                live,
+                logits[(base + p) as usize],
+                f32::reinterpret(0xFF80_0000u32),
+            );
+            out_pos[slot] = i32::cast_from(p);
+            out_order[slot] = select(live, i32::cast_from(p), i32::cast_from(pad_base + rank));
+        }
         c += CUBE_DIM;
     }
 }
 
 #[cube(launch)]
-fn argmax_rows(logits: &[f32], out: &mut [i32], width: u32, #[comptime] units: usize) {
+fn argmax_rows(
+    logits: &[f32],
+    out: &mut [i32],
+    out_bad: &mut [i32],
+    width: u32,
+    #[comptime] units: usize,
+) {
     let row = CUBE_POS_X;
     let tid = UNIT_POS;
     let base = row * width;
     let mut best_key = Shared::<[u32]>::new_slice(units);
     let mut best_pos = Shared::<[u32]>::new_slice(units);
+    let mut bads = Shared::<[u32]>::new_slice(units);
 
     // Each thread visits ascending positions: the first maximum it meets is
-    // its lowest.
+    // its lowest. The same pass validates the row.
+    let none = 2u32 * width;
+    let mut bad = none;
     let mut bk = 0u32;
     let mut bp = width;
     let mut i = tid;
     while i < width {
-        let key = order_key(logits[(base + i) as usize]);
+        let x = logits[(base + i) as usize];
+        let key = order_key(x);
         if key > bk {
             bk = key;
             bp = i;
         }
+        if bad == none {
+            bad = bad_key(x, i, none);
+        }
         i += CUBE_DIM;
+    }
+    bads[tid as usize] = bad;
+    shared_min(&mut bads);
+    if tid == 0u32 {
+        out_bad[row as usize] = i32::cast_from(bads[0]);
     }
     best_key[tid as usize] = bk;
     best_pos[tid as usize] = bp;
@@ -342,10 +471,22 @@ fn units(cube: &CubeTensor) -> u32 {
     }
 }
 
+/// What the top-k kernel writes (ints as i32).
+#[derive(Debug, Clone)]
+pub struct TopK {
+    /// The candidates' logits `[B, k]`, `-inf` in padding slots.
+    pub logits: Tensor<2>,
+    /// Their positions in the input row `[B, k]`.
+    pub positions: Tensor<2, Int>,
+    /// Their positions, `pad_base + slot` in padding slots `[B, k]`.
+    pub order_ids: Tensor<2, Int>,
+    /// The row validation keys `[B, 1]`, as [`first_bad`] (same pass).
+    pub first_bad: Tensor<2, Int>,
+}
+
 /// The canonical top `k` of each row of `logits [B, N]` (logit descending,
-/// ties to the lowest position), as a device `top_k` leaves it:
-/// `([B, k] logits, [B, k] positions, [B, k] order ids)` (positions and
-/// order ids as i32). `k_row` `[B, 1]` is each row's own `k` (clamped to
+/// ties to the lowest position), as a device `top_k` leaves it ([`TopK`]),
+/// and the rows' validation keys from the same pass. `k_row` `[B, 1]` is each row's own `k` (clamped to
 /// `1..=k`): its slots past that are padding, with logit `-inf` and order id
 /// `pad_base + slot` (after every real candidate). `None` when `logits` is
 /// not on a cubecl device, or `k` is 0, above `N` or above [`TOP_K_MAX`].
@@ -356,7 +497,7 @@ pub fn top_k(
     k: usize,
     k_row: &Tensor<2, Int>,
     pad_base: usize,
-) -> Option<(Tensor<2>, Tensor<2, Int>, Tensor<2, Int>)> {
+) -> Option<TopK> {
     let [b, n] = logits.dims();
     if !top_k_applies(b, n, k) || u32::try_from(pad_base + k).is_err() {
         return None;
@@ -369,6 +510,12 @@ pub fn top_k(
     let new =
         |dtype| empty_device_contiguous_dtype(client.clone(), device.clone(), shape.clone(), dtype);
     let (vals, pos, order) = (new(DType::F32), new(DType::I32), new(DType::I32));
+    let bad = empty_device_contiguous_dtype(
+        client.clone(),
+        device.clone(),
+        Shape::new([b, 1]),
+        DType::I32,
+    );
     let launched = topk_rows::launch(
         &client,
         CubeCount::Static(b as u32, 1, 1),
@@ -378,6 +525,7 @@ pub fn top_k(
         unsafe { BufferArg::from_raw_parts(vals.handle.clone(), b * k) },
         unsafe { BufferArg::from_raw_parts(pos.handle.clone(), b * k) },
         unsafe { BufferArg::from_raw_parts(order.handle.clone(), b * k) },
+        unsafe { BufferArg::from_raw_parts(bad.handle.clone(), b) },
         n as u32,
         k as u32,
         pad_base as u32,
@@ -385,17 +533,20 @@ pub fn top_k(
         TOP_K_MAX,
     );
     let _ = launched;
-    Some((
-        Tensor::<2>::from_primitive::<Cube>(register(vals, &fusion)),
-        Tensor::<2, Int>::from_primitive::<Cube>(register(pos, &fusion)),
-        Tensor::<2, Int>::from_primitive::<Cube>(register(order, &fusion)),
-    ))
+    Some(TopK {
+        logits: Tensor::<2>::from_primitive::<Cube>(register(vals, &fusion)),
+        positions: Tensor::<2, Int>::from_primitive::<Cube>(register(pos, &fusion)),
+        order_ids: Tensor::<2, Int>::from_primitive::<Cube>(register(order, &fusion)),
+        first_bad: Tensor::<2, Int>::from_primitive::<Cube>(register(bad, &fusion)),
+    })
 }
 
 /// The lowest position of each row's maximum logit, `[B]` as i32
-/// ([`crate::readback::CODE_ALL_MASKED`] for a row of `-inf`). `None` when
-/// `logits` is not on a cubecl device. The logits must hold no NaN.
-pub fn argmax(logits: &Tensor<2>) -> Option<Tensor<1, Int>> {
+/// ([`crate::readback::CODE_ALL_MASKED`] for a row of `-inf`), and the
+/// rows' validation keys `[B, 1]` from the same pass (as [`first_bad`]).
+/// `None` when `logits` is not on a cubecl device. A row with a NaN gets
+/// some position of that row (its token is replaced by its status code).
+pub fn argmax(logits: &Tensor<2>) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
     let [b, n] = logits.dims();
     if !argmax_applies(b, n) {
         return None;
@@ -403,20 +554,24 @@ pub fn argmax(logits: &Tensor<2>) -> Option<Tensor<1, Int>> {
     let (cube, fusion) = resolve_float(logits)?;
     let units = units(&cube);
     let (client, device) = (cube.client.clone(), cube.device.clone());
-    let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b]), DType::I32);
+    let out =
+        empty_device_contiguous_dtype(client.clone(), device.clone(), Shape::new([b]), DType::I32);
+    let bad = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, 1]), DType::I32);
     let launched = argmax_rows::launch(
         &client,
         CubeCount::Static(b as u32, 1, 1),
         CubeDim::new_1d(units),
         unsafe { BufferArg::from_raw_parts(cube.handle.clone(), b * n) },
         unsafe { BufferArg::from_raw_parts(out.handle.clone(), b) },
+        unsafe { BufferArg::from_raw_parts(bad.handle.clone(), b) },
         n as u32,
         units as usize,
     );
     let _ = launched;
-    Some(Tensor::<1, Int>::from_primitive::<Cube>(register(
-        out, &fusion,
-    )))
+    Some((
+        Tensor::<1, Int>::from_primitive::<Cube>(register(out, &fusion)),
+        Tensor::<2, Int>::from_primitive::<Cube>(register(bad, &fusion)),
+    ))
 }
 
 /// Row max (0 for a row of `-inf`, so `l - max` stays finite) and the sum of

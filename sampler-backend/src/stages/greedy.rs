@@ -47,13 +47,19 @@ impl DeviceStage for Greedy {
 }
 
 /// The argmax kernel on a cubecl device for a full-vocabulary row
-/// (positions are token ids); `None` elsewhere (the generic recipe).
+/// (positions are token ids); on unsanitised rows it also hands the step
+/// the rows' validation keys from its pass. `None` elsewhere (the generic
+/// recipe).
 #[cfg(feature = "cubecl-kernels")]
-fn kernel_argmax(data: &StepData) -> Option<burn_tensor::Tensor<1, burn_tensor::Int>> {
+fn kernel_argmax(data: &mut StepData) -> Option<burn_tensor::Tensor<1, burn_tensor::Int>> {
     if data.ids.is_some() || data.order_ids.is_some() {
         return None;
     }
-    crate::kernels::argmax(&data.logits)
+    let (tok, first_bad) = crate::kernels::argmax(&data.logits)?;
+    if data.invalid.is_none() {
+        data.first_bad = Some(first_bad);
+    }
+    Some(tok)
 }
 
 #[cfg(feature = "cubecl-kernels")]
@@ -67,6 +73,6 @@ fn kernel_applies(_b: usize, _n: usize, _device: &Device) -> bool {
 }
 
 #[cfg(not(feature = "cubecl-kernels"))]
-fn kernel_argmax(_data: &StepData) -> Option<burn_tensor::Tensor<1, burn_tensor::Int>> {
+fn kernel_argmax(_data: &mut StepData) -> Option<burn_tensor::Tensor<1, burn_tensor::Int>> {
     None
 }

@@ -60,16 +60,18 @@ impl TopK {
 /// The top-k kernel on a cubecl device, for a full-vocabulary row
 /// (positions are token ids): `([B, k] logits, [B, k] ids, [B, k] order
 /// ids)` with each row's slots past its own k as padding, as the recipe
-/// leaves them. `None` elsewhere (the generic recipe).
-fn kernel_top_k(
-    data: &StepData,
-    k_row: &Tensor<2, Int>,
-    k: usize,
-) -> Option<Selected> {
+/// leaves them; on unsanitised rows it also hands the step the rows'
+/// validation keys from its first pass. `None` elsewhere (the generic
+/// recipe).
+fn kernel_top_k(data: &mut StepData, k_row: &Tensor<2, Int>, k: usize) -> Option<Selected> {
     if data.ids.is_some() || data.order_ids.is_some() {
         return None;
     }
-    kernel_select(&data.logits, k, k_row, data.vocab)
+    let (selected, first_bad) = kernel_select(&data.logits, k, k_row, data.vocab)?;
+    if data.invalid.is_none() {
+        data.first_bad = Some(first_bad);
+    }
+    Some(selected)
 }
 
 #[cfg(feature = "cubecl-kernels")]
@@ -82,15 +84,27 @@ fn kernel_applies(_b: usize, _n: usize, _k: usize, _device: &Device) -> bool {
     false
 }
 
+/// `(logits, ids, order ids)` of the selected candidates, `[B, k]` each.
 type Selected = (Tensor<2>, Tensor<2, Int>, Tensor<2, Int>);
 
 #[cfg(feature = "cubecl-kernels")]
-fn kernel_select(logits: &Tensor<2>, k: usize, k_row: &Tensor<2, Int>, vocab: usize) -> Option<Selected> {
-    crate::kernels::top_k(logits, k, k_row, vocab)
+fn kernel_select(
+    logits: &Tensor<2>,
+    k: usize,
+    k_row: &Tensor<2, Int>,
+    vocab: usize,
+) -> Option<(Selected, Tensor<2, Int>)> {
+    let t = crate::kernels::top_k(logits, k, k_row, vocab)?;
+    Some(((t.logits, t.positions, t.order_ids), t.first_bad))
 }
 
 #[cfg(not(feature = "cubecl-kernels"))]
-fn kernel_select(_logits: &Tensor<2>, _k: usize, _k_row: &Tensor<2, Int>, _vocab: usize) -> Option<Selected> {
+fn kernel_select(
+    _logits: &Tensor<2>,
+    _k: usize,
+    _k_row: &Tensor<2, Int>,
+    _vocab: usize,
+) -> Option<(Selected, Tensor<2, Int>)> {
     None
 }
 
