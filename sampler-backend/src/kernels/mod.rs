@@ -114,6 +114,9 @@ fn shared_min(buf: &mut Shared<[u32]>) {
     }
 }
 
+/// The key of `+inf`; NaN keys lie above it (or, negative, below `-inf`'s).
+const INF_KEY: u32 = 0xFF80_0000;
+
 /// The key of `-inf`: every row whose best key is this has no finite logit.
 const NEG_INF_KEY: u32 = 0x007F_FFFF;
 
@@ -152,19 +155,25 @@ fn topk_rows(
     // The same pass validates the row (first NaN / +inf, as `first_bad`).
     let none = 2u32 * width;
     let mut bad = none;
-    let mut own = 0u32;
+    // Float compares here (cheaper than keys): any element of the thread is
+    // a valid stand-in for its maximum, so a device that flushes subnormals
+    // only lowers the floor. A thread without elements offers -inf, the
+    // lowest non-NaN key, which keeps the floor at or below every element.
+    let neg_inf = f32::reinterpret(0xFF80_0000u32);
+    let mut own_f = neg_inf;
     let mut i0 = tid;
     while i0 < width {
         let x = logits[(base + i0) as usize];
-        let key = order_key(x);
-        if key > own {
-            own = key;
+        if x > own_f {
+            own_f = x;
         }
-        if bad == none {
+        // NaN and ±inf have every exponent bit set.
+        if bad == none && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
             bad = bad_key(x, i0, none);
         }
         i0 += CUBE_DIM;
     }
+    let own = order_key(own_f);
     tmax[tid as usize] = own;
     bads[tid as usize] = bad;
     if tid == 0u32 {
@@ -197,10 +206,21 @@ fn topk_rows(
         counter[0].store(0u32);
     }
     sync_cube();
+    // The floor as a logit: `x >= low_f` keeps a superset of `key >= low`
+    // (flushed subnormals compare equal, never in the wrong order); the keys
+    // decide below.
+    let low_bits = select(
+        (low & 0x8000_0000u32) != 0u32,
+        low & 0x7FFF_FFFFu32,
+        low ^ 0xFFFF_FFFFu32,
+    );
+    // No floor (0) or one at -inf: every non-NaN logit passes.
+    let low_f = select(low <= NEG_INF_KEY, neg_inf, f32::reinterpret(low_bits));
     let mut ic = tid;
     while ic < width {
-        let key = order_key(logits[(base + ic) as usize]);
-        if key >= low {
+        let x = logits[(base + ic) as usize];
+        let key = order_key(x);
+        if x >= low_f && key >= low {
             let at = counter[0].fetch_add(1u32);
             if at < k_cap as u32 {
                 cand_key[at as usize] = key;
@@ -382,7 +402,7 @@ fn argmax_rows(
             bk = key;
             bp = i;
         }
-        if bad == none {
+        if bad == none && (key >= INF_KEY || key < NEG_INF_KEY) {
             bad = bad_key(x, i, none);
         }
         i += CUBE_DIM;
