@@ -68,6 +68,10 @@ pub const TOP_K_MAX: usize = 1024;
 /// Threads per row (one workgroup per row). A power of two.
 const UNITS: u32 = 256;
 
+/// Elements per thread whose maximum stands for the thread in the top-k
+/// kernel's floor (a sample of `128 · 256` logits per row).
+const FLOOR_SAMPLE: u32 = 128;
+
 /// Bins of one radix pass (8 bits).
 const BINS: usize = 256;
 
@@ -120,7 +124,7 @@ const INF_KEY: u32 = 0xFF80_0000;
 /// The key of `-inf`: every row whose best key is this has no finite logit.
 const NEG_INF_KEY: u32 = 0x007F_FFFF;
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 fn topk_rows(
     logits: &[f32],
     k_row: &[i32],
@@ -152,30 +156,32 @@ fn topk_rows(
     // A floor under the k-th largest key: the k-th largest of the threads'
     // own maxima (k distinct elements at or above it). Keys below it are
     // never among the top k, so the histograms skip them (few atomics).
-    // The same pass validates the row (first NaN / +inf, as `first_bad`).
     let none = 2u32 * width;
     let mut bad = none;
     // Float compares here (cheaper than keys): any element of the thread is
     // a valid stand-in for its maximum, so a device that flushes subnormals
     // only lowers the floor. A thread without elements offers -inf, the
     // lowest non-NaN key, which keeps the floor at or below every element.
+    // The maxima come from a sample (the first `FLOOR_SAMPLE` elements per
+    // thread): any k distinct elements give a valid floor, and a sample
+    // keeps this pass short on large rows.
     let neg_inf = f32::reinterpret(0xFF80_0000u32);
     let mut own_f = neg_inf;
+    let sample_end = select(
+        width < FLOOR_SAMPLE * CUBE_DIM,
+        width,
+        FLOOR_SAMPLE * CUBE_DIM,
+    );
     let mut i0 = tid;
-    while i0 < width {
+    while i0 < sample_end {
         let x = logits[(base + i0) as usize];
         if x > own_f {
             own_f = x;
-        }
-        // NaN and ±inf have every exponent bit set.
-        if bad == none && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
-            bad = bad_key(x, i0, none);
         }
         i0 += CUBE_DIM;
     }
     let own = order_key(own_f);
     tmax[tid as usize] = own;
-    bads[tid as usize] = bad;
     if tid == 0u32 {
         floor[0] = 0u32;
     }
@@ -192,10 +198,7 @@ fn topk_rows(
             floor[0] = own;
         }
     }
-    shared_min(&mut bads);
-    if tid == 0u32 {
-        out_bad[row as usize] = i32::cast_from(bads[0]);
-    }
+    sync_cube();
     let low = floor[0];
 
     // Fast path: the keys at or above the floor, compacted into shared
@@ -216,20 +219,31 @@ fn topk_rows(
     );
     // No floor (0) or one at -inf: every non-NaN logit passes.
     let low_f = select(low <= NEG_INF_KEY, neg_inf, f32::reinterpret(low_bits));
+    // The same pass validates the row (first NaN / +inf, as `first_bad`).
     let mut ic = tid;
     while ic < width {
         let x = logits[(base + ic) as usize];
-        let key = order_key(x);
-        if x >= low_f && key >= low {
-            let at = counter[0].fetch_add(1u32);
-            if at < k_cap as u32 {
-                cand_key[at as usize] = key;
-                cand_pos[at as usize] = ic;
+        // NaN and ±inf have every exponent bit set.
+        if bad == none && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
+            bad = bad_key(x, ic, none);
+        }
+        if x >= low_f {
+            let key = order_key(x);
+            if key >= low {
+                let at = counter[0].fetch_add(1u32);
+                if at < k_cap as u32 {
+                    cand_key[at as usize] = key;
+                    cand_pos[at as usize] = ic;
+                }
             }
         }
         ic += CUBE_DIM;
     }
-    sync_cube();
+    bads[tid as usize] = bad;
+    shared_min(&mut bads);
+    if tid == 0u32 {
+        out_bad[row as usize] = i32::cast_from(bads[0]);
+    }
     let compacted = counter[0].load();
     let fast = compacted <= k_cap as u32;
 
@@ -373,7 +387,7 @@ fn topk_rows(
     }
 }
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 fn argmax_rows(
     logits: &[f32],
     out: &mut [i32],
@@ -536,22 +550,26 @@ pub fn top_k(
         Shape::new([b, 1]),
         DType::I32,
     );
-    let launched = topk_rows::launch(
-        &client,
-        CubeCount::Static(b as u32, 1, 1),
-        CubeDim::new_1d(units),
-        unsafe { BufferArg::from_raw_parts(cube.handle.clone(), b * n) },
-        unsafe { BufferArg::from_raw_parts(k_row.handle.clone(), b) },
-        unsafe { BufferArg::from_raw_parts(vals.handle.clone(), b * k) },
-        unsafe { BufferArg::from_raw_parts(pos.handle.clone(), b * k) },
-        unsafe { BufferArg::from_raw_parts(order.handle.clone(), b * k) },
-        unsafe { BufferArg::from_raw_parts(bad.handle.clone(), b) },
-        n as u32,
-        k as u32,
-        pad_base as u32,
-        units as usize,
-        TOP_K_MAX,
-    );
+    // SAFETY: every index the kernel forms is inside its buffers (row
+    // bases and loops bounded by the width, shared slices by their sizes).
+    let launched = unsafe {
+        topk_rows::launch_unchecked(
+            &client,
+            CubeCount::Static(b as u32, 1, 1),
+            CubeDim::new_1d(units),
+            BufferArg::from_raw_parts(cube.handle.clone(), b * n),
+            BufferArg::from_raw_parts(k_row.handle.clone(), b),
+            BufferArg::from_raw_parts(vals.handle.clone(), b * k),
+            BufferArg::from_raw_parts(pos.handle.clone(), b * k),
+            BufferArg::from_raw_parts(order.handle.clone(), b * k),
+            BufferArg::from_raw_parts(bad.handle.clone(), b),
+            n as u32,
+            k as u32,
+            pad_base as u32,
+            units as usize,
+            TOP_K_MAX,
+        )
+    };
     let _ = launched;
     Some(TopK {
         logits: Tensor::<2>::from_primitive::<Cube>(register(vals, &fusion)),
@@ -577,16 +595,20 @@ pub fn argmax(logits: &Tensor<2>) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
     let out =
         empty_device_contiguous_dtype(client.clone(), device.clone(), Shape::new([b]), DType::I32);
     let bad = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, 1]), DType::I32);
-    let launched = argmax_rows::launch(
-        &client,
-        CubeCount::Static(b as u32, 1, 1),
-        CubeDim::new_1d(units),
-        unsafe { BufferArg::from_raw_parts(cube.handle.clone(), b * n) },
-        unsafe { BufferArg::from_raw_parts(out.handle.clone(), b) },
-        unsafe { BufferArg::from_raw_parts(bad.handle.clone(), b) },
-        n as u32,
-        units as usize,
-    );
+    // SAFETY: every index the kernel forms is inside its buffers (row
+    // bases and loops bounded by the width, shared slices by their sizes).
+    let launched = unsafe {
+        argmax_rows::launch_unchecked(
+            &client,
+            CubeCount::Static(b as u32, 1, 1),
+            CubeDim::new_1d(units),
+            BufferArg::from_raw_parts(cube.handle.clone(), b * n),
+            BufferArg::from_raw_parts(out.handle.clone(), b),
+            BufferArg::from_raw_parts(bad.handle.clone(), b),
+            n as u32,
+            units as usize,
+        )
+    };
     let _ = launched;
     Some((
         Tensor::<1, Int>::from_primitive::<Cube>(register(out, &fusion)),
@@ -635,7 +657,7 @@ fn shared_max_and_sum(
     sync_cube();
 }
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 fn top_p_rows(
     logits: &[f32],
     ids: &[i32],
@@ -680,7 +702,7 @@ fn top_p_rows(
     }
 }
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 fn dist_rows(
     logits: &[f32],
     ids: &[i32],
@@ -791,18 +813,22 @@ pub fn top_p(
     let units = units(&l);
     let (client, device) = (l.client.clone(), l.device.clone());
     let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, n]), DType::F32);
-    let launched = top_p_rows::launch(
-        &client,
-        CubeCount::Static(b as u32, 1, 1),
-        CubeDim::new_1d(units),
-        unsafe { BufferArg::from_raw_parts(l.handle.clone(), b * n) },
-        unsafe { BufferArg::from_raw_parts(ids.handle.clone(), b * n) },
-        unsafe { BufferArg::from_raw_parts(p.handle.clone(), b) },
-        unsafe { BufferArg::from_raw_parts(keep.handle.clone(), b) },
-        unsafe { BufferArg::from_raw_parts(out.handle.clone(), b * n) },
-        n as u32,
-        TOP_K_MAX,
-    );
+    // SAFETY: every index the kernel forms is inside its buffers (row
+    // bases and loops bounded by the width, shared slices by their sizes).
+    let launched = unsafe {
+        top_p_rows::launch_unchecked(
+            &client,
+            CubeCount::Static(b as u32, 1, 1),
+            CubeDim::new_1d(units),
+            BufferArg::from_raw_parts(l.handle.clone(), b * n),
+            BufferArg::from_raw_parts(ids.handle.clone(), b * n),
+            BufferArg::from_raw_parts(p.handle.clone(), b),
+            BufferArg::from_raw_parts(keep.handle.clone(), b),
+            BufferArg::from_raw_parts(out.handle.clone(), b * n),
+            n as u32,
+            TOP_K_MAX,
+        )
+    };
     let _ = launched;
     Some(Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)))
 }
@@ -820,25 +846,29 @@ pub fn dist(logits: &Tensor<2>, ids: &Tensor<2, Int>, u: &Tensor<2>) -> Option<T
     let units = units(&l);
     let (client, device) = (l.client.clone(), l.device.clone());
     let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b]), DType::I32);
-    let launched = dist_rows::launch(
-        &client,
-        CubeCount::Static(b as u32, 1, 1),
-        CubeDim::new_1d(units),
-        unsafe { BufferArg::from_raw_parts(l.handle.clone(), b * n) },
-        unsafe { BufferArg::from_raw_parts(ids.handle.clone(), b * n) },
-        unsafe { BufferArg::from_raw_parts(u.handle.clone(), b) },
-        unsafe { BufferArg::from_raw_parts(out.handle.clone(), b) },
-        n as u32,
-        TOP_K_MAX,
-        units as usize,
-    );
+    // SAFETY: every index the kernel forms is inside its buffers (row
+    // bases and loops bounded by the width, shared slices by their sizes).
+    let launched = unsafe {
+        dist_rows::launch_unchecked(
+            &client,
+            CubeCount::Static(b as u32, 1, 1),
+            CubeDim::new_1d(units),
+            BufferArg::from_raw_parts(l.handle.clone(), b * n),
+            BufferArg::from_raw_parts(ids.handle.clone(), b * n),
+            BufferArg::from_raw_parts(u.handle.clone(), b),
+            BufferArg::from_raw_parts(out.handle.clone(), b),
+            n as u32,
+            TOP_K_MAX,
+            units as usize,
+        )
+    };
     let _ = launched;
     Some(Tensor::<1, Int>::from_primitive::<Cube>(register(
         out, &fusion,
     )))
 }
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 fn first_bad_rows(logits: &[f32], out: &mut [i32], width: u32, #[comptime] units: usize) {
     let row = CUBE_POS_X;
     let tid = UNIT_POS;
@@ -892,22 +922,26 @@ pub fn first_bad(logits: &Tensor<2>) -> Option<Tensor<2, Int>> {
     let units = units(&cube);
     let (client, device) = (cube.client.clone(), cube.device.clone());
     let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, 1]), DType::I32);
-    let launched = first_bad_rows::launch(
-        &client,
-        CubeCount::Static(b as u32, 1, 1),
-        CubeDim::new_1d(units),
-        unsafe { BufferArg::from_raw_parts(cube.handle.clone(), b * n) },
-        unsafe { BufferArg::from_raw_parts(out.handle.clone(), b) },
-        n as u32,
-        units as usize,
-    );
+    // SAFETY: every index the kernel forms is inside its buffers (row
+    // bases and loops bounded by the width, shared slices by their sizes).
+    let launched = unsafe {
+        first_bad_rows::launch_unchecked(
+            &client,
+            CubeCount::Static(b as u32, 1, 1),
+            CubeDim::new_1d(units),
+            BufferArg::from_raw_parts(cube.handle.clone(), b * n),
+            BufferArg::from_raw_parts(out.handle.clone(), b),
+            n as u32,
+            units as usize,
+        )
+    };
     let _ = launched;
     Some(Tensor::<2, Int>::from_primitive::<Cube>(register(
         out, &fusion,
     )))
 }
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 fn temperature_rows(
     logits: &[f32],
     ids: &[i32],
@@ -1013,19 +1047,23 @@ pub fn temperature(
     // Without ids the kernel never reads them: any int buffer will do.
     let ids_handle = ids.as_ref().map_or(t.handle.clone(), |i| i.handle.clone());
     let ids_len = if ids.is_some() { b * n } else { b };
-    let launched = temperature_rows::launch(
-        &client,
-        CubeCount::Static(b as u32, 1, 1),
-        CubeDim::new_1d(units),
-        unsafe { BufferArg::from_raw_parts(l.handle.clone(), b * n) },
-        unsafe { BufferArg::from_raw_parts(ids_handle, ids_len) },
-        unsafe { BufferArg::from_raw_parts(t.handle.clone(), b) },
-        unsafe { BufferArg::from_raw_parts(out.handle.clone(), b * n) },
-        n as u32,
-        greedy_below,
-        ids.is_some(),
-        units as usize,
-    );
+    // SAFETY: every index the kernel forms is inside its buffers (row
+    // bases and loops bounded by the width, shared slices by their sizes).
+    let launched = unsafe {
+        temperature_rows::launch_unchecked(
+            &client,
+            CubeCount::Static(b as u32, 1, 1),
+            CubeDim::new_1d(units),
+            BufferArg::from_raw_parts(l.handle.clone(), b * n),
+            BufferArg::from_raw_parts(ids_handle, ids_len),
+            BufferArg::from_raw_parts(t.handle.clone(), b),
+            BufferArg::from_raw_parts(out.handle.clone(), b * n),
+            n as u32,
+            greedy_below,
+            ids.is_some(),
+            units as usize,
+        )
+    };
     let _ = launched;
     Some(Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)))
 }
@@ -1037,7 +1075,7 @@ const FULL_ROW_UNITS: u32 = 128;
 /// Bits per pass of the weighted radix search (16 bins).
 const MASS_BITS: u32 = 4;
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 fn top_p_full_rows(
     logits: &[f32],
     p: &[f32],
@@ -1204,7 +1242,7 @@ fn top_p_full_rows(
     }
 }
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 fn dist_full_rows(
     logits: &[f32],
     u: &[f32],
@@ -1334,16 +1372,20 @@ pub fn top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<Tensor<2>> {
     let units = full_row_units(&l);
     let (client, device) = (l.client.clone(), l.device.clone());
     let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, n]), DType::F32);
-    let launched = top_p_full_rows::launch(
-        &client,
-        CubeCount::Static(b as u32, 1, 1),
-        CubeDim::new_1d(units),
-        unsafe { BufferArg::from_raw_parts(l.handle.clone(), b * n) },
-        unsafe { BufferArg::from_raw_parts(p.handle.clone(), b) },
-        unsafe { BufferArg::from_raw_parts(out.handle.clone(), b * n) },
-        n as u32,
-        units as usize,
-    );
+    // SAFETY: every index the kernel forms is inside its buffers (row
+    // bases and loops bounded by the width, shared slices by their sizes).
+    let launched = unsafe {
+        top_p_full_rows::launch_unchecked(
+            &client,
+            CubeCount::Static(b as u32, 1, 1),
+            CubeDim::new_1d(units),
+            BufferArg::from_raw_parts(l.handle.clone(), b * n),
+            BufferArg::from_raw_parts(p.handle.clone(), b),
+            BufferArg::from_raw_parts(out.handle.clone(), b * n),
+            n as u32,
+            units as usize,
+        )
+    };
     let _ = launched;
     Some(Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)))
 }
@@ -1364,16 +1406,20 @@ pub fn dist_full(logits: &Tensor<2>, u: &Tensor<2>) -> Option<Tensor<1, Int>> {
     let units = full_row_units(&l);
     let (client, device) = (l.client.clone(), l.device.clone());
     let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b]), DType::I32);
-    let launched = dist_full_rows::launch(
-        &client,
-        CubeCount::Static(b as u32, 1, 1),
-        CubeDim::new_1d(units),
-        unsafe { BufferArg::from_raw_parts(l.handle.clone(), b * n) },
-        unsafe { BufferArg::from_raw_parts(u.handle.clone(), b) },
-        unsafe { BufferArg::from_raw_parts(out.handle.clone(), b) },
-        n as u32,
-        units as usize,
-    );
+    // SAFETY: every index the kernel forms is inside its buffers (row
+    // bases and loops bounded by the width, shared slices by their sizes).
+    let launched = unsafe {
+        dist_full_rows::launch_unchecked(
+            &client,
+            CubeCount::Static(b as u32, 1, 1),
+            CubeDim::new_1d(units),
+            BufferArg::from_raw_parts(l.handle.clone(), b * n),
+            BufferArg::from_raw_parts(u.handle.clone(), b),
+            BufferArg::from_raw_parts(out.handle.clone(), b),
+            n as u32,
+            units as usize,
+        )
+    };
     let _ = launched;
     Some(Tensor::<1, Int>::from_primitive::<Cube>(register(
         out, &fusion,
