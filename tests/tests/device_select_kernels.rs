@@ -348,6 +348,36 @@ fn wgpu_narrow_top_p_dist_and_validation_kernels_match_the_reference() {
         let keys: Vec<i64> = keys.into_data().convert::<i64>().iter::<i64>().collect();
         assert_eq!(keys, want);
     }
+    // A row of NaN but two logits has fewer than k candidates: every slot
+    // is still written (positions inside the row, padding at -inf), so the
+    // stages after it never gather at stale positions.
+    let mut nan_row = vec![f32::NAN; v];
+    nan_row[10] = 1.0;
+    nan_row[20] = 2.0;
+    let t = upload(&[nan_row, vec![0.5; v]], &device);
+    let k_row = Tensor::<2, Int>::from_data(TensorData::new(vec![5i32, 5], [2, 1]), &device);
+    let got = kernels::top_k(&t, 5, &k_row, v).expect("kernel");
+    let pos: Vec<i64> = got
+        .positions
+        .into_data()
+        .convert::<i64>()
+        .iter::<i64>()
+        .collect();
+    let vals: Vec<f32> = got.logits.into_data().iter::<f32>().collect();
+    let bad: Vec<i64> = got
+        .first_bad
+        .into_data()
+        .convert::<i64>()
+        .iter::<i64>()
+        .collect();
+    assert_eq!(bad, vec![0, 2 * v as i64]);
+    assert!(pos.iter().all(|&p| (0..v as i64).contains(&p)), "{pos:?}");
+    assert_eq!(&pos[5..], &[0, 1, 2, 3, 4]);
+    assert_eq!((vals[0], vals[1]), (2.0, 1.0));
+    assert!(
+        vals[2..5].iter().all(|&x| x == f32::NEG_INFINITY),
+        "{vals:?}"
+    );
 }
 
 /// Temperature: `l / t` saturated at `±f32::MAX` with `-inf` kept, and

@@ -2,36 +2,38 @@
 //! vulkan, cuda), launched on burn's own tensor handles.
 //!
 //! burn's generic ops build a row top-k out of two `topk`s, a dozen
-//! element-wise ops and gathers (about 60 kernels a step), and greedy out of
-//! three reductions. These kernels do the same work in one launch per batch,
-//! one workgroup (cube) per row, with the CPU's rules:
+//! element-wise ops and gathers, greedy out of three reductions, and a
+//! full-vocabulary top-p out of a 64-step bisection (about 600 kernels).
+//! Each kernel here does one stage's work in one launch for the whole
+//! batch, one workgroup (cube) per row, with the device recipe's rules
+//! (which are the CPU's):
 //!
 //! * [`top_k`]: the canonical top `K` of each row of `[B, N]` logits (logit
-//!   descending, ties to the lowest position), as `[B, K]` logits and
-//!   `[B, K]` positions (i32). A radix select on order-preserving `u32` keys
-//!   (4 passes of 8 bits, a 256-bin histogram in shared memory per pass)
-//!   finds the `K`-th key exactly; a counting pass over contiguous chunks
-//!   collects the survivors in ascending position, so the ties kept at the
-//!   boundary are the lowest positions; a rank pass over the `K` survivors in
-//!   shared memory writes them in canonical order. A first pass takes the
-//!   `K`-th largest of the threads' own maxima as a floor (for `K` up to the
-//!   workgroup size), so the histograms count only the keys above it. Reads
-//!   the row 7 times.
-//! * [`argmax`]: the lowest position of each row's maximum logit `[B]` (i32),
-//!   [`crate::readback::CODE_ALL_MASKED`] for a row of `-inf`. Reads the row
-//!   once.
+//!   descending, ties to the lowest position), with per-row `k`, padding and
+//!   order ids as the `top_k` stage leaves them, and the rows' validation
+//!   keys from the same pass. A floor under the `K`-th key (from a sample),
+//!   one pass that compacts the logits above it into shared memory, and a
+//!   rank pass; a radix select on order-preserving `u32` keys when too many
+//!   logits tie above the floor.
+//! * [`argmax`]: greedy, the lowest position of each row's maximum, and the
+//!   validation keys, in one pass.
+//! * [`first_bad`]: row validation alone (first NaN / `+inf`).
+//! * [`temperature`]: `l / t` saturated, or the greedy-temperature argmax.
+//! * [`top_p`] and [`dist`] on narrow rows (after a top-k, `N <= TOP_K_MAX`),
+//!   the row in shared memory; [`top_p_full`] and [`dist_full`] on whole
+//!   vocabulary rows (a weighted radix search; chunk sums).
 //!
-//! Both need only shared memory, `u32` shared atomics and workgroup barriers
+//! They need only shared memory, `u32` shared atomics and workgroup barriers
 //! (no subgroup operations), so they run on lavapipe as on CUDA and NVIDIA
-//! Vulkan. The inputs are the step's sanitised logits (no NaN: the row
-//! validation replaced invalid rows); `-0.0` and `0.0` are the same logit.
+//! Vulkan. `-0.0` and `0.0` are the same logit; NaN and `+inf` are found by
+//! bit tests. Design and costs: docs/architecture.md ("Custom kernels").
 //!
 //! Each function returns `None` when the tensor does not live on a cubecl
-//! device or the shape is outside what the kernel handles (`K` above
-//! [`TOP_K_MAX`]); the caller then uses the generic recipe
-//! ([`crate::ops::canonical_topk_positions`], [`crate::ops::argmax_lowest_id`]).
-//! The outputs are registered with burn's fusion stream like uploaded data,
-//! so later ops use them as any other tensor.
+//! device, the kernels are off ([`set_enabled`]) or the shape is outside
+//! what the kernel handles (`K` above [`TOP_K_MAX`]); the stage then uses
+//! its generic recipe ([`crate::ops`]). The outputs are registered with
+//! burn's fusion stream like uploaded data, so later ops use them as any
+//! other tensor.
 
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
@@ -117,9 +119,6 @@ fn shared_min(buf: &mut Shared<[u32]>) {
         half /= 2u32;
     }
 }
-
-/// The key of `+inf`; NaN keys lie above it (or, negative, below `-inf`'s).
-const INF_KEY: u32 = 0xFF80_0000;
 
 /// The key of `-inf`: every row whose best key is this has no finite logit.
 const NEG_INF_KEY: u32 = 0x007F_FFFF;
@@ -385,6 +384,17 @@ fn topk_rows(
         }
         c += CUBE_DIM;
     }
+    // A row with fewer than k non-NaN logits (an invalid row: its outputs
+    // are replaced by its status code) still gets every slot written, as
+    // padding at position 0, so later stages never read stale memory.
+    let mut slot = held + tid;
+    while slot < k {
+        let at = (row * k + slot) as usize;
+        out_vals[at] = f32::reinterpret(0xFF80_0000u32);
+        out_pos[at] = 0i32;
+        out_order[at] = i32::cast_from(pad_base + slot);
+        slot += CUBE_DIM;
+    }
 }
 
 #[cube(launch_unchecked)]
@@ -416,7 +426,8 @@ fn argmax_rows(
             bk = key;
             bp = i;
         }
-        if bad == none && (key >= INF_KEY || key < NEG_INF_KEY) {
+        // NaN and ±inf have every exponent bit set.
+        if bad == none && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
             bad = bad_key(x, i, none);
         }
         i += CUBE_DIM;

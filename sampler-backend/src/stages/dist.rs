@@ -10,7 +10,8 @@
 //! * full rows: a two-level prefix sum over blocks of `DIST_BLOCK` tokens
 //!   (block sums, a short cumsum over blocks, then a short cumsum inside
 //!   the crossing block). Wide rows with `ids` are first scattered back to
-//!   vocabulary order.
+//!   vocabulary order. On a cubecl device, rows of the whole vocabulary run
+//!   one custom kernel instead (`kernels::dist_full`, same rule).
 //!
 //! Sums run in f32 in a different order than the CPU's sequential walk: a
 //! token can differ only when `u * S` lies within rounding of a cumulative

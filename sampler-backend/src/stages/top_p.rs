@@ -13,7 +13,10 @@
 //!   bisection that snaps every midpoint to an actual logit (two reductions
 //!   per iteration, `BISECT_ITERS` iterations); candidates equal to `v*` are
 //!   then kept in ascending id order while the mass before them is `< p * S`,
-//!   with the id cut found by an integer bisection over counts.
+//!   with the id cut found by an integer bisection over counts. On a cubecl
+//!   device, rows of the whole vocabulary with `min_keep <= 1` run one custom
+//!   kernel instead (`kernels::top_p_full`: a weighted radix search, same
+//!   rule).
 
 use burn_tensor::{Bool, Int, Tensor};
 use sampler_core::StageSpec;
