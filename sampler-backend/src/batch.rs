@@ -1788,9 +1788,8 @@ fn device_pass(
     } else {
         let first_bad = validate(&logits);
         let invalid = first_bad.clone().lower_elem(none);
-        let code = first_bad.neg().sub_scalar(2);
         let clean = logits.clone().mask_fill(wide(invalid.clone(), v), 0.0);
-        (Some((invalid, code)), clean)
+        (Some((first_bad, invalid)), clean)
     };
 
     // Raw logprobs come from the input row (invalid rows fail anyway).
@@ -1814,7 +1813,7 @@ fn device_pass(
         ids: None,
         order_ids: None,
         sampled: None,
-        invalid: validated.as_ref().map(|(invalid, _)| invalid.clone()),
+        invalid: validated.as_ref().map(|(_, invalid)| invalid.clone()),
         first_bad: None,
         slots,
         batch: b,
@@ -1854,13 +1853,18 @@ fn device_pass(
     }
     // The validation keys: from before the stages, from the first stage's
     // own pass, or (a first stage that did not validate) from the input now.
-    let (invalid, code) = match (validated, data.first_bad.take()) {
-        (Some(checked), _) => checked,
-        (None, found) => {
-            let first_bad = found.unwrap_or_else(|| validate(&logits));
-            let invalid = first_bad.clone().lower_elem(none);
-            (invalid, first_bad.neg().sub_scalar(2))
-        }
+    let (first_bad, checked) = match (validated, data.first_bad.take()) {
+        (Some((first_bad, invalid)), _) => (first_bad, Some(invalid)),
+        (None, found) => (found.unwrap_or_else(|| validate(&logits)), None),
+    };
+    // The invalid mask and the status codes `[B, 1]`, built only where a
+    // readback needs them (the codes kernel writes token codes directly).
+    let masks = || {
+        let invalid = match &checked {
+            Some(invalid) => invalid.clone(),
+            None => first_bad.clone().lower_elem(none),
+        };
+        (invalid, first_bad.clone().neg().sub_scalar(2))
     };
     let mut out = Vec::with_capacity(5);
     let mut raw_cands = None;
@@ -1888,11 +1892,14 @@ fn device_pass(
                 };
                 entries.push((at, value));
             }
-            let codes = sampled
-                .reshape([b, 1])
-                .mask_where(invalid, code)
-                .cast(IntDType::I32)
-                .reshape([b]);
+            let codes = kernel_codes(&sampled, &first_bad, v).unwrap_or_else(|| {
+                let (invalid, code) = masks();
+                sampled
+                    .reshape([b, 1])
+                    .mask_where(invalid, code)
+                    .cast(IntDType::I32)
+                    .reshape([b])
+            });
             out.push(Out::I(codes));
         }
         Readback::Candidates { .. } => {
@@ -1901,6 +1908,7 @@ fn device_pass(
             if let Some(raw) = &raw_lp {
                 raw_cands = Some(raw.clone().gather(1, ids.clone()));
             }
+            let (invalid, code) = masks();
             let first = ops::positions(b, k, d)
                 .equal_elem(0)
                 .bool_and(wide(invalid, k));
@@ -1909,6 +1917,7 @@ fn device_pass(
             out.push(Out::F(data.logits));
         }
         Readback::FullLogits { .. } => {
+            let (invalid, _) = masks();
             out.push(Out::F(data.logits.mask_where(wide(invalid, v), logits)));
         }
     }
@@ -1936,6 +1945,26 @@ fn kernel_first_bad(logits: &Tensor<2>) -> Option<Tensor<2, Int>> {
 
 #[cfg(not(feature = "cubecl-kernels"))]
 fn kernel_first_bad(_logits: &Tensor<2>) -> Option<Tensor<2, Int>> {
+    None
+}
+
+/// The token codes kernel on a cubecl device: `[B]` i32, the sampled token
+/// or the row's status code; `None` elsewhere.
+#[cfg(feature = "cubecl-kernels")]
+fn kernel_codes(
+    sampled: &Tensor<1, Int>,
+    first_bad: &Tensor<2, Int>,
+    vocab: usize,
+) -> Option<Tensor<1, Int>> {
+    crate::kernels::token_codes(sampled, first_bad, vocab)
+}
+
+#[cfg(not(feature = "cubecl-kernels"))]
+fn kernel_codes(
+    _sampled: &Tensor<1, Int>,
+    _first_bad: &Tensor<2, Int>,
+    _vocab: usize,
+) -> Option<Tensor<1, Int>> {
     None
 }
 

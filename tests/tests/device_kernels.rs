@@ -3,11 +3,12 @@
 //! at B = 1 and B = 4 launches kernels (one batched pass, never a kernel per
 //! row), a repeated step launches as many (within 5 %: fusion's choices move
 //! a count by a few kernels), and no step exceeds the ceilings below:
-//! today's counts on lavapipe with the custom kernels (2026-12-02: 3 / 6 /
-//! 7 / 10 at V = 32000; the generic-op recipes alone launched 16 / 78 /
-//! 646 / 64) plus a kernel or about 10 % for another adapter's fusion
-//! choices, so a change that adds kernels fails here. The budgets
-//! are 2 / 4 / 6 / 5 (docs/architecture.md says what is left). Run on
+//! the budgets where the custom kernels meet them (greedy 2, full
+//! top_p 6), else today's counts on lavapipe plus one kernel for another
+//! adapter's fusion choices (2026-12-02: 2 / 5 / 4 / 10 at V = 32000; the
+//! generic-op recipes alone launched 16 / 78 / 646 / 64), so a change that
+//! adds kernels fails here. The budgets not met yet: 4 for the top_k chain
+//! and 5 for the penalties chain (docs/architecture.md says what is left). Run on
 //! wgpu (CI: lavapipe); the observer is process-wide, so this file holds one
 //! device test. flex runs burn's ops without cubecl kernels: a build without
 //! a cubecl backend reports no count.
@@ -36,7 +37,7 @@ fn temp(t: f32) -> StageSpec {
 /// The four chains with today's kernel ceilings.
 fn chains() -> Vec<(&'static str, Vec<StageSpec>, usize)> {
     vec![
-        ("greedy", vec![StageSpec::Greedy], 4),
+        ("greedy", vec![StageSpec::Greedy], 2),
         (
             "top_k(50); temperature; top_p(0.9); dist",
             vec![
@@ -48,7 +49,7 @@ fn chains() -> Vec<(&'static str, Vec<StageSpec>, usize)> {
                 },
                 StageSpec::Dist,
             ],
-            7,
+            6,
         ),
         (
             "top_p(0.9); temperature; dist",
@@ -60,7 +61,7 @@ fn chains() -> Vec<(&'static str, Vec<StageSpec>, usize)> {
                 temp(0.7),
                 StageSpec::Dist,
             ],
-            8,
+            6,
         ),
         (
             "penalties; top_k(40); temperature; dist",

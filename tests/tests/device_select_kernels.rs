@@ -344,7 +344,9 @@ fn wgpu_narrow_top_p_dist_and_validation_kernels_match_the_reference() {
     let k_row = Tensor::<2, Int>::ones([5, 1], &device);
     let from_top_k = kernels::top_k(&t, 3, &k_row, v).expect("kernel").first_bad;
     let from_argmax = kernels::argmax(&t).expect("kernel").1;
-    for keys in [from_top_k, from_argmax] {
+    let p = Tensor::<2>::from_data(TensorData::new(vec![0.9f32; 5], [5, 1]), &device);
+    let from_top_p = kernels::top_p_full(&t, &p).expect("kernel").1;
+    for keys in [from_top_k, from_argmax, from_top_p] {
         let keys: Vec<i64> = keys.into_data().convert::<i64>().iter::<i64>().collect();
         assert_eq!(keys, want);
     }
@@ -485,11 +487,10 @@ fn wgpu_full_row_top_p_and_dist_kernels_match_the_reference() {
             Tensor::<2>::from_data(TensorData::new(v, [ps.len(), 1]), &device)
         };
         let t = upload(&rows, &device);
-        let got: Vec<f32> = kernels::top_p_full(&t, &p_col(&ps))
-            .expect("kernel")
-            .into_data()
-            .iter::<f32>()
-            .collect();
+        let (kept, bad) = kernels::top_p_full(&t, &p_col(&ps)).expect("kernel");
+        let got: Vec<f32> = kept.into_data().iter::<f32>().collect();
+        let bad: Vec<i64> = bad.into_data().convert::<i64>().iter::<i64>().collect();
+        assert_eq!(bad, vec![2 * n as i64; rows.len()], "valid rows, n = {n}");
         let us: Vec<f32> = (0..rows.len())
             .map(|_| rng.random_range(0.0f32..1.0))
             .collect();

@@ -1091,6 +1091,7 @@ fn top_p_full_rows(
     logits: &[f32],
     p: &[f32],
     out: &mut [f32],
+    out_bad: &mut [i32],
     width: u32,
     #[comptime] units: usize,
 ) {
@@ -1105,18 +1106,32 @@ fn top_p_full_rows(
     let mut sel = Shared::<[f32]>::new_slice(2usize);
     let mut sel_bin = Shared::<[u32]>::new_slice(1usize);
     let mut chunk_mass = Shared::<[f32]>::new_slice(units);
+    let mut bads = Shared::<[u32]>::new_slice(units);
 
-    // Pass 1: the maximum and its lowest position (rank 0, always kept).
+    // Pass 1: the maximum and its lowest position (rank 0, always kept),
+    // and the row's validation (first NaN / +inf).
+    let none = 2u32 * width;
+    let mut bad = none;
     let mut bk = 0u32;
     let mut bp = width;
     let mut i = tid;
     while i < width {
-        let key = order_key(logits[(base + i) as usize]);
+        let x = logits[(base + i) as usize];
+        let key = order_key(x);
         if key > bk {
             bk = key;
             bp = i;
         }
+        // NaN and ±inf have every exponent bit set.
+        if bad == none && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
+            bad = bad_key(x, i, none);
+        }
         i += CUBE_DIM;
+    }
+    bads[tid as usize] = bad;
+    shared_min(&mut bads);
+    if tid == 0u32 {
+        out_bad[row as usize] = i32::cast_from(bads[0]);
     }
     best_key[tid as usize] = bk;
     best_pos[tid as usize] = bp;
@@ -1371,9 +1386,11 @@ fn full_row_units(cube: &CubeTensor) -> u32 {
 /// order-preserving keys, per-thread bins in shared memory, summed in a
 /// fixed order) finds the crossing key; its ties are kept in ascending
 /// position while the weight before them is `< p·S`. `p` `[B, 1]` (`+inf`
-/// keeps the whole row). About 11 reads of the row. `None` off the cubecl
+/// keeps the whole row). Also returns the rows' validation keys `[B, 1]`
+/// from its first pass (as [`first_bad`]); a row with a NaN gets some
+/// output of that row. About 11 reads of the row. `None` off the cubecl
 /// devices.
-pub fn top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<Tensor<2>> {
+pub fn top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<(Tensor<2>, Tensor<2, Int>)> {
     let [b, n] = logits.dims();
     if !argmax_applies(b, n) {
         return None;
@@ -1382,7 +1399,13 @@ pub fn top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<Tensor<2>> {
     let p = resolve_float(p)?.0;
     let units = full_row_units(&l);
     let (client, device) = (l.client.clone(), l.device.clone());
-    let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, n]), DType::F32);
+    let out = empty_device_contiguous_dtype(
+        client.clone(),
+        device.clone(),
+        Shape::new([b, n]),
+        DType::F32,
+    );
+    let bad = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, 1]), DType::I32);
     // SAFETY: every index the kernel forms is inside its buffers (row
     // bases and loops bounded by the width, shared slices by their sizes).
     let launched = unsafe {
@@ -1393,12 +1416,16 @@ pub fn top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<Tensor<2>> {
             BufferArg::from_raw_parts(l.handle.clone(), b * n),
             BufferArg::from_raw_parts(p.handle.clone(), b),
             BufferArg::from_raw_parts(out.handle.clone(), b * n),
+            BufferArg::from_raw_parts(bad.handle.clone(), b),
             n as u32,
             units as usize,
         )
     };
     let _ = launched;
-    Some(Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)))
+    Some((
+        Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)),
+        Tensor::<2, Int>::from_primitive::<Cube>(register(bad, &fusion)),
+    ))
 }
 
 /// Full-vocabulary `dist` over `logits [B, V]` (positions are token ids),
@@ -1429,6 +1456,58 @@ pub fn dist_full(logits: &Tensor<2>, u: &Tensor<2>) -> Option<Tensor<1, Int>> {
             BufferArg::from_raw_parts(out.handle.clone(), b),
             n as u32,
             units as usize,
+        )
+    };
+    let _ = launched;
+    Some(Tensor::<1, Int>::from_primitive::<Cube>(register(
+        out, &fusion,
+    )))
+}
+
+#[cube(launch_unchecked)]
+fn token_codes_rows(sampled: &[i32], first_bad: &[i32], out: &mut [i32], rows: u32, none: i32) {
+    let r = ABSOLUTE_POS;
+    if r < rows as usize {
+        let bad = first_bad[r];
+        out[r] = select(bad < none, 0i32 - bad - 2i32, sampled[r]);
+    }
+}
+
+/// What a fully offloaded step reads back, `[B]` i32: each row's sampled
+/// token, or its status code when the row is invalid (`first_bad [B, 1]`
+/// below `2·vocab`: `-key - 2`, see `crate::readback`). One launch instead
+/// of burn's mask-where and cast. `None` off the cubecl devices (or for an
+/// int dtype other than i32).
+pub fn token_codes(
+    sampled: &Tensor<1, Int>,
+    first_bad: &Tensor<2, Int>,
+    vocab: usize,
+) -> Option<Tensor<1, Int>> {
+    let [b] = sampled.dims();
+    if b == 0 || !enabled() || i32::try_from(2 * vocab).is_err() {
+        return None;
+    }
+    let fused: FusionTensor<FusionRuntime> = sampled.clone().try_into_primitive::<Cube>().ok()?;
+    let fusion = fused.client.clone();
+    let s = into_contiguous(fusion.resolve_tensor_int::<CubeBackend>(fused));
+    let f = resolve_int(first_bad)?;
+    if s.dtype != DType::I32 || f.dtype != DType::I32 {
+        return None;
+    }
+    let (client, device) = (s.client.clone(), s.device.clone());
+    let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b]), DType::I32);
+    let units = units(&s);
+    // SAFETY: one thread per row, guarded by `rows`.
+    let launched = unsafe {
+        token_codes_rows::launch_unchecked(
+            &client,
+            CubeCount::Static((b as u32).div_ceil(units), 1, 1),
+            CubeDim::new_1d(units),
+            BufferArg::from_raw_parts(s.handle.clone(), b),
+            BufferArg::from_raw_parts(f.handle.clone(), b),
+            BufferArg::from_raw_parts(out.handle.clone(), b),
+            b as u32,
+            (2 * vocab) as i32,
         )
     };
     let _ = launched;

@@ -90,6 +90,9 @@ impl DeviceStage for TopP {
         self.keep_row = Some(ops::col_int(&keep, &ctx.device));
         Ok(())
     }
+    fn takes_unsanitised_rows(&self, batch: usize, width: usize, device: &burn_tensor::Device) -> bool {
+        self.keep_max <= 1 && self.p_or_all.is_some() && full_row_kernel_applies(batch, width, device)
+    }
     fn apply(&self, data: &mut StepData) {
         let (Some(p), Some(noop), Some(keep_row)) = (&self.p, &self.noop, &self.keep_row) else {
             return;
@@ -113,8 +116,11 @@ impl DeviceStage for TopP {
         if full_row
             && self.keep_max <= 1
             && let Some(p_or_all) = &self.p_or_all
-            && let Some(out) = kernel_top_p_full(&data.logits, &data.per_row(p_or_all))
+            && let Some((out, first_bad)) = kernel_top_p_full(&data.logits, &data.per_row(p_or_all))
         {
+            if data.invalid.is_none() {
+                data.first_bad = Some(first_bad);
+            }
             data.logits = out;
             data.probs = None;
             return;
@@ -168,13 +174,27 @@ fn kernel_top_p(
 /// The full-row kernel on a cubecl device (rows of the whole vocabulary,
 /// `min_keep <= 1`); `None` elsewhere.
 #[cfg(feature = "cubecl-kernels")]
-fn kernel_top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<Tensor<2>> {
+fn kernel_top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<(Tensor<2>, Tensor<2, Int>)> {
     crate::kernels::top_p_full(logits, p)
 }
 
 #[cfg(not(feature = "cubecl-kernels"))]
-fn kernel_top_p_full(_logits: &Tensor<2>, _p: &Tensor<2>) -> Option<Tensor<2>> {
+fn kernel_top_p_full(_logits: &Tensor<2>, _p: &Tensor<2>) -> Option<(Tensor<2>, Tensor<2, Int>)> {
     None
+}
+
+/// Whether the full-row kernel serves a first `top_p` over `[b, n]` rows
+/// on `device` (then it takes them unsanitised and validates them).
+#[cfg(feature = "cubecl-kernels")]
+fn full_row_kernel_applies(b: usize, n: usize, device: &burn_tensor::Device) -> bool {
+    n > crate::kernels::TOP_K_MAX
+        && !crate::is_cpu_device(device)
+        && crate::kernels::argmax_applies(b, n)
+}
+
+#[cfg(not(feature = "cubecl-kernels"))]
+fn full_row_kernel_applies(_b: usize, _n: usize, _device: &burn_tensor::Device) -> bool {
+    false
 }
 
 /// The nucleus mask `[B, N]` of full rows by reductions only.
