@@ -113,10 +113,10 @@ fn warm_counts(stages: &[StageSpec], b: usize, device: &Device) -> (usize, usize
         device.sync().expect("sync");
         let (out, kernels) = count_launches(|| ex.step(t));
         check(&out.expect("step"));
-        if *c == 0 {
-            if let Some(k) = &kernels {
-                println!("  {:?}", k.by_name());
-            }
+        if *c == 0
+            && let Some(k) = &kernels
+        {
+            println!("  {:?}", k.by_name());
         }
         *c = kernels.map_or(0, |k| k.total());
     }

@@ -53,7 +53,7 @@ fn row(kind: usize, n: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
             3 => 1.0 + (rng.random_range(0..1024) as f32) * f32::EPSILON,
             // All -inf except maybe one.
             4 => {
-                if i == n / 2 && n % 2 == 0 {
+                if i == n / 2 && n.is_multiple_of(2) {
                     3.0
                 } else {
                     f32::NEG_INFINITY
@@ -399,7 +399,7 @@ fn wgpu_temperature_kernel_matches_the_reference() {
     let rows = vec![row0.clone(), row1.clone(), row2];
     let n = 7;
     let t = Tensor::<2>::from_data(TensorData::new(vec![0.5f32, 0.0, 1e-6], [3, 1]), &device);
-    let ids: Vec<i32> = vec![6, 5, 4, 3, 2, 1, 0].repeat(3);
+    let ids: Vec<i32> = [6, 5, 4, 3, 2, 1, 0].repeat(3);
     let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [3, n]), &device);
     let bits = |x: Tensor<2>| {
         x.into_data()

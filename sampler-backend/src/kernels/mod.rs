@@ -35,6 +35,10 @@
 //! burn's fusion stream like uploaded data, so later ops use them as any
 //! other tensor.
 
+// `(a + b - 1) / b` inside `#[cube]` functions: cubecl's frontend has no
+// `div_ceil` for runtime values.
+#![allow(clippy::manual_div_ceil)]
+
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 use burn_cubecl::kernel::into_contiguous;
@@ -563,7 +567,7 @@ pub fn top_k(
     );
     // SAFETY: every index the kernel forms is inside its buffers (row
     // bases and loops bounded by the width, shared slices by their sizes).
-    let launched = unsafe {
+    unsafe {
         topk_rows::launch_unchecked(
             &client,
             CubeCount::Static(b as u32, 1, 1),
@@ -580,8 +584,7 @@ pub fn top_k(
             units as usize,
             TOP_K_MAX,
         )
-    };
-    let _ = launched;
+    }
     Some(TopK {
         logits: Tensor::<2>::from_primitive::<Cube>(register(vals, &fusion)),
         positions: Tensor::<2, Int>::from_primitive::<Cube>(register(pos, &fusion)),
@@ -608,7 +611,7 @@ pub fn argmax(logits: &Tensor<2>) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
     let bad = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, 1]), DType::I32);
     // SAFETY: every index the kernel forms is inside its buffers (row
     // bases and loops bounded by the width, shared slices by their sizes).
-    let launched = unsafe {
+    unsafe {
         argmax_rows::launch_unchecked(
             &client,
             CubeCount::Static(b as u32, 1, 1),
@@ -619,8 +622,7 @@ pub fn argmax(logits: &Tensor<2>) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
             n as u32,
             units as usize,
         )
-    };
-    let _ = launched;
+    }
     Some((
         Tensor::<1, Int>::from_primitive::<Cube>(register(out, &fusion)),
         Tensor::<2, Int>::from_primitive::<Cube>(register(bad, &fusion)),
@@ -826,7 +828,7 @@ pub fn top_p(
     let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, n]), DType::F32);
     // SAFETY: every index the kernel forms is inside its buffers (row
     // bases and loops bounded by the width, shared slices by their sizes).
-    let launched = unsafe {
+    unsafe {
         top_p_rows::launch_unchecked(
             &client,
             CubeCount::Static(b as u32, 1, 1),
@@ -839,8 +841,7 @@ pub fn top_p(
             n as u32,
             TOP_K_MAX,
         )
-    };
-    let _ = launched;
+    }
     Some(Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)))
 }
 
@@ -859,7 +860,7 @@ pub fn dist(logits: &Tensor<2>, ids: &Tensor<2, Int>, u: &Tensor<2>) -> Option<T
     let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b]), DType::I32);
     // SAFETY: every index the kernel forms is inside its buffers (row
     // bases and loops bounded by the width, shared slices by their sizes).
-    let launched = unsafe {
+    unsafe {
         dist_rows::launch_unchecked(
             &client,
             CubeCount::Static(b as u32, 1, 1),
@@ -872,8 +873,7 @@ pub fn dist(logits: &Tensor<2>, ids: &Tensor<2, Int>, u: &Tensor<2>) -> Option<T
             TOP_K_MAX,
             units as usize,
         )
-    };
-    let _ = launched;
+    }
     Some(Tensor::<1, Int>::from_primitive::<Cube>(register(
         out, &fusion,
     )))
@@ -935,7 +935,7 @@ pub fn first_bad(logits: &Tensor<2>) -> Option<Tensor<2, Int>> {
     let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, 1]), DType::I32);
     // SAFETY: every index the kernel forms is inside its buffers (row
     // bases and loops bounded by the width, shared slices by their sizes).
-    let launched = unsafe {
+    unsafe {
         first_bad_rows::launch_unchecked(
             &client,
             CubeCount::Static(b as u32, 1, 1),
@@ -945,8 +945,7 @@ pub fn first_bad(logits: &Tensor<2>) -> Option<Tensor<2, Int>> {
             n as u32,
             units as usize,
         )
-    };
-    let _ = launched;
+    }
     Some(Tensor::<2, Int>::from_primitive::<Cube>(register(
         out, &fusion,
     )))
@@ -1060,7 +1059,7 @@ pub fn temperature(
     let ids_len = if ids.is_some() { b * n } else { b };
     // SAFETY: every index the kernel forms is inside its buffers (row
     // bases and loops bounded by the width, shared slices by their sizes).
-    let launched = unsafe {
+    unsafe {
         temperature_rows::launch_unchecked(
             &client,
             CubeCount::Static(b as u32, 1, 1),
@@ -1074,8 +1073,7 @@ pub fn temperature(
             ids.is_some(),
             units as usize,
         )
-    };
-    let _ = launched;
+    }
     Some(Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)))
 }
 
@@ -1408,7 +1406,7 @@ pub fn top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<(Tensor<2>, Tenso
     let bad = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, 1]), DType::I32);
     // SAFETY: every index the kernel forms is inside its buffers (row
     // bases and loops bounded by the width, shared slices by their sizes).
-    let launched = unsafe {
+    unsafe {
         top_p_full_rows::launch_unchecked(
             &client,
             CubeCount::Static(b as u32, 1, 1),
@@ -1420,8 +1418,7 @@ pub fn top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<(Tensor<2>, Tenso
             n as u32,
             units as usize,
         )
-    };
-    let _ = launched;
+    }
     Some((
         Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)),
         Tensor::<2, Int>::from_primitive::<Cube>(register(bad, &fusion)),
@@ -1446,7 +1443,7 @@ pub fn dist_full(logits: &Tensor<2>, u: &Tensor<2>) -> Option<Tensor<1, Int>> {
     let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b]), DType::I32);
     // SAFETY: every index the kernel forms is inside its buffers (row
     // bases and loops bounded by the width, shared slices by their sizes).
-    let launched = unsafe {
+    unsafe {
         dist_full_rows::launch_unchecked(
             &client,
             CubeCount::Static(b as u32, 1, 1),
@@ -1457,8 +1454,7 @@ pub fn dist_full(logits: &Tensor<2>, u: &Tensor<2>) -> Option<Tensor<1, Int>> {
             n as u32,
             units as usize,
         )
-    };
-    let _ = launched;
+    }
     Some(Tensor::<1, Int>::from_primitive::<Cube>(register(
         out, &fusion,
     )))
@@ -1498,7 +1494,7 @@ pub fn token_codes(
     let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b]), DType::I32);
     let units = units(&s);
     // SAFETY: one thread per row, guarded by `rows`.
-    let launched = unsafe {
+    unsafe {
         token_codes_rows::launch_unchecked(
             &client,
             CubeCount::Static((b as u32).div_ceil(units), 1, 1),
@@ -1509,8 +1505,7 @@ pub fn token_codes(
             b as u32,
             (2 * vocab) as i32,
         )
-    };
-    let _ = launched;
+    }
     Some(Tensor::<1, Int>::from_primitive::<Cube>(register(
         out, &fusion,
     )))
