@@ -199,8 +199,8 @@ fn missing_config_names_the_file() {
 }
 
 /// `plan` never allocates a `[batch, vocab]` table to print a plan: a
-/// 2^32-token vocabulary plans (the penalties stay on the host, with the
-/// reason shown), and sizes beyond the valid ranges are clear range errors.
+/// 2^32-token vocabulary plans (every stage stays on the host: device ids
+/// are i32, and the reason is shown), and sizes beyond the valid ranges are clear range errors.
 #[test]
 fn plan_huge_shapes_are_planned_or_refused_without_allocating() {
     let out = run(
@@ -224,7 +224,7 @@ fn plan_huge_shapes_are_planned_or_refused_without_allocating() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(
-            "host from:     penalties (the device refused it: a dense [batch, vocab] table"
+            "host from:     penalties (the device refused it: token ids of a vocabulary of 4294967296 do not fit the device's i32 ids"
         ),
         "{text}"
     );

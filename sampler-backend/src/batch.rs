@@ -14,12 +14,13 @@
 //! or full rows). Requests whose device prefixes have the same stages at the
 //! same chain positions and read back the same shape form a *group*; a group
 //! keeps one set of device stages with one slot per member, whose per-slot
-//! parameters (`[S, 1]` tensors, penalty counts `[S, V]`, logit-bias tables
-//! `[S, V]`) are uploaded when the group's membership or a member's
-//! parameters change, not per step. A step gathers each group's rows (and,
-//! when the rows are not the slots in order, its slots) and runs the group's
-//! stages; every group's output joins one transaction, read back once. A
-//! row's device work and bytes read back depend only on its own chain.
+//! parameters (`[S, 1]` tensors, logit-bias tables `[S, V]`) are uploaded
+//! when the group's membership or a member's parameters change, not per step
+//! (the penalties' history windows, `[S, H]` ids and counts, every step). A
+//! step gathers each group's rows (and, when the rows are not the slots in
+//! order, its slots) and runs the group's stages; every group's output joins
+//! one transaction, read back once. A row's device work and bytes read back
+//! depend only on its own chain.
 //!
 //! Requests with no device stage (a host-only chain, policy `off`, or
 //! logits on a CPU device under `auto`) read their full rows back and run
@@ -42,6 +43,11 @@ use crate::BackendError;
 use crate::ops::{self, wide};
 use crate::readback::decode_error;
 use crate::stage::{DeviceStage, InitContext, RowState, StepData, build_device_stage};
+use crate::stages::penalties::apply_history_penalties;
+
+/// The largest vocabulary a device stage takes: device token ids are
+/// `i32` (ids `0..2^31`).
+const DEVICE_VOCAB_LIMIT: u64 = 1 << 31;
 
 /// A request of a [`SamplingBatch`]: returned by [`SamplingBatch::insert`],
 /// valid until [`SamplingBatch::remove`]. Ids are never reused.
@@ -1520,7 +1526,12 @@ fn plan_request(
         let active = !st.is_noop();
         let mut answer = Ok(());
         if active && prefix_alive && st.kind().meta().device_hook {
-            if let Some(mut ds) = build_device_stage(i, std::slice::from_ref(st)) {
+            if vocab as u64 > DEVICE_VOCAB_LIMIT {
+                answer = Err(DeviceRefusal::VocabBeyondDeviceIds {
+                    vocab,
+                    limit: DEVICE_VOCAB_LIMIT,
+                });
+            } else if let Some(mut ds) = build_device_stage(i, std::slice::from_ref(st)) {
                 let ctx = InitContext {
                     batch: 1,
                     vocab,
@@ -1779,10 +1790,13 @@ fn device_pass(
     // them as they are (a kernel that validates them in its own pass and
     // whose invalid rows' outputs are replaced by their codes below): then
     // no validation pass and no `[B, V]` copy here.
+    // Stages that only hand their work on (penalties) leave that choice to
+    // the stage after them, which must then take their work too.
+    let deferring = stages.iter().take_while(|st| st.defers_to_next()).count();
     let unsanitised = lp.is_none()
-        && stages
-            .first()
-            .is_some_and(|st| st.takes_unsanitised_rows(b, v, d));
+        && stages.get(deferring).is_some_and(|st| {
+            (deferring == 0 || st.applies_penalties()) && st.takes_unsanitised_rows(b, v, d)
+        });
     let (validated, clean) = if unsanitised {
         (None, logits.clone())
     } else {
@@ -1813,6 +1827,8 @@ fn device_pass(
         ids: None,
         order_ids: None,
         sampled: None,
+        sampled_codes: false,
+        penalties: None,
         invalid: validated.as_ref().map(|(_, invalid)| invalid.clone()),
         first_bad: None,
         slots,
@@ -1832,12 +1848,17 @@ fn device_pass(
         if st.needs_step_input() {
             st.set_input(rows);
         }
+        if !st.applies_penalties() {
+            apply_history_penalties(&mut data);
+        }
         if processed && i == last {
             let order = data.order_ids.clone().or(data.ids.clone());
             before_select = Some((data.logits.clone(), order, data.ids.clone()));
         }
         st.apply(&mut data);
     }
+    // Penalties last in the device prefix: the host suffix gets them applied.
+    apply_history_penalties(&mut data);
     if let (Some(l), Some((cl, order, gids))) = (&lp, &before_select) {
         let plp = log_softmax(cl);
         if l.n > 0 {
@@ -1892,7 +1913,9 @@ fn device_pass(
                 };
                 entries.push((at, value));
             }
-            let codes = kernel_codes(&sampled, &first_bad, v).unwrap_or_else(|| {
+            let written = data.sampled_codes.then(|| sampled.clone());
+            let codes = written.or_else(|| kernel_codes(&sampled, &first_bad, v));
+            let codes = codes.unwrap_or_else(|| {
                 let (invalid, code) = masks();
                 sampled
                     .reshape([b, 1])

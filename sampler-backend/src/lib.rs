@@ -59,4 +59,6 @@ pub use burn_tensor::{Device, Tensor, TensorData};
 pub use device::{compiled_devices, parse_device, resolve_device};
 pub use error::BackendError;
 pub use executor::{Executor, FilterOutput, StepOutput};
-pub use stage::{DeviceStage, InitContext, RowState, StepData, build_device_stage};
+pub use stage::{
+    DeviceStage, HistoryPenalties, InitContext, RowState, StepData, build_device_stage,
+};

@@ -54,6 +54,11 @@ pub struct StepData {
     pub order_ids: Option<Tensor<2, Int>>,
     /// The selected token id per row `[B]`, set by a selecting stage.
     pub sampled: Option<Tensor<1, Int>>,
+    /// Whether `sampled` already holds what a fully offloaded step reads
+    /// back: each invalid row's status code in place of its token (a
+    /// selecting kernel that wrote them from [`StepData::first_bad`] or its
+    /// own validation), so the step writes no codes of its own.
+    pub sampled_codes: bool,
     /// Per-row invalid mask `[B, 1]` (NaN / `+inf` in the input row). Stages
     /// see sanitised logits (zeros) on invalid rows and need not look at it.
     /// `None` when the first stage takes the rows unsanitised
@@ -67,6 +72,12 @@ pub struct StepData {
     /// position `i`, `2i + 1` for a `+inf`, `2V` for a valid row. When no
     /// stage sets it, the step validates the input rows after the stages.
     pub first_bad: Option<Tensor<2, Int>>,
+    /// History penalties handed on by a `penalties` stage and not applied
+    /// yet ([`DeviceStage::defers_to_next`]): the next stage applies them
+    /// inside its own kernel when it can ([`DeviceStage::applies_penalties`]),
+    /// else the step penalises the logits before that stage runs
+    /// (`stages::penalties::apply_history_penalties`).
+    pub penalties: Option<HistoryPenalties>,
     /// Step row -> slot `[B]`: the slot (row of the stage's own per-row
     /// tensors, `[S, ..]`) of each step row; `None` when step row `r` is
     /// slot `r`. Stages read per-row tensors through [`StepData::per_row`].
@@ -79,6 +90,24 @@ pub struct StepData {
     pub width: usize,
     /// The device.
     pub device: Device,
+}
+
+/// Pending repetition / frequency / presence penalties of one step (the
+/// CPU `penalties` rule), per step row: each row's distinct history tokens
+/// and their counts in its window (`count 0` marks padding, at a token
+/// outside the window).
+#[derive(Debug, Clone)]
+pub struct HistoryPenalties {
+    /// History token ids `[B, H]` (inside the vocabulary).
+    pub ids: Tensor<2, Int>,
+    /// Their occurrences in the window `[B, H]` (f32; 0 for padding).
+    pub counts: Tensor<2>,
+    /// `repeat` per row `[B, 1]`.
+    pub repeat: Tensor<2>,
+    /// `frequency` per row `[B, 1]`.
+    pub frequency: Tensor<2>,
+    /// `presence` per row `[B, 1]`.
+    pub presence: Tensor<2>,
 }
 
 impl StepData {
@@ -159,6 +188,18 @@ pub trait DeviceStage: Send {
     /// validate the rows in its own pass ([`StepData::first_bad`]). Default:
     /// no (the custom cubecl kernels say yes).
     fn takes_unsanitised_rows(&self, _batch: usize, _width: usize, _device: &Device) -> bool {
+        false
+    }
+    /// Whether `apply` leaves the logits as they are and hands its work to
+    /// the next stage ([`StepData::penalties`]); such a stage never decides
+    /// how the step treats invalid rows: the next one does. Default: no.
+    fn defers_to_next(&self) -> bool {
+        false
+    }
+    /// Whether `apply` takes pending [`StepData::penalties`] itself (inside
+    /// its kernel, or by applying them first); otherwise the step applies
+    /// them before this stage runs. Default: no.
+    fn applies_penalties(&self) -> bool {
         false
     }
     /// Width after this stage given the width before (only `top_k` narrows).

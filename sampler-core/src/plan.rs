@@ -22,6 +22,17 @@ pub enum DeviceRefusal {
         /// The limit.
         limit: u64,
     },
+    /// The device holds token ids as `i32`: a vocabulary of more than
+    /// `2^31` tokens has ids it cannot hold, so every stage runs on the host.
+    #[error(
+        "token ids of a vocabulary of {vocab} do not fit the device's i32 ids (at most {limit} tokens)"
+    )]
+    VocabBeyondDeviceIds {
+        /// Vocabulary size.
+        vocab: usize,
+        /// The largest vocabulary the device takes (`2^31`).
+        limit: u64,
+    },
     /// The stage can set logits to `-inf` without removing the candidate
     /// (a logit_bias ban, a greedy temperature) after a device stage that
     /// masks the candidates it removes, and the chain goes on on the host:

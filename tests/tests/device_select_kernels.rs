@@ -7,7 +7,10 @@
 //! kernel's cap, and rows whose keys share their high bytes (every radix
 //! pass must narrow). Run on wgpu (CI: lavapipe); other builds have no
 //! kernels and report it.
-#![cfg_attr(not(feature = "wgpu"), allow(dead_code, unused_imports))]
+#![cfg_attr(
+    not(any(feature = "wgpu", feature = "vulkan", feature = "cuda")),
+    allow(dead_code, unused_imports)
+)]
 
 mod device_support;
 
@@ -71,12 +74,12 @@ fn upload(rows: &[Vec<f32>], device: &Device) -> Tensor<2> {
     Tensor::<2>::from_data(TensorData::new(flat, [b, n]), device)
 }
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda"))]
 #[test]
 fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
     use sampler_backend::burn_tensor::Int;
     use sampler_backend::kernels;
-    let Some(device) = device_support::device("wgpu") else {
+    let Some((device, _)) = device_support::cubecl_device() else {
         return;
     };
     let mut rng = ChaCha8Rng::seed_from_u64(7);
@@ -85,7 +88,7 @@ fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
         let rows: Vec<Vec<f32>> = (0..6).map(|kind| row(kind, n, &mut rng)).collect();
         let t = upload(&rows, &device);
 
-        let got: Vec<i64> = kernels::argmax(&t)
+        let got: Vec<i64> = kernels::argmax(&t, kernels::TokenCodes::Tokens)
             .expect("wgpu has the argmax kernel")
             .0
             .into_data()
@@ -116,7 +119,7 @@ fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
                 positions: pos,
                 order_ids: order,
                 first_bad,
-            } = kernels::top_k(&t, k, &k_row, pad_base).expect("wgpu has the top-k kernel");
+            } = kernels::top_k(&t, k, &k_row, pad_base, None).expect("wgpu has the top-k kernel");
             let valid = 2 * n as i64;
             let bad: Vec<i64> = first_bad
                 .into_data()
@@ -159,9 +162,9 @@ fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
     // Outside the kernel's range the caller falls back to the recipe.
     let t = upload(&[vec![0.0; 2000]], &device);
     let one = Tensor::<2, Int>::ones([1, 1], &device);
-    assert!(kernels::top_k(&t, kernels::TOP_K_MAX + 1, &one, 2000).is_none());
-    assert!(kernels::top_k(&t, 0, &one, 2000).is_none());
-    assert!(kernels::top_k(&t, 2001, &one, 2000).is_none());
+    assert!(kernels::top_k(&t, kernels::TOP_K_MAX + 1, &one, 2000, None).is_none());
+    assert!(kernels::top_k(&t, 0, &one, 2000, None).is_none());
+    assert!(kernels::top_k(&t, 2001, &one, 2000, None).is_none());
     assert!(checked > 150, "{checked} rows checked");
 }
 
@@ -239,12 +242,12 @@ fn reference_dist(l: &[f32], ids: &[i32], u: f64) -> Option<i64> {
         .map(|&i| ids[i] as i64)
 }
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda"))]
 #[test]
 fn wgpu_narrow_top_p_dist_and_validation_kernels_match_the_reference() {
     use sampler_backend::burn_tensor::Int;
     use sampler_backend::kernels;
-    let Some(device) = device_support::device("wgpu") else {
+    let Some((device, _)) = device_support::cubecl_device() else {
         return;
     };
     let mut rng = ChaCha8Rng::seed_from_u64(5);
@@ -271,7 +274,7 @@ fn wgpu_narrow_top_p_dist_and_validation_kernels_match_the_reference() {
             .into_data()
             .iter::<f32>()
             .collect();
-        let toks: Vec<i64> = kernels::dist(&logits, &ids, &col(&us))
+        let toks: Vec<i64> = kernels::dist(&logits, &ids, &col(&us), kernels::TokenCodes::Tokens)
             .expect("dist kernel")
             .into_data()
             .convert::<i64>()
@@ -342,14 +345,62 @@ fn wgpu_narrow_top_p_dist_and_validation_kernels_match_the_reference() {
     // The top-k and argmax kernels validate in their first pass: same keys.
     let t = upload(&rows, &device);
     let k_row = Tensor::<2, Int>::ones([5, 1], &device);
-    let from_top_k = kernels::top_k(&t, 3, &k_row, v).expect("kernel").first_bad;
-    let from_argmax = kernels::argmax(&t).expect("kernel").1;
+    let from_top_k = kernels::top_k(&t, 3, &k_row, v, None)
+        .expect("kernel")
+        .first_bad;
+    let from_argmax = kernels::argmax(&t, kernels::TokenCodes::Tokens)
+        .expect("kernel")
+        .1;
     let p = Tensor::<2>::from_data(TensorData::new(vec![0.9f32; 5], [5, 1]), &device);
     let from_top_p = kernels::top_p_full(&t, &p).expect("kernel").1;
+    let read =
+        |t: Tensor<2, Int>| -> Vec<i64> { t.into_data().convert::<i64>().iter::<i64>().collect() };
+    let given = from_top_k.clone();
     for keys in [from_top_k, from_argmax, from_top_p] {
-        let keys: Vec<i64> = keys.into_data().convert::<i64>().iter::<i64>().collect();
-        assert_eq!(keys, want);
+        assert_eq!(read(keys), want);
     }
+    // The selecting kernels write what a fully offloaded step reads back:
+    // the token of a valid row, `-key - 2` for an invalid one, from their
+    // own pass or from another kernel's keys.
+    let read1 =
+        |t: Tensor<1, Int>| -> Vec<i64> { t.into_data().convert::<i64>().iter::<i64>().collect() };
+    let (plain, _) = kernels::argmax(&t, kernels::TokenCodes::Tokens).expect("kernel");
+    let plain = read1(plain);
+    let coded = |plain: &[i64], got: Vec<i64>, what: &str| {
+        for (r, (&key, &tok)) in want.iter().zip(plain).enumerate() {
+            let expect = if key < 2 * v as i64 { -key - 2 } else { tok };
+            assert_eq!(got[r], expect, "{what}, row {r}");
+        }
+    };
+    let own = kernels::argmax(&t, kernels::TokenCodes::OwnKeys)
+        .expect("kernel")
+        .0;
+    coded(&plain, read1(own), "argmax, own keys");
+    let keyed = kernels::argmax(&t, kernels::TokenCodes::Keys(&given, v))
+        .expect("kernel")
+        .0;
+    coded(&plain, read1(keyed), "argmax, given keys");
+    let u = Tensor::<2>::from_data(TensorData::new(vec![0.5f32; 5], [5, 1]), &device);
+    let finite = upload(&vec![vec![0.25f32; v]; 5], &device);
+    let drawn =
+        read1(kernels::dist_full(&finite, &u, kernels::TokenCodes::Tokens).expect("kernel"));
+    let keyed =
+        kernels::dist_full(&finite, &u, kernels::TokenCodes::Keys(&given, v)).expect("kernel");
+    coded(&drawn, read1(keyed), "dist_full, given keys");
+    let narrow = upload(&vec![vec![0.25f32; 8]; 5], &device);
+    let ids = Tensor::<2, Int>::from_data(
+        TensorData::new((0..40).map(|i| (i % 8) * 3).collect::<Vec<i32>>(), [5, 8]),
+        &device,
+    );
+    let drawn =
+        read1(kernels::dist(&narrow, &ids, &u, kernels::TokenCodes::Tokens).expect("kernel"));
+    assert!(
+        drawn.iter().all(|&tok| tok >= 0 && tok % 3 == 0),
+        "{drawn:?}"
+    );
+    let keyed =
+        kernels::dist(&narrow, &ids, &u, kernels::TokenCodes::Keys(&given, v)).expect("kernel");
+    coded(&drawn, read1(keyed), "dist, given keys");
     // A row of NaN but two logits has fewer than k candidates: every slot
     // is still written (positions inside the row, padding at -inf), so the
     // stages after it never gather at stale positions.
@@ -358,7 +409,7 @@ fn wgpu_narrow_top_p_dist_and_validation_kernels_match_the_reference() {
     nan_row[20] = 2.0;
     let t = upload(&[nan_row, vec![0.5; v]], &device);
     let k_row = Tensor::<2, Int>::from_data(TensorData::new(vec![5i32, 5], [2, 1]), &device);
-    let got = kernels::top_k(&t, 5, &k_row, v).expect("kernel");
+    let got = kernels::top_k(&t, 5, &k_row, v, None).expect("kernel");
     let pos: Vec<i64> = got
         .positions
         .into_data()
@@ -385,12 +436,12 @@ fn wgpu_narrow_top_p_dist_and_validation_kernels_match_the_reference() {
 /// Temperature: `l / t` saturated at `±f32::MAX` with `-inf` kept, and
 /// `t < 1e-5` keeping only the lowest id among the maxima (through `ids`,
 /// or positions without them).
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda"))]
 #[test]
 fn wgpu_temperature_kernel_matches_the_reference() {
     use sampler_backend::burn_tensor::Int;
     use sampler_backend::kernels;
-    let Some(device) = device_support::device("wgpu") else {
+    let Some((device, _)) = device_support::cubecl_device() else {
         return;
     };
     let row0 = vec![1.0, -2.0, f32::NEG_INFINITY, 3.0e38, -3.0e38, 0.0, 2.5];
@@ -465,11 +516,11 @@ fn reference_top_p_full(l: &[f32], p: f64) -> Option<Vec<bool>> {
 
 /// Full-row top_p and dist: Zipf-like rows with ties and `-inf`, p from 0
 /// to 1 and `+inf` (a no-op row), against the references above.
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda"))]
 #[test]
 fn wgpu_full_row_top_p_and_dist_kernels_match_the_reference() {
     use sampler_backend::kernels;
-    let Some(device) = device_support::device("wgpu") else {
+    let Some((device, _)) = device_support::cubecl_device() else {
         return;
     };
     let mut rng = ChaCha8Rng::seed_from_u64(3);
@@ -495,7 +546,7 @@ fn wgpu_full_row_top_p_and_dist_kernels_match_the_reference() {
             .map(|_| rng.random_range(0.0f32..1.0))
             .collect();
         let u = Tensor::<2>::from_data(TensorData::new(us.clone(), [rows.len(), 1]), &device);
-        let toks: Vec<i64> = kernels::dist_full(&t, &u)
+        let toks: Vec<i64> = kernels::dist_full(&t, &u, kernels::TokenCodes::Tokens)
             .expect("kernel")
             .into_data()
             .convert::<i64>()
@@ -540,12 +591,12 @@ fn wgpu_full_row_top_p_and_dist_kernels_match_the_reference() {
 }
 
 /// A full vocabulary row at the sizes of real models, many rows at once.
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda"))]
 #[test]
 fn wgpu_top_k_kernel_on_large_vocabularies() {
     use sampler_backend::burn_tensor::Int;
     use sampler_backend::kernels;
-    let Some(device) = device_support::device("wgpu") else {
+    let Some((device, _)) = device_support::cubecl_device() else {
         return;
     };
     let mut rng = ChaCha8Rng::seed_from_u64(11);
@@ -554,7 +605,9 @@ fn wgpu_top_k_kernel_on_large_vocabularies() {
     let t = upload(&rows, &device);
     let k = 40;
     let k_row = Tensor::<2, Int>::from_data(TensorData::new(vec![40i32; 4], [4, 1]), &device);
-    let pos = kernels::top_k(&t, k, &k_row, n).expect("kernel").positions;
+    let pos = kernels::top_k(&t, k, &k_row, n, None)
+        .expect("kernel")
+        .positions;
     let pos: Vec<i64> = pos.into_data().convert::<i64>().iter::<i64>().collect();
     for (r, rrow) in rows.iter().enumerate() {
         let want: Vec<i64> = reference_top_k(rrow, k)
@@ -567,7 +620,7 @@ fn wgpu_top_k_kernel_on_large_vocabularies() {
 
 /// Builds without a cubecl backend have no kernels module: the stages run
 /// the generic recipe (covered by every other device test).
-#[cfg(not(feature = "wgpu"))]
+#[cfg(not(any(feature = "wgpu", feature = "vulkan", feature = "cuda")))]
 #[test]
 fn reference_helpers_agree_on_a_small_row() {
     let r = [1.0, 3.0, -0.0, 3.0, 0.0, f32::NEG_INFINITY];
@@ -576,4 +629,153 @@ fn reference_helpers_agree_on_a_small_row() {
     assert_eq!(reference_argmax(&[f32::NEG_INFINITY; 3]), -1);
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     assert_eq!(row(5, 4, &mut rng), vec![0.0, -1.0, -2.0, -3.0]);
+}
+
+/// The CPU `penalties` rule for a token seen `c >= 1` times (sampler-cpu's
+/// `Penalties::penalised`): `-inf` stays, `l <= 0` is multiplied by
+/// `repeat`, else divided, then `c·frequency + presence` subtracted, a
+/// finite logit saturated at `±f32::MAX`.
+fn reference_penalised(orig: f32, c: u32, repeat: f32, frequency: f32, presence: f32) -> f32 {
+    if orig == f32::NEG_INFINITY {
+        return orig;
+    }
+    let l = if orig <= 0.0 {
+        orig * repeat
+    } else {
+        orig / repeat
+    };
+    let l = l - (c as f32 * frequency + presence);
+    if l.is_infinite() && orig.is_finite() {
+        if l > 0.0 { f32::MAX } else { -f32::MAX }
+    } else {
+        l
+    }
+}
+
+/// The top-k kernel with history penalties equals the canonical top k of
+/// the row penalised on the host: history tokens pushed out of the top k
+/// and pulled into it (a repeat below 1, a negative presence), ties with
+/// unpenalised tokens, `-inf` and `±f32::MAX` history logits, padding
+/// entries (count 0), rows without history, per-row k.
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda"))]
+#[test]
+fn top_k_kernel_applies_history_penalties_in_its_selection() {
+    use sampler_backend::HistoryPenalties;
+    use sampler_backend::burn_tensor::Int;
+    use sampler_backend::kernels;
+    let Some((device, dev)) = device_support::cubecl_device() else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    // (repeat, frequency, presence) per row: push down, pull up, mixed.
+    let params = [
+        (1.3f32, 0.0f32, 0.0f32),
+        (0.5, 0.0, -3.0),
+        (1.1, 0.4, 0.6),
+        (2.0, -0.2, 0.0),
+        (1.0, 0.0, 0.0),
+        (0.8, 1.0, -1.0),
+    ];
+    for &n in &[300usize, 4099, 32_000] {
+        let rows: Vec<Vec<f32>> = (0..6).map(|kind| row(kind, n, &mut rng)).collect();
+        let b = rows.len();
+        let h = 24;
+        let (mut ids, mut counts) = (vec![0i32; b * h], vec![0f32; b * h]);
+        for (r, rrow) in rows.iter().enumerate() {
+            // The row's own top tokens (so penalties move the boundary),
+            // then random ones; the last row has no history at all.
+            let mut hist: Vec<usize> = reference_top_k(rrow, 8);
+            while hist.len() < 18 {
+                let t = rng.random_range(0..n);
+                if !hist.contains(&t) {
+                    hist.push(t);
+                }
+            }
+            if r == 5 {
+                hist.clear();
+            }
+            let free = (0..n).find(|t| !hist.contains(t)).unwrap();
+            for j in 0..h {
+                let (id, c) = match hist.get(j) {
+                    Some(&t) => (t, rng.random_range(1..4)),
+                    None => (free, 0),
+                };
+                ids[r * h + j] = id as i32;
+                counts[r * h + j] = c as f32;
+            }
+        }
+        let col = |f: fn(&(f32, f32, f32)) -> f32| {
+            let v: Vec<f32> = params.iter().map(f).collect();
+            Tensor::<2>::from_data(TensorData::new(v, [b, 1]), &device)
+        };
+        let pen = HistoryPenalties {
+            ids: Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [b, h]), &device),
+            counts: Tensor::<2>::from_data(TensorData::new(counts.clone(), [b, h]), &device),
+            repeat: col(|p| p.0),
+            frequency: col(|p| p.1),
+            presence: col(|p| p.2),
+        };
+        let t = upload(&rows, &device);
+        for k in [1usize, 40] {
+            let k = k.min(n);
+            let own: Vec<i32> = (0..b).map(|r| (k as i32 - r as i32).max(1)).collect();
+            let k_row = Tensor::<2, Int>::from_data(TensorData::new(own.clone(), [b, 1]), &device);
+            let got = kernels::top_k(&t, k, &k_row, n, Some(&pen)).expect("kernel");
+            let vals: Vec<f32> = got.logits.into_data().iter::<f32>().collect();
+            let pos: Vec<i64> = got
+                .positions
+                .into_data()
+                .convert::<i64>()
+                .iter::<i64>()
+                .collect();
+            let bad: Vec<i64> = got
+                .first_bad
+                .into_data()
+                .convert::<i64>()
+                .iter::<i64>()
+                .collect();
+            assert_eq!(bad, vec![2 * n as i64; b], "[{dev}] valid rows, n = {n}");
+            for (r, rrow) in rows.iter().enumerate() {
+                let (rp, fr, pr) = params[r];
+                let mut penalised = rrow.clone();
+                for j in 0..h {
+                    let c = counts[r * h + j] as u32;
+                    if c > 0 {
+                        let id = ids[r * h + j] as usize;
+                        penalised[id] = reference_penalised(rrow[id], c, rp, fr, pr);
+                    }
+                }
+                let want = reference_top_k(&penalised, k);
+                let got_pos: Vec<usize> = pos[r * k..(r + 1) * k]
+                    .iter()
+                    .map(|&p| p as usize)
+                    .collect();
+                let at = format!("[{dev}] n = {n}, k = {k}, row kind {r}");
+                assert_eq!(got_pos, want, "penalised top_k positions, {at}");
+                for (j, &p) in want.iter().enumerate().take(own[r] as usize) {
+                    assert_eq!(
+                        vals[r * k + j].to_bits(),
+                        penalised[p].to_bits(),
+                        "penalised value, {at}, slot {j}"
+                    );
+                }
+            }
+        }
+    }
+    // Too long a history for the kernel's shared memory: the caller's recipe.
+    let t = upload(&[vec![0.5f32; 600]], &device);
+    let h = kernels::HISTORY_MAX + 1;
+    let one = |v: f32| Tensor::<2>::from_data(TensorData::new(vec![v], [1, 1]), &device);
+    let long = HistoryPenalties {
+        ids: Tensor::<2, Int>::from_data(
+            TensorData::new((0..h as i32).collect::<Vec<_>>(), [1, h]),
+            &device,
+        ),
+        counts: Tensor::<2>::from_data(TensorData::new(vec![1.0f32; h], [1, h]), &device),
+        repeat: one(1.1),
+        frequency: one(0.0),
+        presence: one(0.0),
+    };
+    let k_row = Tensor::<2, Int>::ones([1, 1], &device);
+    assert!(kernels::top_k(&t, 5, &k_row, 600, Some(&long)).is_none());
 }

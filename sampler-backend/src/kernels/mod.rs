@@ -49,6 +49,8 @@ use burn_fusion::stream::StreamId;
 use burn_fusion::{FusionTensor, NoOp};
 use burn_ir::{BackendIr, InitOperationIr, OperationIr};
 use burn_tensor::{DType, Int, Shape, Tensor};
+
+use crate::stage::HistoryPenalties;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Whether the stages use the kernels (default: yes). Process-wide; for
@@ -71,12 +73,38 @@ pub fn enabled() -> bool {
 /// memory: `8·K` bytes); larger `K` use the generic recipe.
 pub const TOP_K_MAX: usize = 1024;
 
+/// The most history tokens per row the top-k kernel penalises in its
+/// selection (they live in shared memory); longer histories use the
+/// generic recipe.
+pub const HISTORY_MAX: usize = 256;
+
 /// Threads per row (one workgroup per row). A power of two.
 const UNITS: u32 = 256;
 
-/// Elements per thread whose maximum stands for the thread in the top-k
-/// kernel's floor (a sample of `128 · 256` logits per row).
+/// The most elements per thread whose maximum stands for the thread in the
+/// top-k kernel's floor.
 const FLOOR_SAMPLE: u32 = 128;
+
+/// Logits expected above the top-k kernel's floor (well inside the
+/// compaction's [`TOP_K_MAX`] slots).
+const FLOOR_TARGET: f64 = 512.0;
+
+/// The length of the row prefix whose per-thread maxima give the top-k
+/// kernel's floor (the `k`-th largest of `units` maxima). With `s` elements
+/// per thread, a logit of a row without structure lies above the floor
+/// with probability about `-ln(1 - k/units) / s`, so `s` is chosen to
+/// expect [`FLOOR_TARGET`] logits above it: the sample is a small part of
+/// the row (about `0.11·V` at `k = 50`) instead of a second read of it.
+/// 0 when `k` exceeds `units` (the kernel takes no floor then).
+fn floor_sample(n: usize, k: usize, units: u32) -> usize {
+    let units = units as usize;
+    if k > units || n == 0 {
+        return 0;
+    }
+    let tail = -(1.0 - k as f64 / units as f64).ln();
+    let per_thread = (n as f64 * tail / FLOOR_TARGET).ceil() as usize;
+    (per_thread.clamp(1, FLOOR_SAMPLE as usize) * units).min(n)
+}
 
 /// Bins of one radix pass (8 bits).
 const BINS: usize = 256;
@@ -124,6 +152,13 @@ fn shared_min(buf: &mut Shared<[u32]>) {
     }
 }
 
+/// A selecting kernel writes tokens only ([`code_key`]).
+const CODES_NONE: u32 = 0;
+/// ... or status codes from its own validation pass.
+const CODES_OWN: u32 = 1;
+/// ... or status codes from validation keys an earlier kernel wrote.
+const CODES_GIVEN: u32 = 2;
+
 /// The key of `-inf`: every row whose best key is this has no finite logit.
 const NEG_INF_KEY: u32 = 0x007F_FFFF;
 
@@ -131,19 +166,74 @@ const NEG_INF_KEY: u32 = 0x007F_FFFF;
 fn topk_rows(
     logits: &[f32],
     k_row: &[i32],
+    hist_ids: &[i32],
+    hist_counts: &[f32],
+    repeat: &[f32],
+    frequency: &[f32],
+    presence: &[f32],
     out_vals: &mut [f32],
     out_pos: &mut [i32],
     out_order: &mut [i32],
     out_bad: &mut [i32],
     width: u32,
+    sample_end: u32,
     k: u32,
+    k_out: u32,
+    h: u32,
     pad_base: u32,
     #[comptime] units: usize,
     #[comptime] k_cap: usize,
+    #[comptime] pen: bool,
+    #[comptime] h_cap: usize,
 ) {
     let row = CUBE_POS_X;
     let tid = UNIT_POS;
     let base = row * width;
+
+    // History penalties (`pen`): the row's `h` history tokens, penalised
+    // (the CPU rule), with their keys (0 for padding: below every logit's
+    // key). The selection below then runs on the raw logits with `k` =
+    // `k_out + h`: at most `h` of those are history tokens, so the rest hold
+    // the top `k_out` of the tokens the penalties leave alone; the history
+    // tokens among them are dropped and the penalised ones join the ranking.
+    let mut hkey = Shared::<[u32]>::new_slice(h_cap);
+    let mut hpos = Shared::<[u32]>::new_slice(h_cap);
+    let mut hval = Shared::<[f32]>::new_slice(h_cap);
+    let tally = Shared::<[Atomic<u32>]>::new_slice(2usize);
+    if comptime!(pen) {
+        if tid == 0u32 {
+            tally[0].store(0u32);
+            tally[1].store(0u32);
+        }
+        sync_cube();
+        let mut j = tid;
+        while j < h {
+            let at = row * h + j;
+            let c = hist_counts[at as usize];
+            let id = u32::cast_from(hist_ids[at as usize]);
+            let orig = logits[(base + id) as usize];
+            let r = repeat[row as usize];
+            let scaled = select(orig <= 0.0f32, orig * r, orig / r);
+            let l = scaled - (c * frequency[row as usize] + presence[row as usize]);
+            // A finite logit saturates at ±f32::MAX; -inf stays -inf.
+            let lb = u32::reinterpret(l);
+            let sat = select(
+                (lb & 0x8000_0000u32) != 0u32,
+                f32::reinterpret(0xFF7F_FFFFu32),
+                f32::reinterpret(0x7F7F_FFFFu32),
+            );
+            let l = select((lb & 0x7FFF_FFFFu32) == 0x7F80_0000u32, sat, l);
+            let v = select(u32::reinterpret(orig) == 0xFF80_0000u32, orig, l);
+            let live = c > 0.0f32;
+            hkey[j as usize] = select(live, order_key(v), 0u32);
+            hpos[j as usize] = id;
+            hval[j as usize] = v;
+            if live {
+                tally[1].fetch_add(1u32);
+            }
+            j += CUBE_DIM;
+        }
+    }
 
     let hist = Shared::<[Atomic<u32>]>::new_slice(BINS);
     let mut sel = Shared::<[u32]>::new_slice(2usize);
@@ -165,16 +255,12 @@ fn topk_rows(
     // a valid stand-in for its maximum, so a device that flushes subnormals
     // only lowers the floor. A thread without elements offers -inf, the
     // lowest non-NaN key, which keeps the floor at or below every element.
-    // The maxima come from a sample (the first `FLOOR_SAMPLE` elements per
-    // thread): any k distinct elements give a valid floor, and a sample
-    // keeps this pass short on large rows.
+    // The maxima come from a sample (a prefix of the row, `sample_end`
+    // long, chosen by the host: `floor_sample`): any k distinct elements
+    // give a valid floor, and a short sample keeps this pass a small part
+    // of a read of the row.
     let neg_inf = f32::reinterpret(0xFF80_0000u32);
     let mut own_f = neg_inf;
-    let sample_end = select(
-        width < FLOOR_SAMPLE * CUBE_DIM,
-        width,
-        FLOOR_SAMPLE * CUBE_DIM,
-    );
     let mut i0 = tid;
     while i0 < sample_end {
         let x = logits[(base + i0) as usize];
@@ -361,6 +447,28 @@ fn topk_rows(
     let k_req = k_row[row as usize];
     let k_own = select(k_req < 1i32, 1i32, k_req);
     let held = select(fast, compacted, k);
+    let mut hn = 0u32;
+    if comptime!(pen) {
+        // History tokens among the held candidates give way to their
+        // penalised entries (key 0: never ranked, never written).
+        hn = h;
+        let mut c0 = tid;
+        while c0 < held {
+            let pc = cand_pos[c0 as usize];
+            let mut found = false;
+            for j in 0..h {
+                if hkey[j as usize] != 0u32 && hpos[j as usize] == pc {
+                    found = true;
+                }
+            }
+            if found {
+                cand_key[c0 as usize] = 0u32;
+                tally[0].fetch_add(1u32);
+            }
+            c0 += CUBE_DIM;
+        }
+        sync_cube();
+    }
     let mut c = tid;
     while c < held {
         let kc = cand_key[c as usize];
@@ -372,12 +480,18 @@ fn topk_rows(
                 rank += 1u32;
             }
         }
+        for j in 0..hn {
+            let kj = hkey[j as usize];
+            if kj > kc || (kj == kc && hpos[j as usize] < pc) {
+                rank += 1u32;
+            }
+        }
         // Slots past the row's own k are padding: -inf, ordered after every
         // real candidate (`pad_base + slot`).
         let p = pc;
         let live = i32::cast_from(rank) < k_own;
-        if rank < k {
-            let slot = (row * k + rank) as usize;
+        if rank < k_out && kc != 0u32 {
+            let slot = (row * k_out + rank) as usize;
             out_vals[slot] = select(
                 live,
                 logits[(base + p) as usize],
@@ -388,12 +502,45 @@ fn topk_rows(
         }
         c += CUBE_DIM;
     }
+    // The penalised history tokens, ranked among the same candidates.
+    let mut hj = tid;
+    while hj < hn {
+        let kc = hkey[hj as usize];
+        let pc = hpos[hj as usize];
+        if kc != 0u32 {
+            let mut rank = 0u32;
+            for j in 0..held {
+                let kj = cand_key[j as usize];
+                if kj > kc || (kj == kc && cand_pos[j as usize] < pc) {
+                    rank += 1u32;
+                }
+            }
+            for j in 0..hn {
+                let kj = hkey[j as usize];
+                if kj > kc || (kj == kc && hpos[j as usize] < pc) {
+                    rank += 1u32;
+                }
+            }
+            let live = i32::cast_from(rank) < k_own;
+            if rank < k_out {
+                let slot = (row * k_out + rank) as usize;
+                out_vals[slot] = select(live, hval[hj as usize], f32::reinterpret(0xFF80_0000u32));
+                out_pos[slot] = i32::cast_from(pc);
+                out_order[slot] = select(live, i32::cast_from(pc), i32::cast_from(pad_base + rank));
+            }
+        }
+        hj += CUBE_DIM;
+    }
     // A row with fewer than k non-NaN logits (an invalid row: its outputs
     // are replaced by its status code) still gets every slot written, as
     // padding at position 0, so later stages never read stale memory.
-    let mut slot = held + tid;
-    while slot < k {
-        let at = (row * k + slot) as usize;
+    let mut filled = held;
+    if comptime!(pen) {
+        filled = held - tally[0].load() + tally[1].load();
+    }
+    let mut slot = filled + tid;
+    while slot < k_out {
+        let at = (row * k_out + slot) as usize;
         out_vals[at] = f32::reinterpret(0xFF80_0000u32);
         out_pos[at] = 0i32;
         out_order[at] = i32::cast_from(pad_base + slot);
@@ -404,10 +551,12 @@ fn topk_rows(
 #[cube(launch_unchecked)]
 fn argmax_rows(
     logits: &[f32],
+    bad_in: &[i32],
     out: &mut [i32],
     out_bad: &mut [i32],
     width: u32,
     #[comptime] units: usize,
+    #[comptime] codes: u32,
 ) {
     let row = CUBE_POS_X;
     let tid = UNIT_POS;
@@ -462,8 +611,34 @@ fn argmax_rows(
     if tid == 0u32 {
         let key = best_key[0];
         let pos = i32::cast_from(best_pos[0]);
-        out[row as usize] = select(key <= NEG_INF_KEY, -1i32, pos);
+        let tok = select(key <= NEG_INF_KEY, -1i32, pos);
+        let code = code_key(bad_in, bads[0], row, none, codes);
+        out[row as usize] = with_code(tok, code, none);
     }
+}
+
+/// What a selecting kernel writes for a row: its token, or the row's
+/// status code (`-key - 2`, `crate::readback`) when its validation `key`
+/// says it is invalid (`key < none`).
+#[cube]
+fn with_code(tok: i32, key: u32, none: u32) -> i32 {
+    select(key < none, 0i32 - i32::cast_from(key) - 2i32, tok)
+}
+
+/// The validation key a selecting kernel's codes come from
+/// (`CODES_NONE`: none, the token is written as it is; `CODES_OWN`: the
+/// kernel's own pass, `own`; `CODES_GIVEN`: an earlier kernel's,
+/// `given[row]`).
+#[cube]
+fn code_key(given: &[i32], own: u32, row: u32, none: u32, #[comptime] codes: u32) -> u32 {
+    let mut key = none;
+    if comptime!(codes == CODES_OWN) {
+        key = own;
+    }
+    if comptime!(codes == CODES_GIVEN) {
+        key = u32::cast_from(given[row as usize]);
+    }
+    key
 }
 
 type FusionRuntime = burn_cubecl::fusion::FusionCubeRuntime;
@@ -520,6 +695,52 @@ fn units(cube: &CubeTensor) -> u32 {
     }
 }
 
+/// What a selecting kernel ([`argmax`], [`dist`], [`dist_full`]) writes per
+/// row: the tokens alone, or what a fully offloaded step reads back, the
+/// token or the row's status code (`-key - 2` for a validation key below
+/// `2·vocab`, see `crate::readback`), so that no separate codes kernel runs.
+#[derive(Debug, Clone, Copy)]
+pub enum TokenCodes<'a> {
+    /// The sampled tokens (`-1` for a row with nothing to sample).
+    Tokens,
+    /// Status codes from the kernel's own validation pass ([`argmax`] on
+    /// unsanitised rows).
+    OwnKeys,
+    /// Status codes from validation keys `[B, 1]` an earlier kernel wrote
+    /// ([`top_k`], [`top_p_full`], [`first_bad`]), for rows of `vocab`.
+    Keys(&'a Tensor<2, Int>, usize),
+}
+
+impl TokenCodes<'_> {
+    /// The kernel's mode, the keys' buffer (an unread placeholder of `b`
+    /// entries without keys) and the "valid row" key `2·vocab`; `None` when
+    /// the keys are not on this cubecl device or `2·vocab` overflows i32.
+    fn resolve(&self, cube: &CubeTensor, b: usize, width: usize) -> Option<(u32, CubeTensor, u32)> {
+        let placeholder = || {
+            empty_device_contiguous_dtype(
+                cube.client.clone(),
+                cube.device.clone(),
+                Shape::new([b, 1]),
+                DType::I32,
+            )
+        };
+        let none = |v: usize| {
+            u32::try_from(2 * v)
+                .ok()
+                .filter(|n| i32::try_from(*n).is_ok())
+        };
+        match self {
+            Self::Tokens => Some((CODES_NONE, placeholder(), none(width)?)),
+            Self::OwnKeys => Some((CODES_OWN, placeholder(), none(width)?)),
+            Self::Keys(keys, vocab) => {
+                let keys = resolve_int(keys)?;
+                (keys.dtype == DType::I32 && keys.meta.shape().num_elements() == b).then_some(())?;
+                Some((CODES_GIVEN, keys, none(*vocab)?))
+            }
+        }
+    }
+}
+
 /// What the top-k kernel writes (ints as i32).
 #[derive(Debug, Clone)]
 pub struct TopK {
@@ -541,32 +762,66 @@ pub struct TopK {
 /// not on a cubecl device, or `k` is 0, above `N` or above [`TOP_K_MAX`].
 /// A row with a NaN gets some candidates of that row (discarded by the
 /// caller: an invalid row's outputs are replaced by its status code).
+///
+/// With `penalties` ([`HistoryPenalties`], `H` history tokens per row) the
+/// top `k` is that of the penalised row (the CPU `penalties` rule applied
+/// to the history tokens inside the selection; the logits are not
+/// rewritten); `None` when `H > HISTORY_MAX` or `k + H > TOP_K_MAX`.
 pub fn top_k(
     logits: &Tensor<2>,
     k: usize,
     k_row: &Tensor<2, Int>,
     pad_base: usize,
+    penalties: Option<&HistoryPenalties>,
 ) -> Option<TopK> {
     let [b, n] = logits.dims();
     if !top_k_applies(b, n, k) || u32::try_from(pad_base + k).is_err() {
+        return None;
+    }
+    let h = penalties.map_or(0, |p| p.ids.dims()[1]);
+    if h > HISTORY_MAX || k + h > TOP_K_MAX {
         return None;
     }
     let (cube, fusion) = resolve_float(logits)?;
     let k_row = resolve_int(k_row)?;
     let units = units(&cube);
     let (client, device) = (cube.client.clone(), cube.device.clone());
+    let new_dev = |shape: Shape, dtype| {
+        empty_device_contiguous_dtype(client.clone(), device.clone(), shape, dtype)
+    };
+    // The history's tensors, or unread placeholders without penalties.
+    let (hist_ids, hist_counts, repeat, frequency, presence) = match penalties {
+        Some(p) => (
+            resolve_int(&p.ids)?,
+            resolve_float(&p.counts)?.0,
+            resolve_float(&p.repeat)?.0,
+            resolve_float(&p.frequency)?.0,
+            resolve_float(&p.presence)?.0,
+        ),
+        None => (
+            new_dev(Shape::new([b, 1]), DType::I32),
+            new_dev(Shape::new([b, 1]), DType::F32),
+            new_dev(Shape::new([b, 1]), DType::F32),
+            new_dev(Shape::new([b, 1]), DType::F32),
+            new_dev(Shape::new([b, 1]), DType::F32),
+        ),
+    };
+    if hist_ids.dtype != DType::I32 {
+        return None;
+    }
     let shape = Shape::new([b, k]);
-    let new =
-        |dtype| empty_device_contiguous_dtype(client.clone(), device.clone(), shape.clone(), dtype);
-    let (vals, pos, order) = (new(DType::F32), new(DType::I32), new(DType::I32));
-    let bad = empty_device_contiguous_dtype(
-        client.clone(),
-        device.clone(),
-        Shape::new([b, 1]),
-        DType::I32,
+    let (vals, pos, order) = (
+        new_dev(shape.clone(), DType::F32),
+        new_dev(shape.clone(), DType::I32),
+        new_dev(shape, DType::I32),
     );
+    let bad = new_dev(Shape::new([b, 1]), DType::I32);
+    let k_sel = (k + h).min(n);
+    let sample = floor_sample(n, k_sel, units);
+    let hb = b * h.max(1);
     // SAFETY: every index the kernel forms is inside its buffers (row
-    // bases and loops bounded by the width, shared slices by their sizes).
+    // bases and loops bounded by the width, history ids inside the
+    // vocabulary by construction, shared slices by their sizes).
     unsafe {
         topk_rows::launch_unchecked(
             &client,
@@ -574,17 +829,33 @@ pub fn top_k(
             CubeDim::new_1d(units),
             BufferArg::from_raw_parts(cube.handle.clone(), b * n),
             BufferArg::from_raw_parts(k_row.handle.clone(), b),
+            BufferArg::from_raw_parts(hist_ids.handle.clone(), hb),
+            BufferArg::from_raw_parts(hist_counts.handle.clone(), hb),
+            BufferArg::from_raw_parts(repeat.handle.clone(), b),
+            BufferArg::from_raw_parts(frequency.handle.clone(), b),
+            BufferArg::from_raw_parts(presence.handle.clone(), b),
             BufferArg::from_raw_parts(vals.handle.clone(), b * k),
             BufferArg::from_raw_parts(pos.handle.clone(), b * k),
             BufferArg::from_raw_parts(order.handle.clone(), b * k),
             BufferArg::from_raw_parts(bad.handle.clone(), b),
             n as u32,
+            sample as u32,
+            k_sel as u32,
             k as u32,
+            h as u32,
             pad_base as u32,
             units as usize,
             TOP_K_MAX,
+            penalties.is_some(),
+            HISTORY_MAX,
         )
     }
+    // The fast path: the floor's sample and one pass over the row, the
+    // history's ids, counts and logits, the k written values' re-reads.
+    crate::launches::declare_read(
+        "topk_rows",
+        4 * b * (n + sample + 1 + k) + 12 * b * h + 12 * b,
+    );
     Some(TopK {
         logits: Tensor::<2>::from_primitive::<Cube>(register(vals, &fusion)),
         positions: Tensor::<2, Int>::from_primitive::<Cube>(register(pos, &fusion)),
@@ -594,16 +865,21 @@ pub fn top_k(
 }
 
 /// The lowest position of each row's maximum logit, `[B]` as i32
-/// ([`crate::readback::CODE_ALL_MASKED`] for a row of `-inf`), and the
-/// rows' validation keys `[B, 1]` from the same pass (as [`first_bad`]).
-/// `None` when `logits` is not on a cubecl device. A row with a NaN gets
-/// some position of that row (its token is replaced by its status code).
-pub fn argmax(logits: &Tensor<2>) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
+/// ([`crate::readback::CODE_ALL_MASKED`] for a row of `-inf`), or with
+/// `codes` the rows' status codes in place of the tokens of invalid rows
+/// ([`TokenCodes`]), and the rows' validation keys `[B, 1]` from the same
+/// pass (as [`first_bad`]). `None` when `logits` is not on a cubecl device.
+/// Without codes, a row with a NaN gets some position of that row.
+pub fn argmax(
+    logits: &Tensor<2>,
+    codes: TokenCodes<'_>,
+) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
     let [b, n] = logits.dims();
     if !argmax_applies(b, n) {
         return None;
     }
     let (cube, fusion) = resolve_float(logits)?;
+    let (mode, keys, _) = codes.resolve(&cube, b, n)?;
     let units = units(&cube);
     let (client, device) = (cube.client.clone(), cube.device.clone());
     let out =
@@ -617,12 +893,15 @@ pub fn argmax(logits: &Tensor<2>) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
             CubeCount::Static(b as u32, 1, 1),
             CubeDim::new_1d(units),
             BufferArg::from_raw_parts(cube.handle.clone(), b * n),
+            BufferArg::from_raw_parts(keys.handle.clone(), b),
             BufferArg::from_raw_parts(out.handle.clone(), b),
             BufferArg::from_raw_parts(bad.handle.clone(), b),
             n as u32,
             units as usize,
+            mode,
         )
     }
+    crate::launches::declare_read("argmax_rows", 4 * b * n + 4 * b);
     Some((
         Tensor::<1, Int>::from_primitive::<Cube>(register(out, &fusion)),
         Tensor::<2, Int>::from_primitive::<Cube>(register(bad, &fusion)),
@@ -720,10 +999,13 @@ fn dist_rows(
     logits: &[f32],
     ids: &[i32],
     u: &[f32],
+    bad_in: &[i32],
     out: &mut [i32],
     width: u32,
+    none: u32,
     #[comptime] cap: usize,
     #[comptime] units: usize,
+    #[comptime] codes: u32,
 ) {
     let row = CUBE_POS_X;
     let tid = UNIT_POS;
@@ -789,7 +1071,9 @@ fn dist_rows(
     if tid == 0u32 {
         let f = first[0];
         let tok = select(f == 2_147_483_647i32, last[0], f);
-        out[row as usize] = select(s == 0.0f32, -1i32, tok);
+        let tok = select(s == 0.0f32, -1i32, tok);
+        let code = code_key(bad_in, none, row, none, codes);
+        out[row as usize] = with_code(tok, code, none);
     }
 }
 
@@ -842,6 +1126,7 @@ pub fn top_p(
             TOP_K_MAX,
         )
     }
+    crate::launches::declare_read("top_p_rows", 8 * b * n + 8 * b);
     Some(Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)))
 }
 
@@ -850,11 +1135,18 @@ pub fn top_p(
 /// order, the first with a positive weight whose cumulative weight reaches
 /// `u·S` (the last positive one if rounding leaves none); `-1`
 /// ([`crate::readback::CODE_ALL_MASKED`]) when `S = 0`. Returns the chosen
-/// id `[B]`. `u` `[B, 1]`. `None` off the cubecl devices or for wider rows.
-pub fn dist(logits: &Tensor<2>, ids: &Tensor<2, Int>, u: &Tensor<2>) -> Option<Tensor<1, Int>> {
+/// id `[B]` (or with `codes` the status code of an invalid row,
+/// [`TokenCodes`]). `u` `[B, 1]`. `None` off the cubecl devices or for wider rows.
+pub fn dist(
+    logits: &Tensor<2>,
+    ids: &Tensor<2, Int>,
+    u: &Tensor<2>,
+    codes: TokenCodes<'_>,
+) -> Option<Tensor<1, Int>> {
     let (b, n) = narrow(logits)?;
     let (l, fusion) = resolve_float(logits)?;
     let (ids, u) = (resolve_int(ids)?, resolve_float(u)?.0);
+    let (mode, keys, none) = codes.resolve(&l, b, n)?;
     let units = units(&l);
     let (client, device) = (l.client.clone(), l.device.clone());
     let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b]), DType::I32);
@@ -868,12 +1160,16 @@ pub fn dist(logits: &Tensor<2>, ids: &Tensor<2, Int>, u: &Tensor<2>) -> Option<T
             BufferArg::from_raw_parts(l.handle.clone(), b * n),
             BufferArg::from_raw_parts(ids.handle.clone(), b * n),
             BufferArg::from_raw_parts(u.handle.clone(), b),
+            BufferArg::from_raw_parts(keys.handle.clone(), b),
             BufferArg::from_raw_parts(out.handle.clone(), b),
             n as u32,
+            none,
             TOP_K_MAX,
             units as usize,
+            mode,
         )
     }
+    crate::launches::declare_read("dist_rows", 8 * b * n + 8 * b);
     Some(Tensor::<1, Int>::from_primitive::<Cube>(register(
         out, &fusion,
     )))
@@ -946,6 +1242,7 @@ pub fn first_bad(logits: &Tensor<2>) -> Option<Tensor<2, Int>> {
             units as usize,
         )
     }
+    crate::launches::declare_read("first_bad_rows", 4 * b * n);
     Some(Tensor::<2, Int>::from_primitive::<Cube>(register(
         out, &fusion,
     )))
@@ -1074,6 +1371,8 @@ pub fn temperature(
             units as usize,
         )
     }
+    // One pass (two for a row at a greedy temperature), ids when present.
+    crate::launches::declare_read("temperature_rows", 4 * b * n + 4 * ids_len + 4 * b);
     Some(Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)))
 }
 
@@ -1270,9 +1569,12 @@ fn top_p_full_rows(
 fn dist_full_rows(
     logits: &[f32],
     u: &[f32],
+    bad_in: &[i32],
     out: &mut [i32],
     width: u32,
+    none: u32,
     #[comptime] units: usize,
+    #[comptime] codes: u32,
 ) {
     let row = CUBE_POS_X;
     let tid = UNIT_POS;
@@ -1368,7 +1670,9 @@ fn dist_full_rows(
     if tid == 0u32 {
         let fh = hit[0];
         let tok = select(fh == 2_147_483_647i32, last[0], fh);
-        out[row as usize] = select(s == 0.0f32, -1i32, tok);
+        let tok = select(s == 0.0f32, -1i32, tok);
+        let code = code_key(bad_in, none, row, none, codes);
+        out[row as usize] = with_code(tok, code, none);
     }
 }
 
@@ -1419,6 +1723,8 @@ pub fn top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<(Tensor<2>, Tenso
             units as usize,
         )
     }
+    // The max / validation pass, 8 radix passes, chunk sums, the walk.
+    crate::launches::declare_read("top_p_full_rows", 11 * 4 * b * n + 4 * b);
     Some((
         Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)),
         Tensor::<2, Int>::from_primitive::<Cube>(register(bad, &fusion)),
@@ -1429,15 +1735,21 @@ pub fn top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<(Tensor<2>, Tenso
 /// the device recipe's rule in one kernel: weights `exp(l - max)` in
 /// ascending id order, the first positive one whose cumulative weight
 /// reaches `u·S` (the last positive one if rounding leaves none), `-1` when
-/// `S = 0`; `[B]` ids. Chunk sums, their prefix, then one chunk walked: 3
+/// `S = 0`; `[B]` ids (or with `codes` the status code of an invalid row,
+/// [`TokenCodes`]). Chunk sums, their prefix, then one chunk walked: 3
 /// reads of the row. `u` `[B, 1]`. `None` off the cubecl devices.
-pub fn dist_full(logits: &Tensor<2>, u: &Tensor<2>) -> Option<Tensor<1, Int>> {
+pub fn dist_full(
+    logits: &Tensor<2>,
+    u: &Tensor<2>,
+    codes: TokenCodes<'_>,
+) -> Option<Tensor<1, Int>> {
     let [b, n] = logits.dims();
     if !argmax_applies(b, n) || i32::try_from(n).is_err() {
         return None;
     }
     let (l, fusion) = resolve_float(logits)?;
     let u = resolve_float(u)?.0;
+    let (mode, keys, none) = codes.resolve(&l, b, n)?;
     let units = full_row_units(&l);
     let (client, device) = (l.client.clone(), l.device.clone());
     let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b]), DType::I32);
@@ -1450,11 +1762,16 @@ pub fn dist_full(logits: &Tensor<2>, u: &Tensor<2>) -> Option<Tensor<1, Int>> {
             CubeDim::new_1d(units),
             BufferArg::from_raw_parts(l.handle.clone(), b * n),
             BufferArg::from_raw_parts(u.handle.clone(), b),
+            BufferArg::from_raw_parts(keys.handle.clone(), b),
             BufferArg::from_raw_parts(out.handle.clone(), b),
             n as u32,
+            none,
             units as usize,
+            mode,
         )
     }
+    // The max pass, chunk sums, the walk.
+    crate::launches::declare_read("dist_full_rows", 3 * 4 * b * n + 8 * b);
     Some(Tensor::<1, Int>::from_primitive::<Cube>(register(
         out, &fusion,
     )))
@@ -1506,6 +1823,7 @@ pub fn token_codes(
             (2 * vocab) as i32,
         )
     }
+    crate::launches::declare_read("token_codes_rows", 8 * b);
     Some(Tensor::<1, Int>::from_primitive::<Cube>(register(
         out, &fusion,
     )))

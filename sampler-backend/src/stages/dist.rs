@@ -65,8 +65,9 @@ impl DeviceStage for Dist {
     }
     fn apply(&self, data: &mut StepData) {
         let Some(u) = &self.uniforms else { return };
-        if let Some(tok) = kernel_dist(data, u) {
+        if let Some((tok, codes)) = kernel_dist(data, u) {
             data.sampled = Some(tok);
+            data.sampled_codes = codes;
             return;
         }
         let tok = if data.width <= PAIRWISE_MAX {
@@ -90,21 +91,31 @@ impl DeviceStage for Dist {
     }
 }
 
-/// The narrow-row kernel on a cubecl device (same rule as [`pairwise`]);
-/// `None` elsewhere.
+/// The narrow-row or full-row kernel on a cubecl device (same rule as
+/// [`pairwise`] / [`blocked`]), and whether it wrote the rows' status codes
+/// too (it does when an earlier kernel validated the unsanitised rows:
+/// [`StepData::first_bad`]); `None` elsewhere.
 #[cfg(feature = "cubecl-kernels")]
-fn kernel_dist(data: &StepData, u: &Tensor<2>) -> Option<Tensor<1, Int>> {
-    if data.width > crate::kernels::TOP_K_MAX {
+fn kernel_dist(data: &StepData, u: &Tensor<2>) -> Option<(Tensor<1, Int>, bool)> {
+    use crate::kernels::TokenCodes;
+    let codes = match (&data.invalid, &data.first_bad) {
+        (None, Some(keys)) => TokenCodes::Keys(keys, data.vocab),
+        _ => TokenCodes::Tokens,
+    };
+    let wrote = !matches!(codes, TokenCodes::Tokens);
+    let tok = if data.width > crate::kernels::TOP_K_MAX {
         if data.ids.is_some() || data.order_ids.is_some() {
             return None;
         }
-        return crate::kernels::dist_full(&data.logits, u);
-    }
-    crate::kernels::dist(&data.logits, &data.token_ids(), u)
+        crate::kernels::dist_full(&data.logits, u, codes)?
+    } else {
+        crate::kernels::dist(&data.logits, &data.token_ids(), u, codes)?
+    };
+    Some((tok, wrote))
 }
 
 #[cfg(not(feature = "cubecl-kernels"))]
-fn kernel_dist(_data: &StepData, _u: &Tensor<2>) -> Option<Tensor<1, Int>> {
+fn kernel_dist(_data: &StepData, _u: &Tensor<2>) -> Option<(Tensor<1, Int>, bool)> {
     None
 }
 

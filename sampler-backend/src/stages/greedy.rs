@@ -34,8 +34,9 @@ impl DeviceStage for Greedy {
         kernel_applies(batch, width, device)
     }
     fn apply(&self, data: &mut StepData) {
-        if let Some(tok) = kernel_argmax(data) {
+        if let Some((tok, codes)) = kernel_argmax(data) {
             data.sampled = Some(tok);
+            data.sampled_codes = codes;
             return;
         }
         let ids = data.token_ids();
@@ -47,19 +48,29 @@ impl DeviceStage for Greedy {
 }
 
 /// The argmax kernel on a cubecl device for a full-vocabulary row
-/// (positions are token ids); on unsanitised rows it also hands the step
-/// the rows' validation keys from its pass. `None` elsewhere (the generic
-/// recipe).
+/// (positions are token ids), and whether it wrote the rows' status codes
+/// too. On unsanitised rows it writes the codes, from an earlier kernel's
+/// validation keys or else from its own pass (whose keys it hands the
+/// step). `None` elsewhere (the generic recipe).
 #[cfg(feature = "cubecl-kernels")]
-fn kernel_argmax(data: &mut StepData) -> Option<burn_tensor::Tensor<1, burn_tensor::Int>> {
+fn kernel_argmax(
+    data: &mut StepData,
+) -> Option<(burn_tensor::Tensor<1, burn_tensor::Int>, bool)> {
+    use crate::kernels::TokenCodes;
     if data.ids.is_some() || data.order_ids.is_some() {
         return None;
     }
-    let (tok, first_bad) = crate::kernels::argmax(&data.logits)?;
-    if data.invalid.is_none() {
+    let codes = match (&data.invalid, &data.first_bad) {
+        (Some(_), _) => TokenCodes::Tokens,
+        (None, Some(keys)) => TokenCodes::Keys(keys, data.vocab),
+        (None, None) => TokenCodes::OwnKeys,
+    };
+    let wrote = !matches!(codes, TokenCodes::Tokens);
+    let (tok, first_bad) = crate::kernels::argmax(&data.logits, codes)?;
+    if data.invalid.is_none() && data.first_bad.is_none() {
         data.first_bad = Some(first_bad);
     }
-    Some(tok)
+    Some((tok, wrote))
 }
 
 #[cfg(feature = "cubecl-kernels")]
@@ -73,6 +84,8 @@ fn kernel_applies(_b: usize, _n: usize, _device: &Device) -> bool {
 }
 
 #[cfg(not(feature = "cubecl-kernels"))]
-fn kernel_argmax(_data: &mut StepData) -> Option<burn_tensor::Tensor<1, burn_tensor::Int>> {
+fn kernel_argmax(
+    _data: &mut StepData,
+) -> Option<(burn_tensor::Tensor<1, burn_tensor::Int>, bool)> {
     None
 }

@@ -1,15 +1,20 @@
 //! Repetition / frequency / presence penalties on the device.
 //!
-//! Per-row token counts `[B, V]` live on the device. The host keeps each
-//! row's window (the last `last_n` in-scope tokens, the explicit
-//! history scope) and turns every change into count deltas (+1 for a token
-//! entering the window, -1 for one leaving it), applied by one scatter-add
-//! in `accept` (generated tokens) or `set_input` (prompt tokens). `apply`:
-//! for a candidate with count `c > 0`, `l <= 0 ? l * repeat : l / repeat`,
-//! then `l -= c * frequency + presence` (llama.cpp; transformers #2302 for
-//! the sign rule). Counts are looked up through `ids` after a device `top_k`.
+//! The host keeps each row's window (the last `last_n` in-scope tokens, the
+//! explicit history scope) and its distinct tokens with their counts. Each
+//! step uploads them as `[S, H]` ids and counts (`H`: the most distinct
+//! tokens of any row; a row's padding has count 0 at a token outside its
+//! window), a few bytes per history token instead of a `[S, V]` count
+//! table. `apply` does not touch the logits: it hands the step
+//! [`StepData::penalties`], which a device `top_k` kernel applies inside its
+//! selection (no `[B, V]` pass or copy); any other stage first gets the
+//! logits penalised by [`apply_history_penalties`] (a gather, the rule on
+//! `[B, H]`, and a scatter back). The rule, for a token with count
+//! `c > 0`: `l <= 0 ? l * repeat : l / repeat`, then `l -= c * frequency +
+//! presence`, saturated at `±f32::MAX`, `-inf` kept (llama.cpp;
+//! transformers #2302 for the sign rule).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use burn_tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
 use sampler_core::{HistoryScope, StageSpec, TokenId, TokenOrigin};
@@ -17,7 +22,7 @@ use sampler_core::{HistoryScope, StageSpec, TokenId, TokenOrigin};
 use crate::ops::{self, wide};
 use sampler_core::DeviceRefusal;
 
-use crate::stage::{DeviceStage, InitContext, RowState, StepData};
+use crate::stage::{DeviceStage, HistoryPenalties, InitContext, RowState, StepData};
 
 #[derive(Debug, Clone)]
 struct Row {
@@ -27,16 +32,18 @@ struct Row {
     presence: f32,
     scope: HistoryScope,
     window: VecDeque<TokenId>,
-    pending: Vec<(TokenId, f32)>,
+    /// Occurrences in the window of each in-vocabulary token.
+    counts: BTreeMap<TokenId, u32>,
 }
 
-/// Device penalties with per-row parameters and device-resident counts.
+/// Device penalties with per-row parameters; the history travels as
+/// `[S, H]` ids and counts each step.
 #[derive(Debug)]
 pub struct Penalties {
     rows: Vec<Row>,
     vocab: usize,
     device: Option<Device>,
-    counts: Option<Tensor<2>>,
+    history: Option<(Tensor<2, Int>, Tensor<2>)>,
     repeat: Option<Tensor<2>>,
     frequency: Option<Tensor<2>>,
     presence: Option<Tensor<2>>,
@@ -45,6 +52,15 @@ pub struct Penalties {
 impl Penalties {
     /// From the per-row specs (`StageSpec::Penalties`). No-op rows get neutral parameters.
     pub fn new(_stage_index: usize, specs: &[StageSpec]) -> Self {
+        let row = |last_n, repeat, frequency, presence, scope| Row {
+            last_n,
+            repeat,
+            frequency,
+            presence,
+            scope,
+            window: VecDeque::new(),
+            counts: BTreeMap::new(),
+        };
         let rows = specs
             .iter()
             .map(|s| match s {
@@ -54,31 +70,15 @@ impl Penalties {
                     frequency,
                     presence,
                     scope,
-                } if !s.is_noop() => Row {
-                    last_n: *last_n,
-                    repeat: *repeat,
-                    frequency: *frequency,
-                    presence: *presence,
-                    scope: *scope,
-                    window: VecDeque::new(),
-                    pending: Vec::new(),
-                },
-                _ => Row {
-                    last_n: 0,
-                    repeat: 1.0,
-                    frequency: 0.0,
-                    presence: 0.0,
-                    scope: HistoryScope::Output,
-                    window: VecDeque::new(),
-                    pending: Vec::new(),
-                },
+                } if !s.is_noop() => row(*last_n, *repeat, *frequency, *presence, *scope),
+                _ => row(0, 1.0, 0.0, 0.0, HistoryScope::Output),
             })
             .collect();
         Self {
             rows,
             vocab: 0,
             device: None,
-            counts: None,
+            history: None,
             repeat: None,
             frequency: None,
             presence: None,
@@ -93,45 +93,117 @@ impl Penalties {
         // never reach the device.
         row.window.push_back(token);
         if (token as usize) < vocab {
-            row.pending.push((token, 1.0));
+            *row.counts.entry(token).or_insert(0) += 1;
         }
         while row.window.len() > row.last_n {
             if let Some(old) = row.window.pop_front()
-                && (old as usize) < vocab
+                && let Some(c) = row.counts.get_mut(&old)
             {
-                row.pending.push((old, -1.0));
+                *c -= 1;
+                if *c == 0 {
+                    row.counts.remove(&old);
+                }
             }
         }
     }
 
-    /// Apply every pending delta with one scatter-add.
-    fn flush(&mut self) {
-        let (Some(device), Some(_)) = (&self.device, &self.counts) else {
-            return;
-        };
-        let m = self.rows.iter().map(|r| r.pending.len()).max().unwrap_or(0);
-        if m == 0 {
-            return;
-        }
-        let b = self.rows.len();
-        let mut ids = vec![0i32; b * m];
-        let mut vals = vec![0f32; b * m];
-        for (r, row) in self.rows.iter_mut().enumerate() {
-            for (j, (t, d)) in row.pending.drain(..).enumerate() {
-                ids[r * m + j] = t as i32;
-                vals[r * m + j] = d;
+    /// Recount every row's window (after `init` changed the vocabulary).
+    fn recount(&mut self) {
+        let vocab = self.vocab;
+        for row in &mut self.rows {
+            row.counts.clear();
+            for &t in &row.window {
+                if (t as usize) < vocab {
+                    *row.counts.entry(t).or_insert(0) += 1;
+                }
             }
         }
-        let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, m]), device);
-        let vals = Tensor::<2>::from_data(TensorData::new(vals, [b, m]), device);
-        // The table is moved into the scatter, not cloned: when no earlier
-        // step still holds it, the cubecl backends add into it in place
-        // instead of copying the whole [B, V] table every step.
-        self.counts = self
-            .counts
-            .take()
-            .map(|counts| counts.scatter(1, ids, vals, IndexingUpdateOp::Add));
     }
+
+    /// Upload the windows as `[S, H]` ids and counts (`H >= 1`); a row's
+    /// padding is count 0 at the lowest token outside its window, so a
+    /// scatter of the penalised values never writes one position twice
+    /// with different values.
+    fn upload(&mut self) {
+        let Some(device) = &self.device else { return };
+        let h = self.rows.iter().map(|r| r.counts.len()).max().unwrap_or(0).max(1);
+        let s = self.rows.len();
+        let mut ids = vec![0i32; s * h];
+        let mut counts = vec![0f32; s * h];
+        for (r, row) in self.rows.iter().enumerate() {
+            let mut j = 0;
+            for (&t, &c) in &row.counts {
+                ids[r * h + j] = t as i32;
+                counts[r * h + j] = c as f32;
+                j += 1;
+            }
+            if j < h {
+                // Fewer distinct tokens than the vocabulary: one is free.
+                let free = (0..self.vocab as TokenId)
+                    .find(|t| !row.counts.contains_key(t))
+                    .unwrap_or(0);
+                for slot in j..h {
+                    ids[r * h + slot] = free as i32;
+                }
+            }
+        }
+        self.history = Some((
+            Tensor::<2, Int>::from_data(TensorData::new(ids, [s, h]), device),
+            Tensor::<2>::from_data(TensorData::new(counts, [s, h]), device),
+        ));
+    }
+}
+
+/// Penalise `data.logits` with the step's pending history penalties
+/// ([`StepData::penalties`], taken): the generic recipe, for every stage
+/// that does not apply them inside its own kernel. Full rows: the logits
+/// at the history ids are gathered, penalised (`[B, H]`) and scattered
+/// back; after a device `top_k` (`ids [B, N]`) each candidate's count is
+/// looked up among the row's `H` history ids.
+pub fn apply_history_penalties(data: &mut StepData) {
+    let Some(pen) = data.penalties.take() else {
+        return;
+    };
+    let penalise = |l: Tensor<2>, c: Tensor<2>, n: usize| {
+        let active = c.clone().greater_elem(0.0);
+        let r = wide(pen.repeat.clone(), n);
+        let rep = l
+            .clone()
+            .div(r.clone())
+            .mask_where(l.clone().lower_equal_elem(0.0), l.clone().mul(r));
+        let sub = c
+            .mul(wide(pen.frequency.clone(), n))
+            .add(active.clone().float().mul(wide(pen.presence.clone(), n)));
+        let penalised = rep
+            .sub(sub)
+            .clamp(-f32::MAX, f32::MAX)
+            .mask_fill(l.clone().equal_elem(f32::NEG_INFINITY), f32::NEG_INFINITY);
+        l.mask_where(active, penalised)
+    };
+    let [b, h] = pen.ids.dims();
+    data.logits = match &data.ids {
+        None => {
+            let at = data.logits.clone().gather(1, pen.ids.clone());
+            let vals = penalise(at, pen.counts.clone(), h);
+            data.logits
+                .clone()
+                .scatter(1, pen.ids.clone(), vals, IndexingUpdateOp::Assign)
+        }
+        Some(ids) => {
+            let n = data.width;
+            let hit = ids
+                .clone()
+                .reshape([b, n, 1])
+                .equal(pen.ids.clone().reshape([b, 1, h]));
+            let c = hit
+                .float()
+                .mul(pen.counts.clone().reshape([b, 1, h]))
+                .sum_dim(2)
+                .reshape([b, n]);
+            penalise(data.logits.clone(), c, n)
+        }
+    };
+    data.probs = None;
 }
 
 impl DeviceStage for Penalties {
@@ -139,69 +211,39 @@ impl DeviceStage for Penalties {
         "penalties"
     }
     fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal> {
-        // The count table is a dense f32 [batch, vocab]: up to 2^28 entries
-        // (1 GiB); larger shapes keep the stage on the host.
-        const LIMIT: u64 = 1 << 28;
-        let entries = (ctx.batch as u64).saturating_mul(ctx.vocab as u64);
-        if entries > LIMIT {
-            return Err(DeviceRefusal::TooLarge {
-                entries,
-                limit: LIMIT,
-            });
-        }
         let d = &ctx.device;
         self.vocab = ctx.vocab;
         self.device = Some(d.clone());
-        self.counts = Some(Tensor::<2>::zeros([ctx.batch, ctx.vocab], d));
         let col = |f: fn(&Row) -> f32| -> Vec<f32> { self.rows.iter().map(f).collect() };
         self.repeat = Some(ops::col_f32(&col(|r| r.repeat), d));
         self.frequency = Some(ops::col_f32(&col(|r| r.frequency), d));
         self.presence = Some(ops::col_f32(&col(|r| r.presence), d));
-        // Re-upload any history recorded before init.
-        let vocab = self.vocab;
-        for row in &mut self.rows {
-            row.pending = row.window.iter().map(|&t| (t, 1.0)).collect();
-            row.pending.retain(|&(t, _)| (t as usize) < vocab);
-        }
+        // History recorded before init, counted against this vocabulary.
+        self.recount();
+        self.history = None;
         Ok(())
     }
     fn set_input(&mut self, _rows: &[RowState]) {
-        self.flush();
+        self.upload();
+    }
+    fn defers_to_next(&self) -> bool {
+        true
     }
     fn apply(&self, data: &mut StepData) {
-        let (Some(counts), Some(r), Some(f), Some(p)) =
-            (&self.counts, &self.repeat, &self.frequency, &self.presence)
+        let (Some((ids, counts)), Some(r), Some(f), Some(p)) =
+            (&self.history, &self.repeat, &self.frequency, &self.presence)
         else {
             return;
         };
-        let (counts, r, f, p) = (
-            &data.per_row(counts),
-            &data.per_row(r),
-            &data.per_row(f),
-            &data.per_row(p),
-        );
-        let n = data.width;
-        let c = match &data.ids {
-            Some(ids) => counts.clone().gather(1, ids.clone()),
-            None => counts.clone(),
-        };
-        let l = data.logits.clone();
-        let active = c.clone().greater_elem(0.0);
-        let r = wide(r.clone(), n);
-        let rep = l
-            .clone()
-            .div(r.clone())
-            .mask_where(l.clone().lower_equal_elem(0.0), l.clone().mul(r));
-        let l = l.mask_where(active.clone(), rep);
-        let sub = c
-            .mul(wide(f.clone(), n))
-            .add(active.float().mul(wide(p.clone(), n)));
-        let orig = data.logits.clone();
-        data.logits = l
-            .sub(sub)
-            .clamp(-f32::MAX, f32::MAX)
-            .mask_fill(orig.equal_elem(f32::NEG_INFINITY), f32::NEG_INFINITY);
-        data.probs = None;
+        // A second penalties stage in one step: the first one's goes first.
+        apply_history_penalties(data);
+        data.penalties = Some(HistoryPenalties {
+            ids: data.per_row(ids),
+            counts: data.per_row(counts),
+            repeat: data.per_row(r),
+            frequency: data.per_row(f),
+            presence: data.per_row(p),
+        });
     }
     fn accept(&mut self, tokens: &[Option<TokenId>]) {
         let vocab = self.vocab;
@@ -210,7 +252,6 @@ impl DeviceStage for Penalties {
                 Self::push(row, *t, vocab);
             }
         }
-        self.flush();
     }
     fn accept_prompt(&mut self, row: usize, tokens: &[TokenId]) {
         let vocab = self.vocab;
@@ -246,11 +287,8 @@ impl DeviceStage for Penalties {
     fn reset(&mut self) {
         for row in &mut self.rows {
             row.window.clear();
-            row.pending.clear();
+            row.counts.clear();
         }
-        if let (Some(d), Some(c)) = (&self.device, &self.counts) {
-            let [b, v] = c.dims();
-            self.counts = Some(Tensor::<2>::zeros([b, v], d));
-        }
+        self.history = None;
     }
 }

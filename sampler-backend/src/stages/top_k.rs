@@ -4,7 +4,8 @@
 //! `k` is clamped to the width (bug_cases §12: `top_k(10)` over 4 logits);
 //! `k <= 0` rows keep everything (no-op). On a cubecl device a full row
 //! goes through one custom kernel instead ([`crate::kernels`]'s top-k: the
-//! same candidates in the same order).
+//! same candidates in the same order), which also applies pending history
+//! penalties ([`StepData::penalties`]) inside its selection.
 //!
 //! After this stage `ids [B, K]` maps positions to token ids and the width
 //! is `K`; later stages look tokens up through it.
@@ -15,7 +16,8 @@ use sampler_core::StageSpec;
 use crate::ops;
 use sampler_core::DeviceRefusal;
 
-use crate::stage::{DeviceStage, InitContext, StepData};
+use crate::stage::{DeviceStage, HistoryPenalties, InitContext, StepData};
+use crate::stages::penalties::apply_history_penalties;
 
 /// Device top-k with per-row `k`.
 #[derive(Debug)]
@@ -63,11 +65,16 @@ impl TopK {
 /// leaves them; on unsanitised rows it also hands the step the rows'
 /// validation keys from its first pass. `None` elsewhere (the generic
 /// recipe).
-fn kernel_top_k(data: &mut StepData, k_row: &Tensor<2, Int>, k: usize) -> Option<Selected> {
+fn kernel_top_k(
+    data: &mut StepData,
+    k_row: &Tensor<2, Int>,
+    k: usize,
+    penalties: Option<&HistoryPenalties>,
+) -> Option<Selected> {
     if data.ids.is_some() || data.order_ids.is_some() {
         return None;
     }
-    let (selected, first_bad) = kernel_select(&data.logits, k, k_row, data.vocab)?;
+    let (selected, first_bad) = kernel_select(&data.logits, k, k_row, data.vocab, penalties)?;
     if data.invalid.is_none() {
         data.first_bad = Some(first_bad);
     }
@@ -93,8 +100,9 @@ fn kernel_select(
     k: usize,
     k_row: &Tensor<2, Int>,
     vocab: usize,
+    penalties: Option<&HistoryPenalties>,
 ) -> Option<(Selected, Tensor<2, Int>)> {
-    let t = crate::kernels::top_k(logits, k, k_row, vocab)?;
+    let t = crate::kernels::top_k(logits, k, k_row, vocab, penalties)?;
     Some(((t.logits, t.positions, t.order_ids), t.first_bad))
 }
 
@@ -104,6 +112,7 @@ fn kernel_select(
     _k: usize,
     _k_row: &Tensor<2, Int>,
     _vocab: usize,
+    _penalties: Option<&HistoryPenalties>,
 ) -> Option<(Selected, Tensor<2, Int>)> {
     None
 }
@@ -129,15 +138,22 @@ impl DeviceStage for TopK {
     fn takes_unsanitised_rows(&self, batch: usize, width: usize, device: &Device) -> bool {
         kernel_applies(batch, width, self.out_width(width), device)
     }
+    fn applies_penalties(&self) -> bool {
+        true
+    }
     fn apply(&self, data: &mut StepData) {
         let Some(k_row) = &self.k_row else { return };
         let k_row = &data.per_row(k_row);
         let k = self.out_width(data.width);
-        let (vals, index, order) = match kernel_top_k(data, k_row, k) {
+        let penalties = data.penalties.take();
+        let (vals, index, order) = match kernel_top_k(data, k_row, k, penalties.as_ref()) {
             // Positions are token ids here: the kernel's ties to the lowest
-            // position are ties to the lowest id.
+            // position are ties to the lowest id. Penalties, if any, were
+            // applied inside the kernel's selection.
             Some(selected) => selected,
             None => {
+                data.penalties = penalties;
+                apply_history_penalties(data);
                 // Padding (past the row's own k) ranks after every real candidate.
                 let pad =
                     ops::positions(data.batch, k, &data.device).add_scalar(data.vocab as i64);

@@ -23,6 +23,10 @@ macro_rules! device_tests {
         mod wgpu {
             $( #[test] fn $name() { if let Some(d) = $crate::device_support::device("wgpu") { super::$name(&d, "wgpu"); } } )*
         }
+        #[cfg(feature = "vulkan")]
+        mod vulkan {
+            $( #[test] fn $name() { if let Some(d) = $crate::device_support::device("vulkan") { super::$name(&d, "vulkan"); } } )*
+        }
         #[cfg(feature = "cuda")]
         mod cuda {
             $( #[test] fn $name() { if let Some(d) = $crate::device_support::device("cuda") { super::$name(&d, "cuda"); } } )*
@@ -58,6 +62,26 @@ pub fn device(name: &str) -> Option<Device> {
             None
         }
     }
+}
+
+/// The cubecl device the kernel tests run on: `SAMPLER_TEST_DEVICE` when
+/// set (`wgpu`, `vulkan`, `cuda`), else the first compiled in of wgpu,
+/// vulkan and cuda; `None` (with a printed reason) when it cannot start.
+pub fn cubecl_device() -> Option<(Device, &'static str)> {
+    let compiled = sampler_backend::compiled_devices();
+    let name = match std::env::var("SAMPLER_TEST_DEVICE") {
+        Ok(want) => match ["wgpu", "vulkan", "cuda"].into_iter().find(|d| *d == want) {
+            Some(name) => name,
+            None => {
+                println!("SKIP: SAMPLER_TEST_DEVICE={want} is not a cubecl device");
+                return None;
+            }
+        },
+        Err(_) => ["wgpu", "vulkan", "cuda"]
+            .into_iter()
+            .find(|d| compiled.contains(d))?,
+    };
+    device(name).map(|d| (d, name))
 }
 
 /// `ln(p)` per entry (llama.cpp's probability constructor).
