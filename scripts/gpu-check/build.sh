@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Builds and packs the GPU check: release binaries of the device
+# conformance tests and of the `gpu_check` benchmark for NVIDIA Vulkan
+# (burn's `wgpu` and `vulkan` features) and, where they fit, CUDA, plus the
+# Vulkan loader, into `.gpu-check/` (at most 64 MiB; nothing needs to be
+# downloaded on the GPU machine). `scripts/gpu-check/run.sh` runs it there.
+#
+# Usage (repository root, on this machine):
+#   bash scripts/gpu-check/build.sh            # wgpu + vulkan, and cuda if it fits
+#   GPU_CHECK_CUDA=0 bash scripts/gpu-check/build.sh   # without cuda
+# Needs: the Rust toolchain, apt-get (for the loader .deb), and for cuda
+# the LLVM of `.ci/install-cuda-llvm.sh` (run first when GPU_CHECK_CUDA=1).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=.gpu-check
+limit=$((64 * 1024 * 1024))
+rm -rf "$out" && mkdir -p "$out/bin"
+grep -qx '/.gpu-check/' .git/info/exclude 2>/dev/null || echo '/.gpu-check/' >> .git/info/exclude
+
+# The device conformance tests that take a cubecl device, one binary each.
+tests=(device_select_kernels device_kernels device_golden device_bugs device_equivalence device_large_vocab)
+
+# Release test binaries and the benchmark, path of each from cargo's JSON.
+build() { # features, suffix
+  local features=$1 suffix=$2 t
+  local args=(--release -p conformance --features "$features" --no-run --message-format json)
+  for t in "${tests[@]}"; do args+=(--test "$t"); done
+  cargo test "${args[@]}" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])
+' | while read -r name exe; do cp "$exe" "$out/bin/$name$suffix"; done
+  cargo bench -p sampler-backend --features "$features" --bench gpu_check --no-run --message-format json | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_check":
+        print(m["executable"])
+' | while read -r exe; do cp "$exe" "$out/bin/gpu_check$suffix"; done
+}
+
+build wgpu,vulkan ""
+if [ "${GPU_CHECK_CUDA:-1}" = 1 ]; then
+  bash .ci/install-cuda-llvm.sh
+  build cuda _cuda
+fi
+strip "$out"/bin/* 2>/dev/null || true
+
+# The Vulkan loader (the GPU machine's driver brings its ICD, not always
+# the loader), as Debian packages unpacked there.
+mkdir -p "$out/deb" /tmp/gpu-check-apt/partial
+o=(-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/gpu-check-apt)
+apt-get "${o[@]}" update -qq
+(cd "$out/deb" && apt-get "${o[@]}" download -qq libvulkan1)
+cp scripts/gpu-check/run.sh "$out/"
+# libdevice (CUDA's math library as LLVM bitcode, for cubecl's LLVM path)
+# from NVIDIA's PyPI wheel, in case the GPU machine has no CUDA toolkit.
+if ls "$out"/bin/*_cuda >/dev/null 2>&1; then
+  wheels=$(mktemp -d)
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --platform manylinux2014_x86_64 -d "$wheels" nvidia-cuda-nvcc-cu12
+  mkdir -p "$out/cuda/nvvm/libdevice"
+  unzip -p "$wheels"/nvidia_cuda_nvcc_cu12-*.whl '*/libdevice.10.bc' > "$out/cuda/nvvm/libdevice/libdevice.10.bc"
+  rm -rf "$wheels"
+fi
+
+# Compressed, what travels must stay under the limit: drop the cuda
+# binaries (largest) first when it does not.
+pack() { tar -C "$out" -cJf "$out.tar.xz" bin deb run.sh $(ls -d "$out"/cuda >/dev/null 2>&1 && echo cuda); stat -c %s "$out.tar.xz"; }
+size=$(pack)
+if [ "$size" -gt "$limit" ] && ls "$out"/bin/*_cuda >/dev/null 2>&1; then
+  echo "gpu-check: $((size >> 20)) MiB with cuda, over 64 MiB: cuda test binaries left out"
+  find "$out/bin" -name '*_cuda' ! -name 'gpu_check_cuda' -delete
+  size=$(pack)
+fi
+if [ "$size" -gt "$limit" ]; then
+  echo "gpu-check: $((size >> 20)) MiB, over 64 MiB: cuda left out" && rm -f "$out"/bin/*_cuda && size=$(pack)
+fi
+mv "$out.tar.xz" "$out/pack.tar.xz"
+rm -rf "$out/bin" "$out/deb" "$out/cuda"
+echo "gpu-check: $out/pack.tar.xz, $((size >> 20)) MiB"
