@@ -199,6 +199,13 @@ fn stats_show_token_ids_only_when_fully_offloaded() {
                 let n = kernels[part].as_u64().unwrap_or(0);
                 assert!(n > 0, "{device}: {part} kernels {kernels}");
             }
+            // The sampling kernels declare what they read: a fully
+            // offloaded step reads its logits at least once.
+            let undeclared = kernels["sampling_undeclared"].as_u64().unwrap();
+            let reads = kernels["sampling_reads_of_logits"].as_f64().unwrap();
+            let bytes = kernels["sampling_bytes_read"].as_u64().unwrap();
+            assert!(undeclared > 0 || reads >= 1.0, "{device}: {kernels}");
+            assert!(bytes > 0 || undeclared > 0, "{device}: {kernels}");
         }
 
         // Host only: the full row of logits crosses every step.

@@ -603,6 +603,9 @@ fn run(a: Args) -> Result<(), AppError> {
                 "kernels_per_step": generation.kernels.map(|k| json!({
                     "model": k.model,
                     "sampling": k.sampling,
+                    "sampling_bytes_read": k.sampling_bytes_read,
+                    "sampling_reads_of_logits": k.reads_of_logits(),
+                    "sampling_undeclared": k.sampling_undeclared,
                 })),
             },
         });
@@ -713,6 +716,19 @@ fn print_stats(
             k.sampling + k.model,
             k.sampling,
             k.model
+        );
+        let bound = if k.sampling_undeclared > 0 {
+            format!(
+                " at least ({} of burn's kernels not counted)",
+                k.sampling_undeclared
+            )
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "sampling:  reads {} bytes of device memory per step{bound} = {:.2} reads of the logits",
+            k.sampling_bytes_read,
+            k.reads_of_logits()
         );
     }
 }

@@ -67,6 +67,23 @@ pub struct StepKernels {
     pub model: usize,
     /// The sampling step (device prefix of the chain and its readback).
     pub sampling: usize,
+    /// Bytes of device memory the sampling step's kernels read, as they
+    /// declare them ([`launches::KernelCount::bytes_read`]): a lower bound
+    /// when `sampling_undeclared > 0`.
+    pub sampling_bytes_read: u64,
+    /// Sampling kernels that declare no reads (burn's own ops).
+    pub sampling_undeclared: usize,
+    /// The vocabulary: `sampling_bytes_read / (4 · vocab)` is the step's
+    /// reads of the logits row.
+    pub vocab: usize,
+}
+
+impl StepKernels {
+    /// Reads of the `[1, vocab]` f32 logits the sampling step's kernels
+    /// declare.
+    pub fn reads_of_logits(&self) -> f64 {
+        self.sampling_bytes_read as f64 / (4.0 * self.vocab.max(1) as f64)
+    }
 }
 
 impl Generation {
@@ -270,6 +287,9 @@ pub fn generate(
                 kernels = Some(StepKernels {
                     model: m.total(),
                     sampling: s.total(),
+                    sampling_bytes_read: s.bytes_read(),
+                    sampling_undeclared: s.undeclared(),
+                    vocab: model.config().vocab_size,
                 });
             }
             out?
