@@ -475,19 +475,8 @@ fn topk_rows(
     while c < held {
         let kc = cand_key[c as usize];
         let pc = cand_pos[c as usize];
-        let mut rank = 0u32;
-        for j in 0..held {
-            let kj = cand_key[j as usize];
-            if kj > kc || (kj == kc && cand_pos[j as usize] < pc) {
-                rank += 1u32;
-            }
-        }
-        for j in 0..hn {
-            let kj = hkey[j as usize];
-            if kj > kc || (kj == kc && hpos[j as usize] < pc) {
-                rank += 1u32;
-            }
-        }
+        let rank = ranked_above(kc, pc, &cand_key, &cand_pos, held)
+            + ranked_above(kc, pc, &hkey, &hpos, hn);
         // Slots past the row's own k are padding: -inf, ordered after every
         // real candidate (`pad_base + slot`).
         let p = pc;
@@ -510,19 +499,8 @@ fn topk_rows(
         let kc = hkey[hj as usize];
         let pc = hpos[hj as usize];
         if kc != 0u32 {
-            let mut rank = 0u32;
-            for j in 0..held {
-                let kj = cand_key[j as usize];
-                if kj > kc || (kj == kc && cand_pos[j as usize] < pc) {
-                    rank += 1u32;
-                }
-            }
-            for j in 0..hn {
-                let kj = hkey[j as usize];
-                if kj > kc || (kj == kc && hpos[j as usize] < pc) {
-                    rank += 1u32;
-                }
-            }
+            let rank = ranked_above(kc, pc, &cand_key, &cand_pos, held)
+                + ranked_above(kc, pc, &hkey, &hpos, hn);
             let live = i32::cast_from(rank) < k_own;
             if rank < k_out {
                 let slot = (row * k_out + rank) as usize;
@@ -548,6 +526,21 @@ fn topk_rows(
         out_order[at] = i32::cast_from(pad_base + slot);
         slot += CUBE_DIM;
     }
+}
+
+/// How many of the first `n` entries (`keys`, `pos`) rank before the
+/// candidate (`key`, `pos`): a larger key, or the same key at a lower
+/// position.
+#[cube]
+fn ranked_above(key: u32, at: u32, keys: &Shared<[u32]>, pos: &Shared<[u32]>, n: u32) -> u32 {
+    let mut rank = 0u32;
+    for j in 0..n {
+        let kj = keys[j as usize];
+        if kj > key || (kj == key && pos[j as usize] < at) {
+            rank += 1u32;
+        }
+    }
+    rank
 }
 
 #[cube(launch_unchecked)]
