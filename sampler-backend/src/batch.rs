@@ -44,6 +44,7 @@ use crate::ops::{self, wide};
 use crate::readback::decode_error;
 use crate::stage::{DeviceStage, InitContext, RowState, StepData, build_device_stage};
 use crate::stages::penalties::apply_history_penalties;
+use crate::stages::top_p::materialize_nucleus;
 
 /// The largest vocabulary a device stage takes: device token ids are
 /// `i32` (ids `0..2^31`).
@@ -1829,6 +1830,7 @@ fn device_pass(
         sampled: None,
         sampled_codes: false,
         penalties: None,
+        nucleus: None,
         invalid: validated.as_ref().map(|(_, invalid)| invalid.clone()),
         first_bad: None,
         slots,
@@ -1848,16 +1850,23 @@ fn device_pass(
         if st.needs_step_input() {
             st.set_input(rows);
         }
+        if !st.takes_pending_nucleus() {
+            materialize_nucleus(&mut data);
+        }
         if !st.applies_penalties() {
             apply_history_penalties(&mut data);
         }
         if processed && i == last {
+            // The candidates the draw sees: the pending top_p applied.
+            materialize_nucleus(&mut data);
             let order = data.order_ids.clone().or(data.ids.clone());
             before_select = Some((data.logits.clone(), order, data.ids.clone()));
         }
         st.apply(&mut data);
     }
-    // Penalties last in the device prefix: the host suffix gets them applied.
+    // A top_p or penalties last in the device prefix: the host suffix and
+    // the readback get them applied.
+    materialize_nucleus(&mut data);
     apply_history_penalties(&mut data);
     if let (Some(l), Some((cl, order, gids))) = (&lp, &before_select) {
         let plp = log_softmax(cl);

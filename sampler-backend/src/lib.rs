@@ -60,5 +60,6 @@ pub use device::{compiled_devices, parse_device, resolve_device};
 pub use error::BackendError;
 pub use executor::{Executor, FilterOutput, StepOutput};
 pub use stage::{
-    DeviceStage, HistoryPenalties, InitContext, RowState, StepData, build_device_stage,
+    DeviceStage, HistoryPenalties, InitContext, PendingNucleus, RowState, StepData,
+    build_device_stage,
 };

@@ -78,6 +78,14 @@ pub struct StepData {
     /// else the step penalises the logits before that stage runs
     /// (`stages::penalties::apply_history_penalties`).
     pub penalties: Option<HistoryPenalties>,
+    /// A full-vocabulary `top_p` handed on and not applied yet (the logits
+    /// are still the rows it would filter): a following `temperature` adds
+    /// its `t` and `dist` runs all three as one kernel
+    /// (`kernels::top_p_dist_full`, about three reads of the row instead
+    /// of fifteen). Any other stage, and the end of the device prefix, get
+    /// the filtered (and scaled) logits first
+    /// ([`DeviceStage::takes_pending_nucleus`]).
+    pub nucleus: Option<PendingNucleus>,
     /// Step row -> slot `[B]`: the slot (row of the stage's own per-row
     /// tensors, `[S, ..]`) of each step row; `None` when step row `r` is
     /// slot `r`. Stages read per-row tensors through [`StepData::per_row`].
@@ -108,6 +116,17 @@ pub struct HistoryPenalties {
     pub frequency: Tensor<2>,
     /// `presence` per row `[B, 1]`.
     pub presence: Tensor<2>,
+}
+
+/// A pending full-vocabulary `top_p` (and the `temperature` after it) of
+/// one step, per step row ([`StepData::nucleus`]).
+#[derive(Debug, Clone)]
+pub struct PendingNucleus {
+    /// `p` `[B, 1]`; `+inf` on rows where `top_p` is a no-op.
+    pub p: Tensor<2>,
+    /// The temperature `[B, 1]` of a `temperature` stage that followed
+    /// (no dynamic range), or `None`.
+    pub t: Option<Tensor<2>>,
 }
 
 impl StepData {
@@ -200,6 +219,12 @@ pub trait DeviceStage: Send {
     /// its kernel, or by applying them first); otherwise the step applies
     /// them before this stage runs. Default: no.
     fn applies_penalties(&self) -> bool {
+        false
+    }
+    /// Whether `apply` takes a pending full-vocabulary `top_p`
+    /// ([`StepData::nucleus`]) as it is (`temperature` adds its `t`, `dist`
+    /// draws through it); otherwise the step applies it first. Default: no.
+    fn takes_pending_nucleus(&self) -> bool {
         false
     }
     /// Width after this stage given the width before (only `top_k` narrows).

@@ -779,3 +779,141 @@ fn top_k_kernel_applies_history_penalties_in_its_selection() {
     let k_row = Tensor::<2, Int>::ones([1, 1], &device);
     assert!(kernels::top_k(&t, 5, &k_row, 600, Some(&long)).is_none());
 }
+
+/// `l / t` saturated at `±f32::MAX`, `-inf` kept (the temperature kernel's
+/// rule, in f32 as the kernels compute it).
+fn scaled(l: f32, t: f32) -> f32 {
+    if l == f32::NEG_INFINITY {
+        l
+    } else {
+        (l / t).clamp(-f32::MAX, f32::MAX)
+    }
+}
+
+/// The fused full-row `top_p -> [temperature] -> dist` kernel
+/// (`kernels::top_p_dist_full`: a fixed-point histogram, the crossing bin
+/// resolved in shared memory or, when it holds more than
+/// `kernels::NUC_GATHER` logits, over the row) against the f64 references
+/// of the three stages: Zipf-like rows with `-inf`, rows of four values
+/// and rows whose logits all lie within 1.2e-4 (a crossing bin far larger
+/// than the gather: the over-the-row path), runs of ties at `f32::MAX`,
+/// a row that is all `-inf`, one dominant token, descending rows; `p` from
+/// 0 to 0.99 and `+inf` (a no-op row); no temperature, `t` from 0.5 to 2
+/// and a greedy temperature. Tokens within `1e-5` of a boundary are not
+/// compared (the sums differ in rounding).
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda"))]
+#[test]
+fn wgpu_fused_full_row_top_p_dist_kernel_matches_the_reference() {
+    use sampler_backend::kernels;
+    let Some((device, _)) = device_support::cubecl_device() else {
+        return;
+    };
+    let col = |v: Vec<f32>| {
+        let b = v.len();
+        Tensor::<2>::from_data(TensorData::new(v, [b, 1]), &device)
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let (mut checked, mut edges, mut overflowing) = (0, 0, 0);
+    for &n in &[1025usize, 5000, 32_000] {
+        let mut rows: Vec<Vec<f32>> = (0..7).map(|kind| row(kind % 6, n, &mut rng)).collect();
+        rows[4][n / 3] = 40.0; // one token dominates (the rest -inf or 3.0)
+        rows[6] = vec![f32::NEG_INFINITY; n];
+        for (r, l) in rows.iter().enumerate() {
+            // Rows whose logits mostly share a 1/64-nat bin of the maximum.
+            let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let top = l.iter().filter(|&&x| m - x < 1.0 / 64.0).count();
+            if top > kernels::NUC_GATHER as usize && r != 6 {
+                overflowing += 1;
+            }
+        }
+        let ps = [0.9f32, 0.5, 0.0, f32::INFINITY, 0.99, 0.7, 0.9];
+        for temps in [None, Some([0.7f32, 1.5, 1e-6, 1.0, 0.5, 2.0, 0.7])] {
+            let us: Vec<f32> = (0..rows.len())
+                .map(|_| rng.random_range(0.0f32..1.0))
+                .collect();
+            let t = temps.map(|t| col(t.to_vec()));
+            let (toks, bad) = kernels::top_p_dist_full(
+                &upload(&rows, &device),
+                &col(ps.to_vec()),
+                t.as_ref(),
+                &col(us.clone()),
+                sampler_core::GREEDY_TEMPERATURE,
+                kernels::TokenCodes::OwnKeys,
+            )
+            .expect("kernel");
+            let toks: Vec<i64> = toks.into_data().convert::<i64>().iter::<i64>().collect();
+            let bad: Vec<i64> = bad.into_data().convert::<i64>().iter::<i64>().collect();
+            assert_eq!(bad, vec![2 * n as i64; rows.len()], "valid rows, n = {n}");
+            let positions: Vec<i32> = (0..n as i32).collect();
+            for (r, l) in rows.iter().enumerate() {
+                let tr = temps.map_or(1.0, |t| t[r]);
+                let p = if ps[r].is_finite() {
+                    f64::from(ps[r])
+                } else {
+                    f64::INFINITY
+                };
+                let Some(kept) = reference_top_p_full(l, p) else {
+                    edges += 1;
+                    continue;
+                };
+                let want = if tr < sampler_core::GREEDY_TEMPERATURE {
+                    Some(reference_argmax(l))
+                } else {
+                    let masked: Vec<f32> = l
+                        .iter()
+                        .zip(&kept)
+                        .map(|(&x, &k)| if k { scaled(x, tr) } else { f32::NEG_INFINITY })
+                        .collect();
+                    reference_dist(&masked, &positions, f64::from(us[r]))
+                };
+                match want {
+                    Some(want) => {
+                        assert_eq!(
+                            toks[r], want,
+                            "n = {n} row {r} (p = {p}, t = {tr}, u = {})",
+                            us[r]
+                        );
+                        checked += 1;
+                    }
+                    None => edges += 1,
+                }
+            }
+        }
+    }
+    println!(
+        "fused top_p/dist: {checked} checked, {edges} at an edge, {overflowing} rows over the gather"
+    );
+    // Both ways of resolving the crossing bin ran.
+    assert!(overflowing >= 4, "{overflowing} rows over the gather");
+    assert!(
+        checked >= 30 && edges <= 12,
+        "{checked} checked, {edges} at an edge"
+    );
+
+    // Invalid rows: the kernel's own validation writes their status codes
+    // (NaN at i: -2i - 2; +inf at i: -2i - 3) and keys; the valid row beside
+    // them is sampled as usual.
+    let n = 3000;
+    let mut rows = vec![
+        row(1, n, &mut rng),
+        row(5, n, &mut rng),
+        row(5, n, &mut rng),
+    ];
+    rows[0][1200] = f32::NAN;
+    rows[0][2000] = f32::INFINITY;
+    rows[2][7] = f32::INFINITY;
+    let (toks, bad) = kernels::top_p_dist_full(
+        &upload(&rows, &device),
+        &col(vec![0.9; 3]),
+        None,
+        &col(vec![0.5; 3]),
+        sampler_core::GREEDY_TEMPERATURE,
+        kernels::TokenCodes::OwnKeys,
+    )
+    .expect("kernel");
+    let toks: Vec<i64> = toks.into_data().convert::<i64>().iter::<i64>().collect();
+    let bad: Vec<i64> = bad.into_data().convert::<i64>().iter::<i64>().collect();
+    assert_eq!(bad, vec![2400, 2 * n as i64, 15]);
+    // Row 1 descends by a nat a token: the nucleus of 0.9 is tokens 0..=2.
+    assert_eq!(toks, vec![-2402, 0, -17]);
+}

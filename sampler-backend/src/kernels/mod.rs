@@ -51,6 +51,9 @@ use burn_ir::{BackendIr, InitOperationIr, OperationIr};
 use burn_tensor::{DType, Int, Shape, Tensor};
 
 use crate::stage::HistoryPenalties;
+
+mod nucleus;
+pub use nucleus::{NUC_BINS, NUC_GATHER, top_p_dist_full};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Whether the stages use the kernels (default: yes). Process-wide; for

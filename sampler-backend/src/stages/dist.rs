@@ -63,8 +63,20 @@ impl DeviceStage for Dist {
             .collect();
         self.uniforms = Some(ops::col_f32(&u, device));
     }
+    fn takes_pending_nucleus(&self) -> bool {
+        true
+    }
     fn apply(&self, data: &mut StepData) {
         let Some(u) = &self.uniforms else { return };
+        if data.nucleus.is_some()
+            && let Some((tok, codes)) = kernel_nucleus_dist(data, u)
+        {
+            data.nucleus = None;
+            data.sampled = Some(tok);
+            data.sampled_codes = codes;
+            return;
+        }
+        crate::stages::top_p::materialize_nucleus(data);
         if let Some((tok, codes)) = kernel_dist(data, u) {
             data.sampled = Some(tok);
             data.sampled_codes = codes;
@@ -112,6 +124,41 @@ fn kernel_dist(data: &StepData, u: &Tensor<2>) -> Option<(Tensor<1, Int>, bool)>
         crate::kernels::dist(&data.logits, &data.token_ids(), u, codes)?
     };
     Some((tok, wrote))
+}
+
+/// A pending full-vocabulary `top_p` ([`StepData::nucleus`]), its
+/// temperature and this draw as one kernel on a cubecl device
+/// (`kernels::top_p_dist_full`), and whether it wrote the rows' status
+/// codes (it validates unsanitised rows itself and sets
+/// [`StepData::first_bad`]); `None` elsewhere.
+#[cfg(feature = "cubecl-kernels")]
+fn kernel_nucleus_dist(data: &mut StepData, u: &Tensor<2>) -> Option<(Tensor<1, Int>, bool)> {
+    use crate::kernels::TokenCodes;
+    let nucleus = data.nucleus.as_ref()?;
+    let codes = match (&data.invalid, &data.first_bad) {
+        (None, Some(keys)) => TokenCodes::Keys(keys, data.vocab),
+        (None, None) => TokenCodes::OwnKeys,
+        _ => TokenCodes::Tokens,
+    };
+    let wrote = !matches!(codes, TokenCodes::Tokens);
+    let own = matches!(codes, TokenCodes::OwnKeys);
+    let (tok, first_bad) = crate::kernels::top_p_dist_full(
+        &data.logits,
+        &nucleus.p,
+        nucleus.t.as_ref(),
+        u,
+        sampler_core::GREEDY_TEMPERATURE,
+        codes,
+    )?;
+    if own {
+        data.first_bad = Some(first_bad);
+    }
+    Some((tok, wrote))
+}
+
+#[cfg(not(feature = "cubecl-kernels"))]
+fn kernel_nucleus_dist(_data: &mut StepData, _u: &Tensor<2>) -> Option<(Tensor<1, Int>, bool)> {
+    None
 }
 
 #[cfg(not(feature = "cubecl-kernels"))]

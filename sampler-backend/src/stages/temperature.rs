@@ -95,7 +95,22 @@ impl DeviceStage for Temperature {
         self.dynamic = Some(ops::col_bool(&dynamic, d));
         Ok(())
     }
+    fn takes_pending_nucleus(&self) -> bool {
+        !self.any_dynamic
+    }
     fn apply(&self, data: &mut StepData) {
+        if let (Some(t), Some(nucleus)) = (&self.t, &mut data.nucleus)
+            && nucleus.t.is_none()
+            && !self.any_dynamic
+        {
+            // Handed on with the pending top_p: `dist` scales in its kernel.
+            nucleus.t = Some(match &data.slots {
+                Some(slots) => t.clone().select(0, slots.clone()),
+                None => t.clone(),
+            });
+            return;
+        }
+        crate::stages::top_p::materialize_nucleus(data);
         let (Some(t), Some(t_min), Some(t_span), Some(ex), Some(dynamic)) = (
             &self.t,
             &self.t_min,
@@ -112,15 +127,12 @@ impl DeviceStage for Temperature {
             &data.per_row(ex),
             &data.per_row_bool(dynamic),
         );
-        let n = data.width;
-        let l = data.logits.clone();
-        if !self.any_dynamic
-            && let Some(out) = kernel_temperature(&l, data.order_ids.as_ref().or(data.ids.as_ref()), t)
-        {
-            data.logits = out;
-            data.probs = None;
+        if !self.any_dynamic {
+            scale_rows(data, t);
             return;
         }
+        let n = data.width;
+        let l = data.logits.clone();
         // `unchanged`: dynamic rows with at most one finite candidate.
         let (t_eff, unchanged) = if self.any_dynamic {
             let (e, _) = ops::exps(&l);
@@ -173,6 +185,31 @@ impl DeviceStage for Temperature {
         data.logits = scaled.mask_where(wide(greedy, n), argmax_only);
         data.probs = None;
     }
+}
+
+/// Temperature without a dynamic range, `t` `[B, 1]` per step row: `l / t`
+/// saturated at `±f32::MAX` (`-inf` kept), or on rows with `t` below
+/// [`GREEDY_TEMPERATURE`] only the lowest id among the maxima kept. The
+/// kernel on a cubecl device, the generic recipe elsewhere.
+pub fn scale_rows(data: &mut StepData, t: &Tensor<2>) {
+    let l = data.logits.clone();
+    data.probs = None;
+    if let Some(out) = kernel_temperature(&l, data.order_ids.as_ref().or(data.ids.as_ref()), t) {
+        data.logits = out;
+        return;
+    }
+    let n = data.width;
+    let greedy = t.clone().lower_elem(GREEDY_TEMPERATURE);
+    let safe_t = t.clone().mask_fill(greedy.clone(), 1.0);
+    let scaled = l
+        .clone()
+        .div(wide(safe_t, n))
+        .clamp(-f32::MAX, f32::MAX)
+        .mask_fill(l.clone().equal_elem(f32::NEG_INFINITY), f32::NEG_INFINITY);
+    let ids = data.token_ids();
+    let best = ops::argmax_lowest_id(&l, &ids);
+    let argmax_only = ops::mask_logits(l, ids.equal(wide(best, n)));
+    data.logits = scaled.mask_where(wide(greedy, n), argmax_only);
 }
 
 /// The temperature kernel on a cubecl device (rows without a dynamic

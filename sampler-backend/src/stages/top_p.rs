@@ -24,7 +24,7 @@ use sampler_core::StageSpec;
 use crate::ops::{self, PAIRWISE_MAX, wide};
 use sampler_core::DeviceRefusal;
 
-use crate::stage::{DeviceStage, InitContext, StepData};
+use crate::stage::{DeviceStage, InitContext, PendingNucleus, StepData};
 
 /// Iterations of the value bisection on full rows. Each halves the range of
 /// logits still in question; 64 resolves any two distinct f32 logits of
@@ -94,6 +94,7 @@ impl DeviceStage for TopP {
         self.keep_max <= 1 && self.p_or_all.is_some() && full_row_kernel_applies(batch, width, device)
     }
     fn apply(&self, data: &mut StepData) {
+        materialize_nucleus(data);
         let (Some(p), Some(noop), Some(keep_row)) = (&self.p, &self.noop, &self.keep_row) else {
             return;
         };
@@ -116,12 +117,14 @@ impl DeviceStage for TopP {
         if full_row
             && self.keep_max <= 1
             && let Some(p_or_all) = &self.p_or_all
-            && let Some((out, first_bad)) = kernel_top_p_full(&data.logits, &data.per_row(p_or_all))
+            && full_row_kernel_applies(data.batch, n, &data.device)
         {
-            if data.invalid.is_none() {
-                data.first_bad = Some(first_bad);
-            }
-            data.logits = out;
+            // Handed on: `dist` draws through it in one kernel; any other
+            // stage gets the filtered rows first (`materialize_nucleus`).
+            data.nucleus = Some(PendingNucleus {
+                p: data.per_row(p_or_all),
+                t: None,
+            });
             data.probs = None;
             return;
         }
@@ -146,6 +149,39 @@ impl DeviceStage for TopP {
         let keep = keep.bool_or(wide(noop.clone(), n));
         data.logits = ops::mask_logits(data.logits.clone(), keep);
         data.probs = None;
+    }
+}
+
+/// Apply a pending full-vocabulary `top_p` ([`StepData::nucleus`]) and the
+/// temperature handed on with it: the full-row kernel and the temperature
+/// kernel on a cubecl device (the rows' validation keys from the former
+/// when the rows came in unsanitised), the generic recipes elsewhere.
+/// Nothing when none is pending.
+pub fn materialize_nucleus(data: &mut StepData) {
+    let Some(nucleus) = data.nucleus.take() else {
+        return;
+    };
+    if let Some((out, first_bad)) = kernel_top_p_full(&data.logits, &nucleus.p) {
+        if data.invalid.is_none() {
+            data.first_bad = Some(first_bad);
+        }
+        data.logits = out;
+    } else {
+        let n = data.width;
+        let ids = data.token_ids();
+        let (e, _) = ops::exps(&data.logits);
+        let noop = nucleus.p.clone().greater_elem(1.0);
+        let target = nucleus.p.clone().clamp_max(1.0).mul(e.clone().sum_dim(1));
+        let kept = full_row_nucleus(&data.logits, &ids, &e, &target, data.vocab);
+        let best = ops::argmax_lowest_id(&data.logits, &ids);
+        let keep = kept
+            .bool_or(ids.equal(wide(best, n)))
+            .bool_or(wide(noop, n));
+        data.logits = ops::mask_logits(data.logits.clone(), keep);
+    }
+    data.probs = None;
+    if let Some(t) = &nucleus.t {
+        crate::stages::temperature::scale_rows(data, t);
     }
 }
 
