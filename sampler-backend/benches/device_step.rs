@@ -1,7 +1,10 @@
 //! Per-step time and bytes read back of the hybrid executor.
 //!
-//! Chain: `top_k(40); temperature(0.8); top_p(0.9); dist` (llama.cpp's
-//! common order), on Zipf-like logits, for every compiled-in device:
+//! Chain (`BENCH_CHAIN`): `top_k` (default) is `top_k(40); temperature(0.8);
+//! top_p(0.9); dist` (llama.cpp's common order), `top_p` the full-vocabulary
+//! `top_p(0.9); temperature(0.7); dist`, `min_p` the full-vocabulary
+//! `min_p(0.05); temperature(0.8); dist`; on Zipf-like logits, for every
+//! compiled-in device:
 //! * `offloaded`: the whole chain on the device (4 B/row read back), with
 //!   the custom kernels on a cubecl device;
 //! * `offloaded_recipes`: the same with the kernels turned off (burn's
@@ -22,33 +25,55 @@ use sampler_core::{ChainSpec, OffloadPolicy, StageSpec};
 mod common;
 use common::{list, zipf_logits};
 
-fn chain(seed: u64) -> ChainSpec {
-    ChainSpec::new(
-        vec![
-            StageSpec::TopK { k: 40 },
-            StageSpec::Temperature {
-                t: 0.8,
-                dynatemp_range: 0.0,
-                dynatemp_exponent: 1.0,
+fn chain(name: &str, seed: u64) -> ChainSpec {
+    let temp = |t| StageSpec::Temperature {
+        t,
+        dynatemp_range: 0.0,
+        dynatemp_exponent: 1.0,
+    };
+    let stages = match name {
+        "top_p" => vec![
+            StageSpec::TopP {
+                p: 0.9,
+                min_keep: 0,
             },
+            temp(0.7),
+            StageSpec::Dist,
+        ],
+        "min_p" => vec![
+            StageSpec::MinP {
+                p: 0.05,
+                min_keep: 0,
+            },
+            temp(0.8),
+            StageSpec::Dist,
+        ],
+        _ => vec![
+            StageSpec::TopK { k: 40 },
+            temp(0.8),
             StageSpec::TopP {
                 p: 0.9,
                 min_keep: 0,
             },
             StageSpec::Dist,
         ],
-        Some(seed),
-    )
+    };
+    ChainSpec::new(stages, Some(seed))
 }
 
 fn bench(c: &mut Criterion) {
     let default_devices = compiled_devices().join(",");
+    let chain_name = std::env::var("BENCH_CHAIN").unwrap_or_else(|_| "top_k".into());
     for dev_name in list("BENCH_DEVICES", &default_devices) {
         let Ok(device) = parse_device(&dev_name) else {
             eprintln!("skip {dev_name}: not compiled in");
             continue;
         };
-        let mut group = c.benchmark_group(format!("step/{dev_name}"));
+        let group_name = match chain_name.as_str() {
+            "top_k" => format!("step/{dev_name}"),
+            other => format!("step_{other}/{dev_name}"),
+        };
+        let mut group = c.benchmark_group(group_name);
         group.sample_size(10);
         group.measurement_time(std::time::Duration::from_secs(3));
         group.warm_up_time(std::time::Duration::from_millis(500));
@@ -66,7 +91,8 @@ fn bench(c: &mut Criterion) {
                     if !kernels_on && !set_kernels(false) {
                         continue; // no custom kernels in this build or on this device
                     }
-                    let rows: Vec<ChainSpec> = (0..b).map(|r| chain(r as u64)).collect();
+                    let rows: Vec<ChainSpec> =
+                        (0..b).map(|r| chain(&chain_name, r as u64)).collect();
                     let Ok(mut ex) = Executor::new(rows, v, &device, policy) else {
                         continue;
                     };

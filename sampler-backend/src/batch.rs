@@ -1971,12 +1971,12 @@ fn device_pass(
 /// The row validation kernel on a cubecl device (same keys as the recipe
 /// in [`device_pass`]); `None` elsewhere.
 #[cfg(feature = "cubecl-kernels")]
-fn kernel_first_bad(logits: &Tensor<2>) -> Option<Tensor<2, Int>> {
+pub(crate) fn kernel_first_bad(logits: &Tensor<2>) -> Option<Tensor<2, Int>> {
     crate::kernels::first_bad(logits)
 }
 
 #[cfg(not(feature = "cubecl-kernels"))]
-fn kernel_first_bad(_logits: &Tensor<2>) -> Option<Tensor<2, Int>> {
+pub(crate) fn kernel_first_bad(_logits: &Tensor<2>) -> Option<Tensor<2, Int>> {
     None
 }
 

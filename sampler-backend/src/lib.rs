@@ -60,6 +60,6 @@ pub use device::{compiled_devices, parse_device, resolve_device};
 pub use error::BackendError;
 pub use executor::{Executor, FilterOutput, StepOutput};
 pub use stage::{
-    DeviceStage, HistoryPenalties, InitContext, PendingNucleus, RowState, StepData,
+    DeviceStage, HistoryPenalties, InitContext, PendingCut, PendingNucleus, RowState, StepData,
     build_device_stage,
 };

@@ -78,12 +78,13 @@ pub struct StepData {
     /// else the step penalises the logits before that stage runs
     /// (`stages::penalties::apply_history_penalties`).
     pub penalties: Option<HistoryPenalties>,
-    /// A full-vocabulary `top_p` handed on and not applied yet (the logits
-    /// are still the rows it would filter): a following `temperature` adds
-    /// its `t` and `dist` runs all three as one kernel
-    /// (`kernels::top_p_dist_full`, about three reads of the row instead
-    /// of fifteen). Any other stage, and the end of the device prefix, get
-    /// the filtered (and scaled) logits first
+    /// A full-vocabulary `top_p` or `min_p` handed on and not applied yet
+    /// (the logits are still the rows it would filter): a following
+    /// `temperature` adds its `t` and `dist` runs all three as one kernel
+    /// (`kernels::cut_dist_full`: about three reads of the row for
+    /// `top_p`, where three kernels read it fifteen times, two for
+    /// `min_p`). Any other stage, and the end of the device prefix, get the
+    /// filtered (and scaled) logits first
     /// ([`DeviceStage::takes_pending_nucleus`]).
     pub nucleus: Option<PendingNucleus>,
     /// Step row -> slot `[B]`: the slot (row of the stage's own per-row
@@ -118,15 +119,26 @@ pub struct HistoryPenalties {
     pub presence: Tensor<2>,
 }
 
-/// A pending full-vocabulary `top_p` (and the `temperature` after it) of
-/// one step, per step row ([`StepData::nucleus`]).
+/// A pending full-vocabulary `top_p` or `min_p` (and the `temperature`
+/// after it), or a full-row `temperature` alone, of one step, per step row ([`StepData::nucleus`]).
 #[derive(Debug, Clone)]
 pub struct PendingNucleus {
-    /// `p` `[B, 1]`; `+inf` on rows where `top_p` is a no-op.
-    pub p: Tensor<2>,
+    /// The cut.
+    pub cut: PendingCut,
     /// The temperature `[B, 1]` of a `temperature` stage that followed
     /// (no dynamic range), or `None`.
     pub t: Option<Tensor<2>>,
+}
+
+/// The cut of a [`PendingNucleus`] (`min_keep <= 1`).
+#[derive(Debug, Clone)]
+pub enum PendingCut {
+    /// `top_p`: `p` `[B, 1]`, `+inf` on rows where it is a no-op.
+    TopP(Tensor<2>),
+    /// `min_p`: `ln p` `[B, 1]`, `-inf` on rows where it is a no-op.
+    MinP(Tensor<2>),
+    /// No cut: a full-row `temperature` handed on alone.
+    All,
 }
 
 impl StepData {

@@ -11,6 +11,8 @@
 //! | `top_k(50); temperature; top_p(0.9); dist` | 4 | 1 (1.25 with the top-k floor's sample, counted) |
 //! | `top_p(0.9); temperature; dist` (full vocabulary) | 6 | 3 (one fused kernel: 3 reads and the drawn chunk twice, `2 / 128` of a read) |
 //! | `penalties; top_k(40); temperature; dist` | 5 | no `[B, V]` copy: 1.25 as the top-k chain |
+//! | `min_p(0.05); temperature; dist` (no budget in the issue) | 1 | 2 (one fused kernel) |
+//! | `temperature(0.8); dist` (no budget in the issue) | 1 | 2 (one fused kernel) |
 //!
 //! Every launch of these chains is one of the custom kernels, so every
 //! byte is declared (`undeclared() == 0`). Run on wgpu (CI: lavapipe); the
@@ -73,6 +75,25 @@ fn chains() -> Vec<(&'static str, Vec<StageSpec>, usize, f64)> {
             ],
             6,
             READ_CEILING_FULL_TOP_P,
+        ),
+        (
+            "min_p(0.05); temperature; dist",
+            vec![
+                StageSpec::MinP {
+                    p: 0.05,
+                    min_keep: 0,
+                },
+                temp(0.8),
+                StageSpec::Dist,
+            ],
+            1,
+            2.07,
+        ),
+        (
+            "temperature(0.8); dist",
+            vec![temp(0.8), StageSpec::Dist],
+            1,
+            2.07,
         ),
         (
             "penalties; top_k(40); temperature; dist",

@@ -382,11 +382,14 @@ fn wgpu_narrow_top_p_dist_and_validation_kernels_match_the_reference() {
     coded(&plain, read1(keyed), "argmax, given keys");
     let u = Tensor::<2>::from_data(TensorData::new(vec![0.5f32; 5], [5, 1]), &device);
     let finite = upload(&vec![vec![0.25f32; v]; 5], &device);
-    let drawn =
-        read1(kernels::dist_full(&finite, &u, kernels::TokenCodes::Tokens).expect("kernel"));
-    let keyed =
-        kernels::dist_full(&finite, &u, kernels::TokenCodes::Keys(&given, v)).expect("kernel");
-    coded(&drawn, read1(keyed), "dist_full, given keys");
+    let dist_all = |codes| {
+        kernels::cut_dist_full(&finite, kernels::FullCut::All, None, &u, 1e-5, codes)
+            .expect("kernel")
+            .0
+    };
+    let drawn = read1(dist_all(kernels::TokenCodes::Tokens));
+    let keyed = dist_all(kernels::TokenCodes::Keys(&given, v));
+    coded(&drawn, read1(keyed), "full-row dist, given keys");
     let narrow = upload(&vec![vec![0.25f32; 8]; 5], &device);
     let ids = Tensor::<2, Int>::from_data(
         TensorData::new((0..40).map(|i| (i % 8) * 3).collect::<Vec<i32>>(), [5, 8]),
@@ -546,12 +549,20 @@ fn wgpu_full_row_top_p_and_dist_kernels_match_the_reference() {
             .map(|_| rng.random_range(0.0f32..1.0))
             .collect();
         let u = Tensor::<2>::from_data(TensorData::new(us.clone(), [rows.len(), 1]), &device);
-        let toks: Vec<i64> = kernels::dist_full(&t, &u, kernels::TokenCodes::Tokens)
-            .expect("kernel")
-            .into_data()
-            .convert::<i64>()
-            .iter::<i64>()
-            .collect();
+        let toks: Vec<i64> = kernels::cut_dist_full(
+            &t,
+            kernels::FullCut::All,
+            None,
+            &u,
+            1e-5,
+            kernels::TokenCodes::Tokens,
+        )
+        .expect("kernel")
+        .0
+        .into_data()
+        .convert::<i64>()
+        .iter::<i64>()
+        .collect();
         let positions: Vec<i32> = (0..n as i32).collect();
         for (r, l) in rows.iter().enumerate() {
             let p = if ps[r] >= 1.0 {
@@ -916,4 +927,132 @@ fn wgpu_fused_full_row_top_p_dist_kernel_matches_the_reference() {
     assert_eq!(bad, vec![2400, 2 * n as i64, 15]);
     // Row 1 descends by a nat a token: the nucleus of 0.9 is tokens 0..=2.
     assert_eq!(toks, vec![-2402, 0, -17]);
+}
+
+/// The min_p kernels against the plain rule (`l >= max + ln p`, computed in
+/// f32 as the CPU does, plus the first maximum in canonical order): the
+/// masking kernel on full rows and on narrow rows with ids (ties among the
+/// maxima to the lowest id, not the lowest position), and the fused
+/// `min_p -> [temperature] -> dist` kernel against the f64 draw.
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda"))]
+#[test]
+fn wgpu_min_p_kernels_match_the_reference() {
+    use sampler_backend::burn_tensor::Int;
+    use sampler_backend::kernels;
+    let Some((device, _)) = device_support::cubecl_device() else {
+        return;
+    };
+    let col = |v: Vec<f32>| {
+        let b = v.len();
+        Tensor::<2>::from_data(TensorData::new(v, [b, 1]), &device)
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let (mut checked, mut edges) = (0, 0);
+    for &n in &[300usize, 5000, 32_000] {
+        let rows: Vec<Vec<f32>> = (0..6).map(|kind| row(kind, n, &mut rng)).collect();
+        // p = 0 (no-op: every logit kept, -inf too), 0.05, 0.5, 1 (every
+        // maximum), 2 (only the first maximum).
+        let ps = [0.05f32, 0.5, 0.0, 1.0, 2.0, 0.05];
+        let log_p: Vec<f32> = ps
+            .iter()
+            .map(|&p| if p > 0.0 { p.ln() } else { f32::NEG_INFINITY })
+            .collect();
+        // Ids reversed: the canonical first maximum is the last position.
+        let ids: Vec<i32> = (0..rows.len()).flat_map(|_| (0..n as i32).rev()).collect();
+        let ids_t = Tensor::<2, Int>::from_data(TensorData::new(ids, [rows.len(), n]), &device);
+        for with_ids in [false, true] {
+            let (kept, bad) = kernels::min_p(
+                &upload(&rows, &device),
+                with_ids.then_some(&ids_t),
+                &col(log_p.clone()),
+            )
+            .expect("kernel");
+            let got: Vec<f32> = kept.into_data().iter::<f32>().collect();
+            if !with_ids {
+                let bad: Vec<i64> = bad.into_data().convert::<i64>().iter::<i64>().collect();
+                assert_eq!(bad, vec![2 * n as i64; rows.len()]);
+            }
+            for (r, l) in rows.iter().enumerate() {
+                let mut order: Vec<usize> = (0..n).collect();
+                let id = |i: usize| if with_ids { n - 1 - i } else { i };
+                order.sort_by(|&a, &b| l[b].partial_cmp(&l[a]).unwrap().then(id(a).cmp(&id(b))));
+                let first = order[0];
+                let m = if l[first] == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    l[first]
+                };
+                let thr = m + log_p[r];
+                for (i, &x) in l.iter().enumerate() {
+                    let want = if x >= thr || i == first {
+                        x
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                    assert_eq!(
+                        got[r * n + i].to_bits(),
+                        want.to_bits(),
+                        "n = {n} row {r} (p = {}, ids: {with_ids}) position {i}",
+                        ps[r]
+                    );
+                }
+            }
+        }
+        let temps = [0.8f32, 1.0, 1.5, 1e-6, 0.5, 2.0];
+        let us: Vec<f32> = (0..rows.len())
+            .map(|_| rng.random_range(0.0f32..1.0))
+            .collect();
+        let (toks, _) = kernels::cut_dist_full(
+            &upload(&rows, &device),
+            kernels::FullCut::MinP(&col(log_p.clone())),
+            Some(&col(temps.to_vec())),
+            &col(us.clone()),
+            sampler_core::GREEDY_TEMPERATURE,
+            kernels::TokenCodes::Tokens,
+        )
+        .expect("kernel");
+        let toks: Vec<i64> = toks.into_data().convert::<i64>().iter::<i64>().collect();
+        let positions: Vec<i32> = (0..n as i32).collect();
+        for (r, l) in rows.iter().enumerate() {
+            let first = reference_top_k(l, 1)[0];
+            let m = if l[first] == f32::NEG_INFINITY {
+                0.0
+            } else {
+                l[first]
+            };
+            let thr = m + log_p[r];
+            let want = if temps[r] < sampler_core::GREEDY_TEMPERATURE {
+                Some(reference_argmax(l))
+            } else {
+                let masked: Vec<f32> = l
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &x)| {
+                        if x >= thr || i == first {
+                            scaled(x, temps[r])
+                        } else {
+                            f32::NEG_INFINITY
+                        }
+                    })
+                    .collect();
+                reference_dist(&masked, &positions, f64::from(us[r]))
+            };
+            match want {
+                Some(want) => {
+                    assert_eq!(
+                        toks[r], want,
+                        "fused n = {n} row {r} (p = {}, t = {})",
+                        ps[r], temps[r]
+                    );
+                    checked += 1;
+                }
+                None => edges += 1,
+            }
+        }
+    }
+    println!("fused min_p/dist: {checked} checked, {edges} at an edge");
+    assert!(
+        checked >= 15 && edges <= 3,
+        "{checked} checked, {edges} at an edge"
+    );
 }

@@ -420,7 +420,61 @@ fn top_p_at_exact_ties_matches_the_cpu(d: &Device, dev: &str) {
     }
 }
 
+/// Rows with a NaN or `+inf` get their error (first bad position) whichever
+/// stage validates them: the fused full-row draws (`top_p` / `min_p` /
+/// `temperature` handed on to `dist`), a handed-on `temperature` that a
+/// `top_k` or `top_p` after it gets applied first (a `+inf` scaled to
+/// `f32::MAX` must not hide the row's error), and a `top_k` after a
+/// `top_p`; the valid rows beside them match the CPU.
+fn invalid_rows_are_reported_whatever_stage_validates_them(d: &Device, dev: &str) {
+    let v = 2000;
+    let t = |t| S::Temperature {
+        t,
+        dynatemp_range: 0.0,
+        dynatemp_exponent: 1.0,
+    };
+    let top_p = S::TopP {
+        p: 0.9,
+        min_keep: 0,
+    };
+    let min_p = S::MinP {
+        p: 0.05,
+        min_keep: 0,
+    };
+    let chains = vec![
+        vec![t(0.8), S::Dist],
+        vec![t(0.8), S::TopK { k: 5 }, S::Dist],
+        vec![t(0.8), top_p.clone(), S::Dist],
+        vec![top_p.clone(), t(0.7), S::Dist],
+        vec![top_p.clone(), S::TopK { k: 5 }, S::Dist],
+        vec![min_p.clone(), t(1.5), S::Dist],
+        vec![min_p, S::TopK { k: 3 }, t(0.5), S::Dist],
+        vec![top_p, t(0.0), S::Dist],
+    ];
+    let mut logits: Vec<f32> = (0..4 * v)
+        .map(|i| -((((i % v) * 7919 + i / v) % v + 1) as f32).ln())
+        .collect();
+    logits[v + 700] = f32::NAN;
+    logits[2 * v + 1500] = f32::INFINITY;
+    logits[3 * v + 3] = f32::INFINITY;
+    logits[3 * v + 900] = f32::NAN;
+    for stages in chains {
+        let rows: Vec<ChainSpec> = (0..4)
+            .map(|r| ChainSpec::new(stages.clone(), Some(r as u64 + 5)))
+            .collect();
+        let prompts = vec![vec![]; 4];
+        let cpu = cpu_step(&rows, &logits, v, &prompts);
+        assert!(
+            cpu[0].is_ok() && cpu[1..].iter().all(|t| t.is_err()),
+            "{cpu:?}"
+        );
+        let (out, _) = device_step(&rows, &logits, v, d, OffloadPolicy::Device, &prompts);
+        assert_eq!(out.tokens, cpu, "{dev} {stages:?}");
+    }
+}
+
 device_tests!(
+    invalid_rows_are_reported_whatever_stage_validates_them,
     top_p_at_exact_ties_matches_the_cpu,
     bans_after_a_masking_stage_stay_candidates,
     competing_errors_have_one_priority,

@@ -20,8 +20,13 @@
 //! * [`first_bad`]: row validation alone (first NaN / `+inf`).
 //! * [`temperature`]: `l / t` saturated, or the greedy-temperature argmax.
 //! * [`top_p`] and [`dist`] on narrow rows (after a top-k, `N <= TOP_K_MAX`),
-//!   the row in shared memory; [`top_p_full`] and [`dist_full`] on whole
-//!   vocabulary rows (a weighted radix search; chunk sums).
+//!   the row in shared memory; [`top_p_full`] on whole vocabulary rows (a
+//!   weighted radix search).
+//! * [`min_p`]: `l >= max + ln p` and the first maximum, any width.
+//! * [`cut_dist_full`]: a whole-vocabulary `top_p` or `min_p`, an optional
+//!   temperature and `dist` in one kernel (about three reads of the row for
+//!   `top_p`, two for `min_p`; fixed-point sums), what a fully offloaded
+//!   `top_p; temperature; dist` runs (module `nucleus`).
 //!
 //! They need only shared memory, `u32` shared atomics and workgroup barriers
 //! (no subgroup operations), so they run on lavapipe as on CUDA and NVIDIA
@@ -53,7 +58,7 @@ use burn_tensor::{DType, Int, Shape, Tensor};
 use crate::stage::HistoryPenalties;
 
 mod nucleus;
-pub use nucleus::{NUC_BINS, NUC_GATHER, top_p_dist_full};
+pub use nucleus::{FullCut, NUC_BINS, NUC_GATHER, cut_dist_full, min_p, top_p_dist_full};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Whether the stages use the kernels (default: yes). Process-wide; for
@@ -693,7 +698,7 @@ fn units(cube: &CubeTensor) -> u32 {
     }
 }
 
-/// What a selecting kernel ([`argmax`], [`dist`], [`dist_full`]) writes per
+/// What a selecting kernel ([`argmax`], [`dist`], [`cut_dist_full`]) writes per
 /// row: the tokens alone, or what a fully offloaded step reads back, the
 /// token or the row's status code (`-key - 2` for a validation key below
 /// `2·vocab`, see `crate::readback`), so that no separate codes kernel runs.
@@ -1563,117 +1568,6 @@ fn top_p_full_rows(
     }
 }
 
-#[cube(launch_unchecked)]
-fn dist_full_rows(
-    logits: &[f32],
-    u: &[f32],
-    bad_in: &[i32],
-    out: &mut [i32],
-    width: u32,
-    none: u32,
-    #[comptime] units: usize,
-    #[comptime] codes: u32,
-) {
-    let row = CUBE_POS_X;
-    let tid = UNIT_POS;
-    let base = row * width;
-    let neg_inf = f32::reinterpret(0xFF80_0000u32);
-    let mut red = Shared::<[f32]>::new_slice(units);
-    let mut hit = Shared::<[i32]>::new_slice(units);
-    let mut last = Shared::<[i32]>::new_slice(units);
-    let mut total = Shared::<[f32]>::new_slice(1usize);
-
-    let mut mx = neg_inf;
-    let mut i = tid;
-    while i < width {
-        let l = logits[(base + i) as usize];
-        if l > mx {
-            mx = l;
-        }
-        i += CUBE_DIM;
-    }
-    red[tid as usize] = mx;
-    sync_cube();
-    let mut half = CUBE_DIM / 2u32;
-    while half > 0u32 {
-        if tid < half {
-            let o = red[(tid + half) as usize];
-            if o > red[tid as usize] {
-                red[tid as usize] = o;
-            }
-        }
-        sync_cube();
-        half /= 2u32;
-    }
-    let m0 = red[0];
-    let m = select(m0 == neg_inf, 0.0f32, m0);
-    sync_cube();
-
-    // Weights of each thread's contiguous chunk, then the exclusive prefix
-    // over chunks (ascending ids), then the chunk that holds u·S walks.
-    let chunk = (width + CUBE_DIM - 1u32) / CUBE_DIM;
-    let start = select(tid * chunk < width, tid * chunk, width);
-    let end = select(start + chunk < width, start + chunk, width);
-    let mut mine = 0.0f32;
-    let mut my_last = i32::cast_from(0u32) - 1i32;
-    for j in start..end {
-        let e = f32::exp(logits[(base + j) as usize] - m);
-        mine += e;
-        if e > 0.0f32 {
-            my_last = i32::cast_from(j);
-        }
-    }
-    red[tid as usize] = mine;
-    sync_cube();
-    if tid == 0u32 {
-        let mut run = 0.0f32;
-        for t in 0..CUBE_DIM {
-            let x = red[t as usize];
-            red[t as usize] = run;
-            run += x;
-        }
-        total[0] = run;
-    }
-    sync_cube();
-    let s = total[0];
-    let target = u[row as usize] * s;
-    let mut cum = red[tid as usize];
-    let mut f = i32::cast_from(0x7FFF_FFFFu32);
-    for j in start..end {
-        let e = f32::exp(logits[(base + j) as usize] - m);
-        cum += e;
-        if e > 0.0f32 && cum >= target && f == 2_147_483_647i32 {
-            f = i32::cast_from(j);
-        }
-    }
-    sync_cube();
-    hit[tid as usize] = f;
-    last[tid as usize] = my_last;
-    sync_cube();
-    let mut half2 = CUBE_DIM / 2u32;
-    while half2 > 0u32 {
-        if tid < half2 {
-            let f2 = hit[(tid + half2) as usize];
-            let l2 = last[(tid + half2) as usize];
-            if f2 < hit[tid as usize] {
-                hit[tid as usize] = f2;
-            }
-            if l2 > last[tid as usize] {
-                last[tid as usize] = l2;
-            }
-        }
-        sync_cube();
-        half2 /= 2u32;
-    }
-    if tid == 0u32 {
-        let fh = hit[0];
-        let tok = select(fh == 2_147_483_647i32, last[0], fh);
-        let tok = select(s == 0.0f32, -1i32, tok);
-        let code = code_key(bad_in, none, row, none, codes);
-        out[row as usize] = with_code(tok, code, none);
-    }
-}
-
 /// Threads per row of the full-row kernels on this device.
 fn full_row_units(cube: &CubeTensor) -> u32 {
     units(cube).min(FULL_ROW_UNITS)
@@ -1727,52 +1621,6 @@ pub fn top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<(Tensor<2>, Tenso
         Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)),
         Tensor::<2, Int>::from_primitive::<Cube>(register(bad, &fusion)),
     ))
-}
-
-/// Full-vocabulary `dist` over `logits [B, V]` (positions are token ids),
-/// the device recipe's rule in one kernel: weights `exp(l - max)` in
-/// ascending id order, the first positive one whose cumulative weight
-/// reaches `u·S` (the last positive one if rounding leaves none), `-1` when
-/// `S = 0`; `[B]` ids (or with `codes` the status code of an invalid row,
-/// [`TokenCodes`]). Chunk sums, their prefix, then one chunk walked: 3
-/// reads of the row. `u` `[B, 1]`. `None` off the cubecl devices.
-pub fn dist_full(
-    logits: &Tensor<2>,
-    u: &Tensor<2>,
-    codes: TokenCodes<'_>,
-) -> Option<Tensor<1, Int>> {
-    let [b, n] = logits.dims();
-    if !argmax_applies(b, n) || i32::try_from(n).is_err() {
-        return None;
-    }
-    let (l, fusion) = resolve_float(logits)?;
-    let u = resolve_float(u)?.0;
-    let (mode, keys, none) = codes.resolve(&l, b, n)?;
-    let units = full_row_units(&l);
-    let (client, device) = (l.client.clone(), l.device.clone());
-    let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b]), DType::I32);
-    // SAFETY: every index the kernel forms is inside its buffers (row
-    // bases and loops bounded by the width, shared slices by their sizes).
-    unsafe {
-        dist_full_rows::launch_unchecked(
-            &client,
-            CubeCount::Static(b as u32, 1, 1),
-            CubeDim::new_1d(units),
-            BufferArg::from_raw_parts(l.handle.clone(), b * n),
-            BufferArg::from_raw_parts(u.handle.clone(), b),
-            BufferArg::from_raw_parts(keys.handle.clone(), b),
-            BufferArg::from_raw_parts(out.handle.clone(), b),
-            n as u32,
-            none,
-            units as usize,
-            mode,
-        )
-    }
-    // The max pass, chunk sums, the walk.
-    crate::launches::declare_read("dist_full_rows", 3 * 4 * b * n + 8 * b);
-    Some(Tensor::<1, Int>::from_primitive::<Cube>(register(
-        out, &fusion,
-    )))
 }
 
 #[cube(launch_unchecked)]

@@ -1,8 +1,8 @@
 //! Full-vocabulary `top_p -> [temperature] -> dist` as one kernel that
 //! reads each row three times (plus a small part of it for the walk).
 //!
-//! The separate kernels ([`super::top_p_full`], [`super::temperature`],
-//! [`super::dist_full`]) read the row about fifteen times: eight weighted
+//! The separate kernels ([`super::top_p_full`], [`super::temperature`] and
+//! a full-row `dist`) read the row about fifteen times: eight weighted
 //! radix passes over the whole row find the crossing logit, the masked row
 //! is written out, scaled, and read three more times to draw. Here:
 //!
@@ -133,6 +133,252 @@ const S_TARGET_LO: usize = 10;
 const S_TOTAL_ZERO: usize = 11;
 const S_LEN: usize = 12;
 
+/// Read 1 of the full-row kernels: the row's largest key into
+/// `best_key[0]`, its lowest position into `best_pos[0]` and the row's
+/// validation key (first NaN `2i` / `+inf` `2i + 1`, else `2·width`) into
+/// `bads[0]`. Every thread calls; all see the results.
+#[cube]
+fn row_max_and_validation(
+    logits: &[f32],
+    base: u32,
+    width: u32,
+    best_key: &mut Shared<[u32]>,
+    best_pos: &mut Shared<[u32]>,
+    bads: &mut Shared<[u32]>,
+) {
+    let tid = UNIT_POS;
+    let none_pos = 2u32 * width;
+    let mut bad = none_pos;
+    let mut bk = 0u32;
+    let mut bp = width;
+    let mut i = tid;
+    while i < width {
+        let x = logits[(base + i) as usize];
+        let key = order_key(x);
+        if key > bk {
+            bk = key;
+            bp = i;
+        }
+        if bad == none_pos && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
+            bad = bad_key(x, i, none_pos);
+        }
+        i += CUBE_DIM;
+    }
+    bads[tid as usize] = bad;
+    shared_min(bads);
+    best_key[tid as usize] = bk;
+    best_pos[tid as usize] = bp;
+    sync_cube();
+    let mut half = CUBE_DIM / 2u32;
+    while half > 0u32 {
+        if tid < half {
+            let k2 = best_key[(tid + half) as usize];
+            let p2 = best_pos[(tid + half) as usize];
+            let k1 = best_key[tid as usize];
+            if k2 > k1 || (k2 == k1 && p2 < best_pos[tid as usize]) {
+                best_key[tid as usize] = k2;
+                best_pos[tid as usize] = p2;
+            }
+        }
+        sync_cube();
+        half /= 2u32;
+    }
+}
+
+/// Whether position `j` (logit `l`) is kept: with `min_p`, `l >= thr` or
+/// the first maximum; else the nucleus (bins above the crossing bin `cb`,
+/// and in it the keys above `prefix` and its ties up to `last_pos`).
+#[cube]
+fn kept_at(
+    l: f32,
+    j: u32,
+    m: f32,
+    cb: u32,
+    prefix: u32,
+    last_pos: u32,
+    thr: f32,
+    first: u32,
+    #[comptime] min_p: bool,
+) -> bool {
+    let mut kept = false;
+    if comptime!(min_p) {
+        kept = l >= thr || j == first;
+    } else {
+        let b = nucleus_bin(l, m);
+        let key = order_key(l);
+        let q = fixed_weight(f32::exp(l - m));
+        kept =
+            b < cb || (b == cb && q > 0u32 && (key > prefix || (key == prefix && j <= last_pos)));
+    }
+    kept
+}
+
+/// The draw of the full-row kernels, once every thread has put the
+/// fixed-point `dist` weight of the kept logits of its contiguous chunk
+/// (`chunk` positions) in `chunk_hi/lo[tid]`: the chunk holding `u·W` from
+/// the chunks' prefix, then that chunk split over the threads, each part
+/// summed, and the part that holds `u·W` walked. Leaves the drawn position
+/// in `bads[0]` (`2·width` when nothing is kept) and whether `W = 0` in
+/// `sel[S_TOTAL_ZERO]`. Every thread calls.
+#[cube]
+fn draw_position(
+    logits: &[f32],
+    base: u32,
+    width: u32,
+    chunk: u32,
+    u_row: f32,
+    tr: f32,
+    qm: f32,
+    m: f32,
+    cb: u32,
+    prefix: u32,
+    last_pos: u32,
+    thr: f32,
+    first: u32,
+    chunk_hi: &mut Shared<[u32]>,
+    chunk_lo: &mut Shared<[u32]>,
+    part_hi: &mut Shared<[u32]>,
+    part_lo: &mut Shared<[u32]>,
+    bads: &mut Shared<[u32]>,
+    sel: &mut Shared<[u32]>,
+    #[comptime] min_p: bool,
+) {
+    let tid = UNIT_POS;
+    let none_pos = 2u32 * width;
+    // The draw: the chunk holding u·W, from the chunks' prefix.
+    if tid == 0u32 {
+        let mut th = 0u32;
+        let mut tl = 0u32;
+        for c in 0..CUBE_DIM {
+            let nl = tl + chunk_lo[c as usize];
+            th += chunk_hi[c as usize] + select(nl < tl, 1u32, 0u32);
+            tl = nl;
+        }
+        let mut gh2 = frac_hi(u_row, th, tl);
+        let mut gl2 = frac_lo(u_row, th, tl);
+        if !wide_ge(th, tl, gh2, gl2) {
+            gh2 = th;
+            gl2 = tl;
+        }
+        let mut ch = 0u32;
+        let mut cl = 0u32;
+        let mut found = false;
+        let mut at = 0u32;
+        let mut bh = 0u32;
+        let mut bl = 0u32;
+        for c in 0..CUBE_DIM {
+            let xh0 = chunk_hi[c as usize];
+            let xl0 = chunk_lo[c as usize];
+            let nl = cl + xl0;
+            let nh = ch + xh0 + select(nl < cl, 1u32, 0u32);
+            if !found && (xh0 > 0u32 || xl0 > 0u32) && wide_ge(nh, nl, gh2, gl2) {
+                found = true;
+                at = c;
+                bh = ch;
+                bl = cl;
+            }
+            ch = nh;
+            cl = nl;
+        }
+        sel[S_CHUNK] = at;
+        sel[S_BEFORE_HI] = bh;
+        sel[S_BEFORE_LO] = bl;
+        sel[S_TARGET_HI] = gh2;
+        sel[S_TARGET_LO] = gl2;
+        sel[S_TOTAL_ZERO] = select(th == 0u32 && tl == 0u32, 1u32, 0u32);
+    }
+    sync_cube();
+
+    // The chunk, split over the threads: each sums its part, then the part
+    // that holds u·W finds the token.
+    let c_start = sel[S_CHUNK] * chunk;
+    let c_end = select(c_start + chunk < width, c_start + chunk, width);
+    let sub = (chunk + CUBE_DIM - 1u32) / CUBE_DIM;
+    let s_start = select(c_start + tid * sub < c_end, c_start + tid * sub, c_end);
+    let s_end = select(s_start + sub < c_end, s_start + sub, c_end);
+    let mut sh = 0u32;
+    let mut sl = 0u32;
+    for j in s_start..s_end {
+        let l = logits[(base + j) as usize];
+        if kept_at(l, j, m, cb, prefix, last_pos, thr, first, min_p) {
+            let e = fixed_weight(f32::exp(scaled(l, tr) - qm));
+            let nl = sl + e;
+            sh += select(nl < sl, 1u32, 0u32);
+            sl = nl;
+        }
+    }
+    part_hi[tid as usize] = sh;
+    part_lo[tid as usize] = sl;
+    sync_cube();
+    if tid == 0u32 {
+        let mut ch = sel[S_BEFORE_HI];
+        let mut cl = sel[S_BEFORE_LO];
+        for c in 0..CUBE_DIM {
+            let xh0 = part_hi[c as usize];
+            let xl0 = part_lo[c as usize];
+            part_hi[c as usize] = ch;
+            part_lo[c as usize] = cl;
+            let nl = cl + xl0;
+            ch = ch + xh0 + select(nl < cl, 1u32, 0u32);
+            cl = nl;
+        }
+    }
+    sync_cube();
+    let target_hi = sel[S_TARGET_HI];
+    let target_lo = sel[S_TARGET_LO];
+    let mut ch = part_hi[tid as usize];
+    let mut cl = part_lo[tid as usize];
+    let mut hit = none_pos;
+    for j in s_start..s_end {
+        let l = logits[(base + j) as usize];
+        if kept_at(l, j, m, cb, prefix, last_pos, thr, first, min_p) {
+            let e = fixed_weight(f32::exp(scaled(l, tr) - qm));
+            let nl = cl + e;
+            ch += select(nl < cl, 1u32, 0u32);
+            cl = nl;
+            if e > 0u32 && hit == none_pos && wide_ge(ch, cl, target_hi, target_lo) {
+                hit = j;
+            }
+        }
+    }
+    bads[tid as usize] = hit;
+    shared_min(bads);
+}
+
+/// Thread 0 writes the row's token (the drawn position in `bads[0]`; the
+/// first maximum at a greedy temperature; `-1` with nothing to draw), or
+/// its status code ([`code_key`]), and its own validation key.
+#[cube]
+fn write_token(
+    out: &mut [i32],
+    out_bad: &mut [i32],
+    bad_in: &[i32],
+    row: u32,
+    width: u32,
+    none: u32,
+    tr: f32,
+    greedy_below: f32,
+    first: u32,
+    dead: bool,
+    own_bad: u32,
+    bads: &Shared<[u32]>,
+    sel: &Shared<[u32]>,
+    #[comptime] codes: u32,
+) {
+    if UNIT_POS == 0u32 {
+        let found = bads[0];
+        let mut tok = select(found < width, i32::cast_from(found), -1i32);
+        tok = select(sel[S_TOTAL_ZERO] == 1u32, -1i32, tok);
+        if tr < greedy_below {
+            tok = i32::cast_from(first);
+        }
+        tok = select(dead, -1i32, tok);
+        let code = code_key(bad_in, own_bad, row, none, codes);
+        out[row as usize] = with_code(tok, code, none);
+        out_bad[row as usize] = i32::cast_from(own_bad);
+    }
+}
+
 #[cube(launch_unchecked)]
 fn top_p_dist_full_rows(
     logits: &[f32],
@@ -165,43 +411,8 @@ fn top_p_dist_full_rows(
     let mut sel = Shared::<[u32]>::new_slice(S_LEN);
 
     // Read 1: the maximum and its lowest position, the row's validation.
-    let none_pos = 2u32 * width;
-    let mut bad = none_pos;
-    let mut bk = 0u32;
-    let mut bp = width;
-    let mut i = tid;
-    while i < width {
-        let x = logits[(base + i) as usize];
-        let key = order_key(x);
-        if key > bk {
-            bk = key;
-            bp = i;
-        }
-        if bad == none_pos && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
-            bad = bad_key(x, i, none_pos);
-        }
-        i += CUBE_DIM;
-    }
-    bads[tid as usize] = bad;
-    shared_min(&mut bads);
+    row_max_and_validation(logits, base, width, &mut best_key, &mut best_pos, &mut bads);
     let own_bad = bads[0];
-    best_key[tid as usize] = bk;
-    best_pos[tid as usize] = bp;
-    sync_cube();
-    let mut half = CUBE_DIM / 2u32;
-    while half > 0u32 {
-        if tid < half {
-            let k2 = best_key[(tid + half) as usize];
-            let p2 = best_pos[(tid + half) as usize];
-            let k1 = best_key[tid as usize];
-            if k2 > k1 || (k2 == k1 && p2 < best_pos[tid as usize]) {
-                best_key[tid as usize] = k2;
-                best_pos[tid as usize] = p2;
-            }
-        }
-        sync_cube();
-        half /= 2u32;
-    }
     let first = best_pos[0];
     let dead = best_key[0] <= NEG_INF_KEY;
     let m_raw = logits[(base + select(first < width, first, 0u32)) as usize];
@@ -517,139 +728,320 @@ fn top_p_dist_full_rows(
     chunk_lo[tid as usize] = wl;
     sync_cube();
 
-    // The draw: the chunk holding u·W, from the chunks' prefix.
-    if tid == 0u32 {
-        let mut th = 0u32;
-        let mut tl = 0u32;
-        for c in 0..CUBE_DIM {
-            let nl = tl + chunk_lo[c as usize];
-            th += chunk_hi[c as usize] + select(nl < tl, 1u32, 0u32);
-            tl = nl;
-        }
-        let mut gh2 = frac_hi(u[row as usize], th, tl);
-        let mut gl2 = frac_lo(u[row as usize], th, tl);
-        if !wide_ge(th, tl, gh2, gl2) {
-            gh2 = th;
-            gl2 = tl;
-        }
-        let mut ch = 0u32;
-        let mut cl = 0u32;
-        let mut found = false;
-        let mut at = 0u32;
-        let mut bh = 0u32;
-        let mut bl = 0u32;
-        for c in 0..CUBE_DIM {
-            let xh0 = chunk_hi[c as usize];
-            let xl0 = chunk_lo[c as usize];
-            let nl = cl + xl0;
-            let nh = ch + xh0 + select(nl < cl, 1u32, 0u32);
-            if !found && (xh0 > 0u32 || xl0 > 0u32) && wide_ge(nh, nl, gh2, gl2) {
-                found = true;
-                at = c;
-                bh = ch;
-                bl = cl;
-            }
-            ch = nh;
-            cl = nl;
-        }
-        sel[S_CHUNK] = at;
-        sel[S_BEFORE_HI] = bh;
-        sel[S_BEFORE_LO] = bl;
-        sel[S_TARGET_HI] = gh2;
-        sel[S_TARGET_LO] = gl2;
-        sel[S_TOTAL_ZERO] = select(th == 0u32 && tl == 0u32, 1u32, 0u32);
+    // The draw.
+    draw_position(
+        logits,
+        base,
+        width,
+        chunk,
+        u[row as usize],
+        tr,
+        qm,
+        m,
+        cb,
+        prefix,
+        last_pos,
+        0.0f32,
+        first,
+        &mut chunk_hi,
+        &mut chunk_lo,
+        &mut part_hi,
+        &mut part_lo,
+        &mut bads,
+        &mut sel,
+        false,
+    );
+    write_token(
+        out,
+        out_bad,
+        bad_in,
+        row,
+        width,
+        none,
+        tr,
+        greedy_below,
+        first,
+        dead,
+        own_bad,
+        &bads,
+        &sel,
+        codes,
+    );
+}
+
+#[cube(launch_unchecked)]
+fn min_p_dist_full_rows(
+    logits: &[f32],
+    log_p: &[f32],
+    t: &[f32],
+    u: &[f32],
+    bad_in: &[i32],
+    out: &mut [i32],
+    out_bad: &mut [i32],
+    width: u32,
+    none: u32,
+    greedy_below: f32,
+    #[comptime] units: usize,
+    #[comptime] has_t: bool,
+    #[comptime] codes: u32,
+    #[comptime] keep_all: bool,
+) {
+    let row = CUBE_POS_X;
+    let tid = UNIT_POS;
+    let base = row * width;
+    let mut best_key = Shared::<[u32]>::new_slice(units);
+    let mut best_pos = Shared::<[u32]>::new_slice(units);
+    let mut bads = Shared::<[u32]>::new_slice(units);
+    let mut part_hi = Shared::<[u32]>::new_slice(units);
+    let mut part_lo = Shared::<[u32]>::new_slice(units);
+    let mut chunk_hi = Shared::<[u32]>::new_slice(units);
+    let mut chunk_lo = Shared::<[u32]>::new_slice(units);
+    let mut sel = Shared::<[u32]>::new_slice(S_LEN);
+
+    // Read 1: the maximum and its lowest position, the row's validation.
+    row_max_and_validation(logits, base, width, &mut best_key, &mut best_pos, &mut bads);
+    let own_bad = bads[0];
+    let first = best_pos[0];
+    let dead = best_key[0] <= NEG_INF_KEY;
+    let m_raw = logits[(base + select(first < width, first, 0u32)) as usize];
+    let m = select(dead, 0.0f32, m_raw);
+    let mut tr = 1.0f32;
+    if comptime!(has_t) {
+        tr = t[row as usize];
     }
+    let qm = scaled(m, tr);
+    // `l >= max + ln p`, as the CPU computes it (`-inf` on no-op rows).
+    let mut thr = f32::reinterpret(0xFF80_0000u32);
+    if comptime!(!keep_all) {
+        thr = m + log_p[row as usize];
+    }
+
+    // Read 2: each thread's contiguous chunk, the dist weights of the kept.
+    let chunk = (width + CUBE_DIM - 1u32) / CUBE_DIM;
+    let start = select(tid * chunk < width, tid * chunk, width);
+    let end = select(start + chunk < width, start + chunk, width);
+    let mut wh = 0u32;
+    let mut wl = 0u32;
+    for j in start..end {
+        let l = logits[(base + j) as usize];
+        if l >= thr || j == first {
+            let q = fixed_weight(f32::exp(scaled(l, tr) - qm));
+            let nl = wl + q;
+            wh += select(nl < wl, 1u32, 0u32);
+            wl = nl;
+        }
+    }
+    chunk_hi[tid as usize] = wh;
+    chunk_lo[tid as usize] = wl;
     sync_cube();
 
-    // The chunk, split over the threads: each sums its part, then the part
-    // that holds u·W finds the token.
-    let c_start = sel[S_CHUNK] * chunk;
-    let c_end = select(c_start + chunk < width, c_start + chunk, width);
-    let sub = (chunk + CUBE_DIM - 1u32) / CUBE_DIM;
-    let s_start = select(c_start + tid * sub < c_end, c_start + tid * sub, c_end);
-    let s_end = select(s_start + sub < c_end, s_start + sub, c_end);
-    let mut sh = 0u32;
-    let mut sl = 0u32;
-    for j in s_start..s_end {
-        let l = logits[(base + j) as usize];
-        let b = nucleus_bin(l, m);
-        let key = order_key(l);
-        let q = fixed_weight(f32::exp(l - m));
-        let kept =
-            b < cb || (b == cb && q > 0u32 && (key > prefix || (key == prefix && j <= last_pos)));
-        if kept {
-            let e = fixed_weight(f32::exp(scaled(l, tr) - qm));
-            let nl = sl + e;
-            sh += select(nl < sl, 1u32, 0u32);
-            sl = nl;
+    draw_position(
+        logits,
+        base,
+        width,
+        chunk,
+        u[row as usize],
+        tr,
+        qm,
+        m,
+        0u32,
+        0u32,
+        0u32,
+        thr,
+        first,
+        &mut chunk_hi,
+        &mut chunk_lo,
+        &mut part_hi,
+        &mut part_lo,
+        &mut bads,
+        &mut sel,
+        true,
+    );
+    write_token(
+        out,
+        out_bad,
+        bad_in,
+        row,
+        width,
+        none,
+        tr,
+        greedy_below,
+        first,
+        dead,
+        own_bad,
+        &bads,
+        &sel,
+        codes,
+    );
+}
+
+#[cube(launch_unchecked)]
+fn min_p_rows(
+    logits: &[f32],
+    ids: &[i32],
+    log_p: &[f32],
+    out: &mut [f32],
+    out_bad: &mut [i32],
+    width: u32,
+    #[comptime] units: usize,
+    #[comptime] has_ids: bool,
+) {
+    let row = CUBE_POS_X;
+    let tid = UNIT_POS;
+    let base = row * width;
+    let mut best_key = Shared::<[u32]>::new_slice(units);
+    let mut best_id = Shared::<[u32]>::new_slice(units);
+    let mut best_pos = Shared::<[u32]>::new_slice(units);
+    let mut bads = Shared::<[u32]>::new_slice(units);
+    let neg_inf = f32::reinterpret(0xFF80_0000u32);
+
+    // Pass 1: the first maximum in canonical order (ties to the lowest id)
+    // and the row's validation.
+    let none_pos = 2u32 * width;
+    let mut bad = none_pos;
+    let mut bk = 0u32;
+    let mut bid = 0xFFFF_FFFFu32;
+    let mut bp = width;
+    let mut i = tid;
+    while i < width {
+        let x = logits[(base + i) as usize];
+        let key = order_key(x);
+        let mut id = i;
+        if comptime!(has_ids) {
+            id = u32::cast_from(ids[(base + i) as usize]);
         }
-    }
-    part_hi[tid as usize] = sh;
-    part_lo[tid as usize] = sl;
-    sync_cube();
-    if tid == 0u32 {
-        let mut ch = sel[S_BEFORE_HI];
-        let mut cl = sel[S_BEFORE_LO];
-        for c in 0..CUBE_DIM {
-            let xh0 = part_hi[c as usize];
-            let xl0 = part_lo[c as usize];
-            part_hi[c as usize] = ch;
-            part_lo[c as usize] = cl;
-            let nl = cl + xl0;
-            ch = ch + xh0 + select(nl < cl, 1u32, 0u32);
-            cl = nl;
+        if key > bk || (key == bk && id < bid) {
+            bk = key;
+            bid = id;
+            bp = i;
         }
+        if bad == none_pos && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
+            bad = bad_key(x, i, none_pos);
+        }
+        i += CUBE_DIM;
     }
+    bads[tid as usize] = bad;
+    shared_min(&mut bads);
+    best_key[tid as usize] = bk;
+    best_id[tid as usize] = bid;
+    best_pos[tid as usize] = bp;
     sync_cube();
-    let target_hi = sel[S_TARGET_HI];
-    let target_lo = sel[S_TARGET_LO];
-    let mut ch = part_hi[tid as usize];
-    let mut cl = part_lo[tid as usize];
-    let mut hit = none_pos;
-    for j in s_start..s_end {
-        let l = logits[(base + j) as usize];
-        let b = nucleus_bin(l, m);
-        let key = order_key(l);
-        let q = fixed_weight(f32::exp(l - m));
-        let kept =
-            b < cb || (b == cb && q > 0u32 && (key > prefix || (key == prefix && j <= last_pos)));
-        if kept {
-            let e = fixed_weight(f32::exp(scaled(l, tr) - qm));
-            let nl = cl + e;
-            ch += select(nl < cl, 1u32, 0u32);
-            cl = nl;
-            if e > 0u32 && hit == none_pos && wide_ge(ch, cl, target_hi, target_lo) {
-                hit = j;
+    let mut half = CUBE_DIM / 2u32;
+    while half > 0u32 {
+        if tid < half {
+            let k2 = best_key[(tid + half) as usize];
+            let d2 = best_id[(tid + half) as usize];
+            let k1 = best_key[tid as usize];
+            if k2 > k1 || (k2 == k1 && d2 < best_id[tid as usize]) {
+                best_key[tid as usize] = k2;
+                best_id[tid as usize] = d2;
+                best_pos[tid as usize] = best_pos[(tid + half) as usize];
             }
         }
+        sync_cube();
+        half /= 2u32;
     }
-    bads[tid as usize] = hit;
-    shared_min(&mut bads);
+    let first = best_pos[0];
+    let m_raw = logits[(base + select(first < width, first, 0u32)) as usize];
+    let m = select(best_key[0] <= NEG_INF_KEY, 0.0f32, m_raw);
+    let thr = m + log_p[row as usize];
+    // Pass 2: the kept logits, `-inf` elsewhere.
+    let mut j = tid;
+    while j < width {
+        let l = logits[(base + j) as usize];
+        out[(base + j) as usize] = select(l >= thr || j == first, l, neg_inf);
+        j += CUBE_DIM;
+    }
     if tid == 0u32 {
-        let found = bads[0];
-        let mut tok = select(found < width, i32::cast_from(found), -1i32);
-        tok = select(sel[S_TOTAL_ZERO] == 1u32, -1i32, tok);
-        if tr < greedy_below {
-            tok = i32::cast_from(first);
-        }
-        tok = select(dead, -1i32, tok);
-        let code = code_key(bad_in, own_bad, row, none, codes);
-        out[row as usize] = with_code(tok, code, none);
-        out_bad[row as usize] = i32::cast_from(own_bad);
+        out_bad[row as usize] = i32::cast_from(bads[0]);
     }
 }
 
-/// Full-vocabulary `top_p(p) -> [temperature(t)] -> dist(u)` over `logits
-/// [B, V]` (positions are token ids, `min_keep <= 1`) in one kernel (the
-/// module doc says how): `[B]` token ids (or with `codes` the status code of
-/// an invalid row, [`TokenCodes`]; `-1` for a row without a finite logit)
-/// and the rows' validation keys `[B, 1]` (as [`first_bad`]). `p` `[B, 1]`
-/// (`+inf` keeps the whole row), `t` `[B, 1]` (`None`: no temperature;
-/// rows with `t < greedy_below` take the first maximum), `u` `[B, 1]` in
-/// `[0, 1)`. About three reads of the row. `None` off the cubecl devices.
-pub fn top_p_dist_full(
+/// `min_p` over `logits [B, N]` (`min_keep <= 1`), the device recipe's rule
+/// in one kernel: keep `l >= max + ln p` (`log_p` `[B, 1]`, `-inf` on no-op
+/// rows) and the first candidate in canonical order (logit descending, ties
+/// to the lowest of `ids` `[B, N]`, or of the positions without); the
+/// others become `-inf`. Also returns the rows' validation keys `[B, 1]`
+/// from its first pass (as [`first_bad`]; meaningful on full rows). Two
+/// reads of the row. `None` off the cubecl devices.
+pub fn min_p(
     logits: &Tensor<2>,
-    p: &Tensor<2>,
+    ids: Option<&Tensor<2, Int>>,
+    log_p: &Tensor<2>,
+) -> Option<(Tensor<2>, Tensor<2, Int>)> {
+    let [b, n] = logits.dims();
+    if !argmax_applies(b, n) || i32::try_from(2 * n).is_err() {
+        return None;
+    }
+    let (l, fusion) = resolve_float(logits)?;
+    let log_p = resolve_float(log_p)?.0;
+    let ids = match ids {
+        Some(ids) => Some(resolve_int(ids)?),
+        None => None,
+    };
+    let units = units(&l);
+    let (client, device) = (l.client.clone(), l.device.clone());
+    let out = empty_device_contiguous_dtype(
+        client.clone(),
+        device.clone(),
+        Shape::new([b, n]),
+        DType::F32,
+    );
+    let bad = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, 1]), DType::I32);
+    // Without ids the kernel never reads them: any int buffer will do.
+    let ids_handle = ids
+        .as_ref()
+        .map_or(bad.handle.clone(), |i| i.handle.clone());
+    let ids_len = if ids.is_some() { b * n } else { b };
+    // SAFETY: every index the kernel forms is inside its buffers (row
+    // bases and loops bounded by the width, shared slices by their sizes).
+    unsafe {
+        min_p_rows::launch_unchecked(
+            &client,
+            CubeCount::Static(b as u32, 1, 1),
+            CubeDim::new_1d(units),
+            BufferArg::from_raw_parts(l.handle.clone(), b * n),
+            BufferArg::from_raw_parts(ids_handle, ids_len),
+            BufferArg::from_raw_parts(log_p.handle.clone(), b),
+            BufferArg::from_raw_parts(out.handle.clone(), b * n),
+            BufferArg::from_raw_parts(bad.handle.clone(), b),
+            n as u32,
+            units as usize,
+            ids.is_some(),
+        )
+    }
+    crate::launches::declare_read("min_p_rows", 8 * b * n + 4 * ids_len + 4 * b);
+    Some((
+        Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)),
+        Tensor::<2, Int>::from_primitive::<Cube>(register(bad, &fusion)),
+    ))
+}
+
+/// The cut a full-row draw kernel applies before its `dist`.
+#[derive(Debug, Clone, Copy)]
+pub enum FullCut<'a> {
+    /// `top_p` with `p` `[B, 1]` (`+inf` keeps the whole row).
+    TopP(&'a Tensor<2>),
+    /// `min_p` with `ln p` `[B, 1]` (`-inf` keeps the whole row).
+    MinP(&'a Tensor<2>),
+    /// No cut: the whole row (`[temperature] -> dist` alone).
+    All,
+}
+
+/// Full-vocabulary `cut -> [temperature(t)] -> dist(u)` over `logits
+/// [B, V]` (positions are token ids, `min_keep <= 1`) in one kernel: `[B]`
+/// token ids (or with `codes` the status code of an invalid row,
+/// [`TokenCodes`]; `-1` for a row without a finite logit) and the rows'
+/// validation keys `[B, 1]` (as [`first_bad`]). `t` `[B, 1]` (`None`: no
+/// temperature; rows with `t < greedy_below` take the first maximum), `u`
+/// `[B, 1]` in `[0, 1)`. A `top_p` cut reads the row about three times
+/// (the module doc says how), a `min_p` cut about twice (the maximum, then
+/// the kept weights in chunks; `All` the same without a cut), and the drawn
+/// chunk twice more (`2 / units`
+/// of a row). `None` off the cubecl devices.
+pub fn cut_dist_full(
+    logits: &Tensor<2>,
+    cut: FullCut<'_>,
     t: Option<&Tensor<2>>,
     u: &Tensor<2>,
     greedy_below: f32,
@@ -660,8 +1052,14 @@ pub fn top_p_dist_full(
         return None;
     }
     let (l, fusion) = resolve_float(logits)?;
-    let p = resolve_float(p)?.0;
     let u = resolve_float(u)?.0;
+    // `All` never reads its parameter: any f32 buffer of `B` will do.
+    let (param, min_p) = match cut {
+        FullCut::TopP(p) => (resolve_float(p)?.0, false),
+        FullCut::MinP(log_p) => (resolve_float(log_p)?.0, true),
+        FullCut::All => (u.clone(), true),
+    };
+    let keep_all = matches!(cut, FullCut::All);
     let t = match t {
         Some(t) => Some(resolve_float(t)?.0),
         None => None,
@@ -673,37 +1071,91 @@ pub fn top_p_dist_full(
         empty_device_contiguous_dtype(client.clone(), device.clone(), Shape::new([b]), DType::I32);
     let bad = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, 1]), DType::I32);
     // Without a temperature the kernel never reads `t`: any f32 buffer will do.
-    let t_handle = t.as_ref().map_or(p.handle.clone(), |t| t.handle.clone());
-    // SAFETY: every index the kernel forms is inside its buffers (row
+    let t_handle = t
+        .as_ref()
+        .map_or(param.handle.clone(), |t| t.handle.clone());
+    let (cubes, dim) = (CubeCount::Static(b as u32, 1, 1), CubeDim::new_1d(units));
+    // SAFETY: every index the kernels form is inside their buffers (row
     // bases and loops bounded by the width, bins clamped to `NUC_BINS`,
     // gathered slots to `NUC_GATHER`, shared slices by their sizes).
     unsafe {
-        top_p_dist_full_rows::launch_unchecked(
-            &client,
-            CubeCount::Static(b as u32, 1, 1),
-            CubeDim::new_1d(units),
+        let (a0, a1, a2, a3, a4, a5, a6) = (
             BufferArg::from_raw_parts(l.handle.clone(), b * n),
-            BufferArg::from_raw_parts(p.handle.clone(), b),
+            BufferArg::from_raw_parts(param.handle.clone(), b),
             BufferArg::from_raw_parts(t_handle, b),
             BufferArg::from_raw_parts(u.handle.clone(), b),
             BufferArg::from_raw_parts(keys.handle.clone(), b),
             BufferArg::from_raw_parts(out.handle.clone(), b),
             BufferArg::from_raw_parts(bad.handle.clone(), b),
-            n as u32,
-            none,
-            greedy_below,
-            units as usize,
-            t.is_some(),
-            mode,
-        )
+        );
+        if min_p {
+            min_p_dist_full_rows::launch_unchecked(
+                &client,
+                cubes,
+                dim,
+                a0,
+                a1,
+                a2,
+                a3,
+                a4,
+                a5,
+                a6,
+                n as u32,
+                none,
+                greedy_below,
+                units as usize,
+                t.is_some(),
+                mode,
+                keep_all,
+            )
+        } else {
+            top_p_dist_full_rows::launch_unchecked(
+                &client,
+                cubes,
+                dim,
+                a0,
+                a1,
+                a2,
+                a3,
+                a4,
+                a5,
+                a6,
+                n as u32,
+                none,
+                greedy_below,
+                units as usize,
+                t.is_some(),
+                mode,
+            )
+        }
     }
-    // Max, histogram and chunk passes; the drawn chunk twice (2 / units of
-    // a row); the row scalars. A crossing bin of more than `NUC_GATHER`
-    // logits adds passes over the row (module doc); not counted here.
+    // top_p: max, histogram and chunk passes; min_p: max and chunk passes;
+    // the drawn chunk twice; the row scalars. A top_p crossing bin of more
+    // than `NUC_GATHER` logits adds passes over the row (module doc); not
+    // counted here.
+    let passes = if min_p { 2 } else { 3 };
     let chunk = n.div_ceil(units as usize);
-    crate::launches::declare_read("top_p_dist_full_rows", 4 * b * (3 * n + 2 * chunk) + 16 * b);
+    let name = match cut {
+        FullCut::TopP(_) => "top_p_dist_full_rows",
+        FullCut::MinP(_) => "min_p_dist_full_rows",
+        FullCut::All => "dist_all_full_rows",
+    };
+    crate::launches::declare_read(name, 4 * b * (passes * n + 2 * chunk) + 16 * b);
     Some((
         Tensor::<1, Int>::from_primitive::<Cube>(register(out, &fusion)),
         Tensor::<2, Int>::from_primitive::<Cube>(register(bad, &fusion)),
     ))
+}
+
+/// [`cut_dist_full`] with a `top_p` cut (`p` `[B, 1]`, `+inf` keeps the
+/// whole row).
+pub fn top_p_dist_full(
+    logits: &Tensor<2>,
+    p: &Tensor<2>,
+    t: Option<&Tensor<2>>,
+    u: &Tensor<2>,
+    greedy_below: f32,
+    codes: TokenCodes<'_>,
+) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
+    cut_dist_full(logits, FullCut::TopP(p), t, u, greedy_below, codes)
 }

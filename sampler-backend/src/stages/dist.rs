@@ -11,7 +11,10 @@
 //!   (block sums, a short cumsum over blocks, then a short cumsum inside
 //!   the crossing block). Wide rows with `ids` are first scattered back to
 //!   vocabulary order. On a cubecl device, rows of the whole vocabulary run
-//!   one custom kernel instead (`kernels::dist_full`, same rule).
+//!   one custom kernel instead (`kernels::cut_dist_full` without a cut:
+//!   the same rule with fixed-point weights, two reads of the row), with a
+//!   pending `top_p` / `min_p` / `temperature` ([`StepData::nucleus`])
+//!   applied inside it.
 //!
 //! Sums run in f32 in a different order than the CPU's sequential walk: a
 //! token can differ only when `u * S` lies within rounding of a cumulative
@@ -119,16 +122,17 @@ fn kernel_dist(data: &StepData, u: &Tensor<2>) -> Option<(Tensor<1, Int>, bool)>
         if data.ids.is_some() || data.order_ids.is_some() {
             return None;
         }
-        crate::kernels::dist_full(&data.logits, u, codes)?
+        let all = crate::kernels::FullCut::All;
+        crate::kernels::cut_dist_full(&data.logits, all, None, u, sampler_core::GREEDY_TEMPERATURE, codes)?.0
     } else {
         crate::kernels::dist(&data.logits, &data.token_ids(), u, codes)?
     };
     Some((tok, wrote))
 }
 
-/// A pending full-vocabulary `top_p` ([`StepData::nucleus`]), its
-/// temperature and this draw as one kernel on a cubecl device
-/// (`kernels::top_p_dist_full`), and whether it wrote the rows' status
+/// A pending full-vocabulary `top_p` or `min_p` ([`StepData::nucleus`]),
+/// its temperature and this draw as one kernel on a cubecl device
+/// (`kernels::cut_dist_full`), and whether it wrote the rows' status
 /// codes (it validates unsanitised rows itself and sets
 /// [`StepData::first_bad`]); `None` elsewhere.
 #[cfg(feature = "cubecl-kernels")]
@@ -142,9 +146,14 @@ fn kernel_nucleus_dist(data: &mut StepData, u: &Tensor<2>) -> Option<(Tensor<1, 
     };
     let wrote = !matches!(codes, TokenCodes::Tokens);
     let own = matches!(codes, TokenCodes::OwnKeys);
-    let (tok, first_bad) = crate::kernels::top_p_dist_full(
+    let cut = match &nucleus.cut {
+        crate::stage::PendingCut::TopP(p) => crate::kernels::FullCut::TopP(p),
+        crate::stage::PendingCut::MinP(log_p) => crate::kernels::FullCut::MinP(log_p),
+        crate::stage::PendingCut::All => crate::kernels::FullCut::All,
+    };
+    let (tok, first_bad) = crate::kernels::cut_dist_full(
         &data.logits,
-        &nucleus.p,
+        cut,
         nucleus.t.as_ref(),
         u,
         sampler_core::GREEDY_TEMPERATURE,

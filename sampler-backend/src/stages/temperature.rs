@@ -98,6 +98,13 @@ impl DeviceStage for Temperature {
     fn takes_pending_nucleus(&self) -> bool {
         !self.any_dynamic
     }
+    fn takes_unsanitised_rows(&self, batch: usize, width: usize, device: &burn_tensor::Device) -> bool {
+        // Handed on (a full row, no dynamic range): the kernel that takes it
+        // validates the rows (the fused draw, or `first_bad` before scaling).
+        self.t.is_some()
+            && !self.any_dynamic
+            && crate::stages::top_p::full_row_kernel_applies(batch, width, device)
+    }
     fn apply(&self, data: &mut StepData) {
         if let (Some(t), Some(nucleus)) = (&self.t, &mut data.nucleus)
             && nucleus.t.is_none()
@@ -111,6 +118,21 @@ impl DeviceStage for Temperature {
             return;
         }
         crate::stages::top_p::materialize_nucleus(data);
+        if let Some(t) = &self.t
+            && !self.any_dynamic
+            && data.ids.is_none()
+            && data.order_ids.is_none()
+            && crate::stages::top_p::full_row_kernel_applies(data.batch, data.width, &data.device)
+        {
+            // A full row: handed on, so that a `dist` after it scales and
+            // draws in one kernel; anything else gets the scaled rows first.
+            data.nucleus = Some(crate::stage::PendingNucleus {
+                cut: crate::stage::PendingCut::All,
+                t: Some(data.per_row(t)),
+            });
+            data.probs = None;
+            return;
+        }
         let (Some(t), Some(t_min), Some(t_span), Some(ex), Some(dynamic)) = (
             &self.t,
             &self.t_min,

@@ -75,7 +75,9 @@ fn kernel_top_k(
         return None;
     }
     let (selected, first_bad) = kernel_select(&data.logits, k, k_row, data.vocab, penalties)?;
-    if data.invalid.is_none() {
+    // The input rows' validation: the first stage's (later stages see
+    // rows an earlier kernel rewrote).
+    if data.invalid.is_none() && data.first_bad.is_none() {
         data.first_bad = Some(first_bad);
     }
     Some(selected)

@@ -14,9 +14,12 @@
 //!   per iteration, `BISECT_ITERS` iterations); candidates equal to `v*` are
 //!   then kept in ascending id order while the mass before them is `< p * S`,
 //!   with the id cut found by an integer bisection over counts. On a cubecl
-//!   device, rows of the whole vocabulary with `min_keep <= 1` run one custom
-//!   kernel instead (`kernels::top_p_full`: a weighted radix search, same
-//!   rule).
+//!   device, rows of the whole vocabulary with `min_keep <= 1` are handed on
+//!   ([`StepData::nucleus`]): a following `[temperature] -> dist` draws
+//!   through the cut in one kernel (`kernels::cut_dist_full`, about three
+//!   reads of the row), anything else gets the rows filtered by
+//!   [`materialize_nucleus`] (`kernels::top_p_full`: a weighted radix
+//!   search, same rule).
 
 use burn_tensor::{Bool, Int, Tensor};
 use sampler_core::StageSpec;
@@ -24,7 +27,7 @@ use sampler_core::StageSpec;
 use crate::ops::{self, PAIRWISE_MAX, wide};
 use sampler_core::DeviceRefusal;
 
-use crate::stage::{DeviceStage, InitContext, PendingNucleus, StepData};
+use crate::stage::{DeviceStage, InitContext, PendingCut, PendingNucleus, StepData};
 
 /// Iterations of the value bisection on full rows. Each halves the range of
 /// logits still in question; 64 resolves any two distinct f32 logits of
@@ -122,7 +125,7 @@ impl DeviceStage for TopP {
             // Handed on: `dist` draws through it in one kernel; any other
             // stage gets the filtered rows first (`materialize_nucleus`).
             data.nucleus = Some(PendingNucleus {
-                p: data.per_row(p_or_all),
+                cut: PendingCut::TopP(data.per_row(p_or_all)),
                 t: None,
             });
             data.probs = None;
@@ -152,32 +155,56 @@ impl DeviceStage for TopP {
     }
 }
 
-/// Apply a pending full-vocabulary `top_p` ([`StepData::nucleus`]) and the
-/// temperature handed on with it: the full-row kernel and the temperature
-/// kernel on a cubecl device (the rows' validation keys from the former
-/// when the rows came in unsanitised), the generic recipes elsewhere.
-/// Nothing when none is pending.
+/// Apply a pending full-vocabulary `top_p` or `min_p`
+/// ([`StepData::nucleus`]) and the temperature handed on with it: the
+/// full-row kernels on a cubecl device (the rows' validation keys from the
+/// cut's kernel when the rows came in unsanitised), the generic recipes
+/// elsewhere. Nothing when none is pending.
 pub fn materialize_nucleus(data: &mut StepData) {
     let Some(nucleus) = data.nucleus.take() else {
         return;
     };
-    if let Some((out, first_bad)) = kernel_top_p_full(&data.logits, &nucleus.p) {
-        if data.invalid.is_none() {
+    let kernel = match &nucleus.cut {
+        PendingCut::TopP(p) => kernel_top_p_full(&data.logits, p),
+        PendingCut::MinP(log_p) => crate::stages::min_p::kernel_min_p(&data.logits, None, log_p),
+        PendingCut::All => None,
+    };
+    if let Some((out, first_bad)) = kernel {
+        if data.invalid.is_none() && data.first_bad.is_none() {
             data.first_bad = Some(first_bad);
         }
         data.logits = out;
+    } else if matches!(nucleus.cut, PendingCut::All) {
+        // A temperature alone, on rows that may be unsanitised: validate
+        // them before scaling (a `+inf` becomes `f32::MAX`).
+        if data.invalid.is_none() && data.first_bad.is_none() {
+            data.first_bad = crate::batch::kernel_first_bad(&data.logits);
+        }
     } else {
         let n = data.width;
-        let ids = data.token_ids();
-        let (e, _) = ops::exps(&data.logits);
-        let noop = nucleus.p.clone().greater_elem(1.0);
-        let target = nucleus.p.clone().clamp_max(1.0).mul(e.clone().sum_dim(1));
-        let kept = full_row_nucleus(&data.logits, &ids, &e, &target, data.vocab);
-        let best = ops::argmax_lowest_id(&data.logits, &ids);
-        let keep = kept
-            .bool_or(ids.equal(wide(best, n)))
-            .bool_or(wide(noop, n));
-        data.logits = ops::mask_logits(data.logits.clone(), keep);
+        let keep = match &nucleus.cut {
+            PendingCut::TopP(p) => {
+                let ids = data.token_ids();
+                let (e, _) = ops::exps(&data.logits);
+                let noop = p.clone().greater_elem(1.0);
+                let target = p.clone().clamp_max(1.0).mul(e.clone().sum_dim(1));
+                Some(
+                    full_row_nucleus(&data.logits, &ids, &e, &target, data.vocab)
+                        .bool_or(wide(noop, n)),
+                )
+            }
+            PendingCut::MinP(log_p) => {
+                let thr = data.logits.clone().max_dim(1).add(log_p.clone());
+                Some(data.logits.clone().greater_equal(wide(thr, n)))
+            }
+            PendingCut::All => None,
+        };
+        if let Some(keep) = keep {
+            let ids = data.token_ids();
+            let best = ops::argmax_lowest_id(&data.logits, &ids);
+            let keep = keep.bool_or(ids.equal(wide(best, n)));
+            data.logits = ops::mask_logits(data.logits.clone(), keep);
+        }
     }
     data.probs = None;
     if let Some(t) = &nucleus.t {
@@ -222,14 +249,14 @@ fn kernel_top_p_full(_logits: &Tensor<2>, _p: &Tensor<2>) -> Option<(Tensor<2>, 
 /// Whether the full-row kernel serves a first `top_p` over `[b, n]` rows
 /// on `device` (then it takes them unsanitised and validates them).
 #[cfg(feature = "cubecl-kernels")]
-fn full_row_kernel_applies(b: usize, n: usize, device: &burn_tensor::Device) -> bool {
+pub(crate) fn full_row_kernel_applies(b: usize, n: usize, device: &burn_tensor::Device) -> bool {
     n > crate::kernels::TOP_K_MAX
         && !crate::is_cpu_device(device)
         && crate::kernels::argmax_applies(b, n)
 }
 
 #[cfg(not(feature = "cubecl-kernels"))]
-fn full_row_kernel_applies(_b: usize, _n: usize, _device: &burn_tensor::Device) -> bool {
+pub(crate) fn full_row_kernel_applies(_b: usize, _n: usize, _device: &burn_tensor::Device) -> bool {
     false
 }
 
