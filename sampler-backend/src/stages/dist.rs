@@ -122,8 +122,9 @@ fn kernel_dist(data: &StepData, u: &Tensor<2>) -> Option<(Tensor<1, Int>, bool)>
         if data.ids.is_some() || data.order_ids.is_some() {
             return None;
         }
-        let all = crate::kernels::FullCut::All;
-        crate::kernels::cut_dist_full(&data.logits, all, None, u, sampler_core::GREEDY_TEMPERATURE, codes)?.0
+        use crate::kernels::{FullCut, cut_dist_full};
+        let greedy_below = sampler_core::GREEDY_TEMPERATURE;
+        cut_dist_full(&data.logits, FullCut::All, None, u, greedy_below, codes)?.0
     } else {
         crate::kernels::dist(&data.logits, &data.token_ids(), u, codes)?
     };
