@@ -38,8 +38,16 @@ use rand_chacha::ChaCha8Rng;
 use sampler_core::{Candidates, Chain, ChainSpec, HistoryScope, StageSpec};
 
 /// The pool's least size: twice the last-level cache (read from Linux's
-/// sysfs; 32 MiB when unknown), at least 64 MiB and at most 1 GiB.
+/// sysfs; 32 MiB when unknown), at least 64 MiB and at most 1 GiB; or
+/// `BENCH_POOL_MIB` MiB when set (e.g. 4: rows from the cache, to compare
+/// the kernels' compute without the memory's noise).
 fn min_pool_bytes() -> usize {
+    if let Some(mib) = std::env::var("BENCH_POOL_MIB")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        return mib.max(1) << 20;
+    }
     let l3 = (0..8)
         .filter_map(|i| {
             let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");

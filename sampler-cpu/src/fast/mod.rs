@@ -48,6 +48,7 @@
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
 mod scan;
+mod simd;
 mod tail;
 mod top_p;
 
@@ -59,7 +60,7 @@ use sampler_core::{
 
 use self::scan::{desc_key, key_id, min_p_ids, top_k_keys};
 use self::tail::{temp_dist_tail, temp_dist_token};
-use self::top_p::{TopPScratch, top_p_full};
+use self::top_p::{Nucleus, TopPScratch, top_p_full};
 
 /// What the first active stage of a chain lets the fast path do.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -152,6 +153,9 @@ struct Scratch {
     /// `(key, logit)` of the penalised top-k superset.
     keyed: Vec<(u64, f32)>,
     top_p: TopPScratch,
+    nucleus: Nucleus,
+    /// A survivor set in ascending token id, for a fused tail.
+    by_id: Vec<(TokenId, f32)>,
     /// A full row for stages that edit logits before a lead.
     row: Candidates,
 }
@@ -315,8 +319,12 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
                 None => Survivors::Reference,
             }
         }
-        Lead::TopP { at, p, min_keep } => match top_p_full(logits, p, min_keep, &mut s.top_p) {
-            Ok(Some(nucleus)) => match from_parts(nucleus.ids, nucleus.logits) {
+        Lead::TopP { at, p, min_keep } => {
+            let nucleus = &mut s.nucleus;
+            if top_p_full(logits, p, min_keep, &mut s.top_p, nucleus) != Ok(true) {
+                return Survivors::Reference;
+            }
+            match from_parts(nucleus.ids.clone(), nucleus.logits.clone()) {
                 Some(mut row) => {
                     row.raw_mut().probs.copy_from_slice(&nucleus.probs);
                     row.set_probs_valid(false);
@@ -324,13 +332,12 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
                     Survivors::Set {
                         row,
                         resume: at + 1,
-                        by_id: Some(nucleus.by_id),
+                        by_id: Some(nucleus.by_id.clone()),
                     }
                 }
                 None => Survivors::Reference,
-            },
-            _ => Survivors::Reference,
-        },
+            }
+        }
     }
 }
 
@@ -423,32 +430,109 @@ fn penalised_top_k_token(
         }
         s.keyed.push((desc_key(l, t), l));
     }
-    Some(top_k_tail_token(&mut s.keyed, k, chain, tail))
+    Some(top_k_tail_token(&mut s.keyed, k, chain, tail, &mut s.by_id))
+}
+
+/// The uniform in `[0, 1)` that the `dist` stage at `tail.dist_at` draws at
+/// the chain's current step.
+fn tail_uniform(chain: &Chain, tail: tail::TempDist) -> f64 {
+    RowRng {
+        seed: chain.seed(),
+        step: chain.step(),
+        stage_index: tail.dist_at,
+    }
+    .uniform(0)
 }
 
 /// `top_k(k) -> [temperature] -> dist` over `(key, logit)` pairs
-/// ([`desc_key`]): the `k` best keys, sorted, then the fused tail.
+/// ([`desc_key`]): the `k` best keys, sorted, then the fused tail (`by_id`:
+/// a reused buffer).
 fn top_k_tail_token(
     keyed: &mut Vec<(u64, f32)>,
     k: usize,
     chain: &Chain,
     tail: tail::TempDist,
+    by_id: &mut Vec<(TokenId, f32)>,
 ) -> Result<TokenId, SampleError> {
     if k < keyed.len() {
         keyed.select_nth_unstable_by_key(k - 1, |&(key, _)| key);
         keyed.truncate(k);
     }
     keyed.sort_unstable_by_key(|&(key, _)| key);
-    let mut by_id: Vec<(TokenId, f32)> = keyed.iter().map(|&(key, l)| (key_id(key), l)).collect();
+    by_id.clear();
+    by_id.extend(keyed.iter().map(|&(key, l)| (key_id(key), l)));
     by_id.sort_unstable_by_key(|&(id, _)| id);
-    let u = RowRng {
-        seed: chain.seed(),
-        step: chain.step(),
-        stage_index: tail.dist_at,
-    }
-    .uniform(0);
     let current = keyed.iter().map(|&(_, l)| l);
-    temp_dist_token(current, by_id.into_iter(), tail.t, u)
+    temp_dist_token(
+        current,
+        by_id.iter().copied(),
+        tail.t,
+        tail_uniform(chain, tail),
+    )
+}
+
+/// A `top_k`, `min_p` or `top_p` lead followed by a `[temperature] -> dist`
+/// tail: the token from the kernel's survivors in the scratch buffers, with
+/// no `Candidates` and no allocation once the buffers have grown. `None`:
+/// not decided here (a bad row, a case the kernel leaves to the
+/// reference); the caller goes on as without this path.
+fn lead_tail_token(
+    logits: &[f32],
+    lead: Lead,
+    chain: &Chain,
+    tail: tail::TempDist,
+    s: &mut Scratch,
+) -> Option<Result<TokenId, SampleError>> {
+    match lead {
+        Lead::TopK { k, .. } => {
+            top_k_keys(logits, k, &mut s.blocks, &mut s.sel, &mut s.keys).ok()?;
+            if s.keys.is_empty() {
+                return None;
+            }
+            // The set's order (descending logit) for the normaliser, ids
+            // ascending for the walk.
+            s.by_id.clear();
+            s.by_id.extend(
+                s.keys
+                    .iter()
+                    .map(|&key| (key_id(key), logits[key_id(key) as usize])),
+            );
+            s.by_id.sort_unstable_by_key(|&(id, _)| id);
+            let current = s.keys.iter().map(|&key| logits[key_id(key) as usize]);
+            let u = tail_uniform(chain, tail);
+            Some(temp_dist_token(current, s.by_id.iter().copied(), tail.t, u))
+        }
+        Lead::MinP { p, min_keep, .. } => {
+            let max = min_p_ids(logits, p.ln(), &mut s.blocks, &mut s.sel, &mut s.ids).ok()?;
+            if max == f32::NEG_INFINITY || s.ids.len() < min_keep.max(1) {
+                return None;
+            }
+            // The kept set is in id order: one order for both.
+            let pairs = s.ids.iter().map(|&i| (i, logits[i as usize]));
+            let u = tail_uniform(chain, tail);
+            Some(temp_dist_token(
+                pairs.clone().map(|(_, l)| l),
+                pairs,
+                tail.t,
+                u,
+            ))
+        }
+        Lead::TopP { p, min_keep, .. } => {
+            let nucleus = &mut s.nucleus;
+            if !top_p_full(logits, p, min_keep, &mut s.top_p, nucleus).ok()? {
+                return None;
+            }
+            let current = nucleus.logits.iter().copied();
+            let u = tail_uniform(chain, tail);
+            Some(temp_dist_token(
+                current,
+                nucleus.by_id.iter().copied(),
+                tail.t,
+                u,
+            ))
+        }
+        Lead::Greedy | Lead::PenaltiesTopK { .. } => None,
+    }
 }
 
 /// Run `lead`'s kernel on `logits` and the rest of the chain on its
@@ -466,6 +550,14 @@ fn run_lead(
     } = lead
         && let Some(tail) = temp_dist_tail(chain.stages(), top_k_at + 1)
         && let Some(token) = with_scratch(|s| penalised_top_k_token(logits, chain, at, k, tail, s))
+    {
+        let token = token?;
+        chain.commit(token);
+        return Ok(token);
+    }
+    if let Lead::TopK { at, .. } | Lead::MinP { at, .. } | Lead::TopP { at, .. } = lead
+        && let Some(tail) = temp_dist_tail(chain.stages(), at + 1)
+        && let Some(token) = with_scratch(|s| lead_tail_token(logits, lead, chain, tail, s))
     {
         let token = token?;
         chain.commit(token);
@@ -494,7 +586,7 @@ fn run_lead(
                 .zip(row.logits())
                 .map(|(&id, &l)| (desc_key(l, id), l))
                 .collect();
-            let token = top_k_tail_token(&mut keyed, k, chain, tail)?;
+            let token = top_k_tail_token(&mut keyed, k, chain, tail, &mut Vec::new())?;
             chain.commit(token);
             Ok(token)
         }
@@ -505,12 +597,7 @@ fn run_lead(
         } => match temp_dist_tail(chain.stages(), resume) {
             // A `[temperature] -> dist` tail: fused, no id sort of the set.
             Some(tail) => {
-                let u = RowRng {
-                    seed: chain.seed(),
-                    step: chain.step(),
-                    stage_index: tail.dist_at,
-                }
-                .uniform(0);
+                let u = tail_uniform(chain, tail);
                 let current = row.logits().iter().copied();
                 let pairs = row.ids().iter().copied().zip(row.logits().iter().copied());
                 let token = match by_id {

@@ -10,6 +10,8 @@
 
 use sampler_core::TokenId;
 
+use super::simd::scan_blocks;
+
 /// Floats per block of the vectorised prefilter.
 pub(crate) const LANES: usize = 16;
 
@@ -78,25 +80,20 @@ pub(crate) fn key_id(key: u64) -> TokenId {
 /// # Errors
 /// [`Invalid`] if the row holds a NaN or `+inf`.
 pub(crate) fn max_checked(row: &[f32]) -> Result<f32, Invalid> {
-    let (chunks, tail) = blocks(row);
-    let mut acc = [f32::NEG_INFINITY; LANES];
-    let mut nan = [false; LANES];
-    for c in chunks {
-        let c = as_block(c);
-        for j in 0..LANES {
-            let x = c[j];
-            nan[j] |= x.is_nan();
-            acc[j] = if x > acc[j] { x } else { acc[j] };
-        }
-    }
+    let full = row.len() - row.len() % BLOCK;
+    // The running maximum as the scan's threshold: only blocks that reach
+    // it are reduced.
     let mut m = f32::NEG_INFINITY;
-    let mut bad = nan.iter().any(|&n| n);
-    for &x in acc.iter().chain(&row[tail..]) {
+    let nan = scan_blocks(&row[..full], m, |_, block_max| {
+        m = if block_max > m { block_max } else { m };
+        m
+    });
+    let mut bad = nan;
+    for &x in &row[full..] {
         bad |= is_bad(x);
         m = if x > m { x } else { m };
     }
-    // A NaN never wins `x > acc`, so `acc` holds no NaN; a `+inf` wins and
-    // shows up as the maximum.
+    // A NaN never wins a lane; a `+inf` wins and shows up as the maximum.
     if bad || m == f32::INFINITY {
         Err(Invalid)
     } else {
@@ -147,25 +144,9 @@ pub(crate) fn candidate_blocks(
     let desc = |a: &f32, b: &f32| b.total_cmp(a);
     let mut thr = f32::NEG_INFINITY;
     let mut max = f32::NEG_INFINITY;
-    let mut nan = [false; LANES];
-    let full = row.chunks_exact(BLOCK);
-    let tail = full.remainder();
-    for (b, blk) in full.enumerate() {
-        let mut acc = [f32::NEG_INFINITY; LANES];
-        for c in blk.chunks_exact(LANES) {
-            let c = as_block(c);
-            for j in 0..LANES {
-                let x = c[j];
-                nan[j] |= x.is_nan();
-                acc[j] = if x > acc[j] { x } else { acc[j] };
-            }
-        }
-        if !acc.iter().fold(false, |a, &x| a | (x >= thr)) {
-            continue;
-        }
-        let m = acc
-            .iter()
-            .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+    let full_len = row.len() - row.len() % BLOCK;
+    let tail = &row[full_len..];
+    let nan = scan_blocks(&row[..full_len], f32::NEG_INFINITY, |b, m| {
         out.push((b, m));
         max = if m > max { m } else { max };
         if k > 0 {
@@ -178,7 +159,8 @@ pub(crate) fn candidate_blocks(
         } else {
             thr = max + ln_p;
         }
-    }
+        thr
+    });
     if !tail.is_empty() {
         let mut m = f32::NEG_INFINITY;
         for &x in tail {
@@ -192,7 +174,7 @@ pub(crate) fn candidate_blocks(
         buf.push(m);
     }
     // NaN never wins `x > acc`; +inf wins and shows up as a block maximum.
-    if nan.iter().any(|&n| n) || max == f32::INFINITY {
+    if nan || max == f32::INFINITY {
         return Err(Invalid);
     }
     let thr = if k == 0 {

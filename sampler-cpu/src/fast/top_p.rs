@@ -254,9 +254,10 @@ fn first_tier(mass: &[f32; LEVELS], target: f64) -> usize {
         .unwrap_or(TIERS - 1)
 }
 
-/// Nucleus of the full row `[vocab]` (token id = position), or `None` when the
-/// reference must decide (all `-inf`, the running sum never reaches `p`, or
-/// the cut keeps the whole row or a `-inf` candidate).
+/// Nucleus of the full row `[vocab]` (token id = position) into `out`
+/// (cleared first; its buffers are reused), `false` when the reference must
+/// decide (all `-inf`, the running sum never reaches `p`, or the cut keeps
+/// the whole row or a `-inf` candidate).
 ///
 /// # Errors
 /// [`Invalid`] for a row with NaN or `+inf`.
@@ -265,8 +266,9 @@ pub(crate) fn top_p_full(
     p: f32,
     min_keep: usize,
     scratch: &mut TopPScratch,
-) -> Result<Option<Nucleus>, Invalid> {
-    top_p_from(row, p, min_keep, scratch, None)
+    out: &mut Nucleus,
+) -> Result<bool, Invalid> {
+    top_p_from(row, p, min_keep, scratch, None, out)
 }
 
 /// [`top_p_full`], the walk starting with the tiers up to `start` when given
@@ -278,10 +280,15 @@ fn top_p_from(
     min_keep: usize,
     scratch: &mut TopPScratch,
     start: Option<usize>,
-) -> Result<Option<Nucleus>, Invalid> {
+    out: &mut Nucleus,
+) -> Result<bool, Invalid> {
+    out.ids.clear();
+    out.logits.clear();
+    out.probs.clear();
+    out.by_id.clear();
     let max = max_checked(row)?;
     if max == f32::NEG_INFINITY || row.is_empty() {
-        return Ok(None);
+        return Ok(false);
     }
     let TopPScratch {
         keys,
@@ -300,7 +307,6 @@ fn top_p_from(
     // The exact running sum in sorted order: range by range (the tiers up
     // to the estimate's first, then one tier at a time), bucket by bucket,
     // each bucket sorted only when the walk gets there.
-    let mut out = Nucleus::default();
     let mut cum = 0.0f64;
     let mut lo = 0;
     let start = start.unwrap_or_else(|| first_tier(&mass, target));
@@ -341,7 +347,7 @@ fn top_p_from(
                     // the finite ones), or keeps the whole row, is left to
                     // the reference.
                     if out.ids.len() >= row.len() || !l.is_finite() {
-                        return Ok(None);
+                        return Ok(false);
                     }
                     // The kept set in id order: the ranges before this one
                     // whole, and this one up to the cut.
@@ -354,14 +360,14 @@ fn top_p_from(
                     if from > 0 {
                         out.by_id.sort_unstable_by_key(|&(id, _)| id);
                     }
-                    return Ok(Some(out));
+                    return Ok(true);
                 }
             }
         }
         lo = hi + 1;
     }
     // The running sum never reached p: the reference keeps everything.
-    Ok(None)
+    Ok(false)
 }
 
 #[cfg(test)]
@@ -524,10 +530,10 @@ mod tests {
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     for start in std::iter::once(None).chain((0..TIERS).map(Some)) {
                         let at = format!("c {c} p {p} min_keep {min_keep} start {start:?}");
-                        let Some(got) = top_p_from(&row, p, min_keep, &mut scratch, start).unwrap()
-                        else {
-                            panic!("{at}: the kernel fell back ({} kept)", want.len());
-                        };
+                        let mut got = Nucleus::default();
+                        let decided =
+                            top_p_from(&row, p, min_keep, &mut scratch, start, &mut got).unwrap();
+                        assert!(decided, "{at}: the kernel fell back ({} kept)", want.len());
                         assert_eq!(got.ids, want.ids(), "{at}");
                         assert_eq!(bits(&got.logits), bits(want.logits()), "{at}");
                         assert_eq!(bits(&got.probs), bits(want.probs().unwrap()), "{at}");
@@ -560,9 +566,8 @@ mod tests {
             for p in [0.5f32, 0.8, 0.9, 0.95] {
                 let (sum, mass) = exp_sum_levels(&row, max, &level_thresholds());
                 let start = first_tier(&mass, f64::from(p) * sum);
-                let got = top_p_full(&row, p, 1, &mut TopPScratch::default())
-                    .unwrap()
-                    .unwrap();
+                let mut got = Nucleus::default();
+                assert!(top_p_full(&row, p, 1, &mut TopPScratch::default(), &mut got).unwrap());
                 let last = bucket(max, *got.logits.last().unwrap());
                 let cut_tier = TIER_LAST.iter().position(|&h| last <= h).unwrap();
                 assert!(
