@@ -10,7 +10,7 @@
 
 use sampler_core::TokenId;
 
-use super::simd::scan_blocks;
+use super::simd::block_maxima;
 
 /// Floats per block of the vectorised prefilter.
 pub(crate) const LANES: usize = 16;
@@ -79,16 +79,10 @@ pub(crate) fn key_id(key: u64) -> TokenId {
 ///
 /// # Errors
 /// [`Invalid`] if the row holds a NaN or `+inf`.
-pub(crate) fn max_checked(row: &[f32]) -> Result<f32, Invalid> {
+pub(crate) fn max_checked(row: &[f32], maxima: &mut Vec<f32>) -> Result<f32, Invalid> {
     let full = row.len() - row.len() % BLOCK;
-    // The running maximum as the scan's threshold: only blocks that reach
-    // it are reduced.
-    let mut m = f32::NEG_INFINITY;
-    let nan = scan_blocks(&row[..full], m, |_, block_max| {
-        m = if block_max > m { block_max } else { m };
-        m
-    });
-    let mut bad = nan;
+    let mut bad = block_maxima(&row[..full], maxima);
+    let mut m = max_of(maxima);
     for &x in &row[full..] {
         bad |= is_bad(x);
         m = if x > m { x } else { m };
@@ -115,16 +109,17 @@ pub(crate) enum Filter {
 
 /// Pass 1 of the filters, one vectorised read of the row (and its
 /// validation): the blocks of [`BLOCK`] floats that may hold a survivor,
-/// as `(block index, block maximum)` in `out`, ascending; returns the final
-/// threshold `T` (every survivor is `>= T`, and lies in a listed block whose
-/// maximum is `>= T`) and the row's maximum (exact for `MinP`).
+/// as `(block index, block maximum)` in `out`, ascending; returns the
+/// threshold `T` (every survivor is `>= T`, and lies in a listed block: one
+/// whose maximum is `>= T`) and the row's maximum.
 ///
-/// Each block keeps 16 lanes of running maxima; a block whose lanes are all
-/// below the running threshold is dropped without a horizontal reduction.
-/// `TopK(k)`: the threshold is the k-th largest block maximum so far (a
-/// buffer of up to `2k` maxima cut back to `k` by a selection), a lower bound
-/// of the k-th largest logit since k blocks hold a logit `>=` it. `MinP`: the
-/// running maximum plus `ln_p` (never above the final one).
+/// The pass computes every block's maximum ([`block_maxima`]: vector lanes,
+/// no branch per block); then, over those maxima only, `TopK(k)`: `T` is the
+/// k-th largest block maximum, a lower bound of the k-th largest logit
+/// since k blocks hold a logit `>=` it (found with a running threshold: the
+/// maxima that reach it go to a buffer of `2k`, cut back to `k` by a
+/// selection when full); `MinP`: `T = max + ln_p`, as the reference
+/// computes it. `buf` is scratch.
 ///
 /// # Errors
 /// [`Invalid`] if the row holds a NaN or `+inf`.
@@ -135,32 +130,9 @@ pub(crate) fn candidate_blocks(
     buf: &mut Vec<f32>,
 ) -> Result<(f32, f32), Invalid> {
     out.clear();
-    buf.clear();
-    let (k, ln_p) = match filter {
-        Filter::TopK(k) => (k.max(1), 0.0),
-        Filter::MinP(ln_p) => (0, ln_p),
-    };
-    let cap = k.saturating_mul(2).max(64);
-    let desc = |a: &f32, b: &f32| b.total_cmp(a);
-    let mut thr = f32::NEG_INFINITY;
-    let mut max = f32::NEG_INFINITY;
-    let full_len = row.len() - row.len() % BLOCK;
-    let tail = &row[full_len..];
-    let nan = scan_blocks(&row[..full_len], f32::NEG_INFINITY, |b, m| {
-        out.push((b, m));
-        max = if m > max { m } else { max };
-        if k > 0 {
-            buf.push(m);
-            if buf.len() >= cap {
-                buf.select_nth_unstable_by(k - 1, desc);
-                buf.truncate(k);
-                thr = buf[k - 1];
-            }
-        } else {
-            thr = max + ln_p;
-        }
-        thr
-    });
+    let full = row.len() - row.len() % BLOCK;
+    let nan = block_maxima(&row[..full], buf);
+    let tail = &row[full..];
     if !tail.is_empty() {
         let mut m = f32::NEG_INFINITY;
         for &x in tail {
@@ -169,22 +141,106 @@ pub(crate) fn candidate_blocks(
             }
             m = if x > m { x } else { m };
         }
-        out.push((row.len() / BLOCK, m));
-        max = if m > max { m } else { max };
-        buf.push(m);
+        buf.push(m + 0.0);
     }
-    // NaN never wins `x > acc`; +inf wins and shows up as a block maximum.
+    let max = max_of(buf);
+    // NaN never wins a lane; +inf wins and shows up as a block maximum.
     if nan || max == f32::INFINITY {
         return Err(Invalid);
     }
-    let thr = if k == 0 {
-        max + ln_p
-    } else if buf.len() >= k {
-        *buf.select_nth_unstable_by(k - 1, desc).1
-    } else {
-        f32::NEG_INFINITY
+    let thr = match filter {
+        Filter::MinP(ln_p) => max + ln_p,
+        Filter::TopK(1) => max,
+        Filter::TopK(k) => kth_largest(buf, k.max(1)),
     };
+    for_each_reaching(buf, thr, |b, m| out.push((b, m)));
     Ok((thr, max))
+}
+
+/// The largest of `values` (no NaN among them), `-inf` when empty; in
+/// lanes, so it vectorises.
+fn max_of(values: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..LANES {
+            acc[j] = if c[j] > acc[j] { c[j] } else { acc[j] };
+        }
+    }
+    acc.iter()
+        .chain(rest)
+        .fold(f32::NEG_INFINITY, |a, &m| if m > a { m } else { a })
+}
+
+/// `f(i, values[i])` for each `values[i] >= thr`, in order; a vectorised
+/// test per [`LANES`] values, so the values below `thr` cost no branch.
+#[inline(always)]
+fn for_each_reaching(values: &[f32], thr: f32, mut f: impl FnMut(usize, f32)) {
+    let chunks = values.chunks_exact(LANES);
+    let rest = values.len() - chunks.remainder().len();
+    for (c, chunk) in chunks.enumerate() {
+        let chunk = as_block(chunk);
+        if chunk.iter().fold(false, |a, &m| a | (m >= thr)) {
+            for j in set_bits(lane_mask(chunk, |m| m >= thr)) {
+                f(c * LANES + j, chunk[j]);
+            }
+        }
+    }
+    for (i, &m) in values.iter().enumerate().skip(rest) {
+        if m >= thr {
+            f(i, m);
+        }
+    }
+}
+
+/// The k-th largest of `values` (`-inf` when there are fewer than `k`),
+/// with the rest of `values`' allocation as scratch (its length is kept).
+/// A running threshold skips most values: a vectorised test per [`LANES`]
+/// values, and within a chunk that reaches it, each value is written to the
+/// buffer's next slot, which only counts when it reaches the threshold (no
+/// branch); a full buffer (`2k`) is cut back to its `k` largest, whose
+/// smallest becomes the threshold.
+fn kth_largest(values: &mut Vec<f32>, k: usize) -> f32 {
+    let n = values.len();
+    if k > n {
+        return f32::NEG_INFINITY;
+    }
+    let cap = k.saturating_mul(2).max(64);
+    values.resize(n + cap + 1, 0.0);
+    let (values_of, area) = values.split_at_mut(n);
+    let desc = |a: &f32, b: &f32| b.total_cmp(a);
+    let mut thr = f32::NEG_INFINITY;
+    let mut len = 0;
+    // Write `m` to the next slot, which counts when `m` reaches the
+    // threshold; cut a full buffer back to its k largest.
+    let mut push = |m: f32, thr: &mut f32| {
+        area[len] = m;
+        len += usize::from(m >= *thr);
+        if len == cap {
+            area[..cap].select_nth_unstable_by(k - 1, desc);
+            len = k;
+            *thr = area[k - 1];
+        }
+    };
+    let chunks = values_of.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        // Most chunks hold no value that reaches the threshold.
+        if as_block(chunk).iter().fold(false, |a, &m| a | (m >= thr)) {
+            for &m in chunk {
+                push(m, &mut thr);
+            }
+        }
+    }
+    for &m in rest {
+        push(m, &mut thr);
+    }
+    // Every value at or above the final k-th largest reached the threshold
+    // of its time (never above it), so it is in the buffer.
+    let kth = *area[..len].select_nth_unstable_by(k - 1, desc).1;
+    values.truncate(n);
+    kth
 }
 
 /// Call `f(position)` for every position `i` of the row, in ascending order,
@@ -319,6 +375,40 @@ mod tests {
         assert_eq!(best(&row), Err(Invalid));
         assert_eq!(best(&[f32::NEG_INFINITY; 3]), Ok(Some(0)));
         assert_eq!(best(&[]), Ok(None));
+    }
+
+    /// The running-threshold selection gives the k-th largest (ties, `-inf`,
+    /// every k from 1 past the length, lengths around the buffer's size) and
+    /// keeps the values.
+    #[test]
+    fn kth_largest_matches_a_sort() {
+        let mut x = 0x9e37_79b9u32;
+        for n in [0usize, 1, 5, 63, 64, 65, 129, 500, 2374] {
+            let values: Vec<f32> = (0..n)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    if x.is_multiple_of(29) {
+                        f32::NEG_INFINITY
+                    } else {
+                        (x % 300) as f32 * 0.25 - 40.0
+                    }
+                })
+                .collect();
+            let mut sorted = values.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            for k in (1..=n + 2).filter(|&k| k <= 70 || k % 37 == 0 || k + 2 >= n) {
+                let mut v = values.clone();
+                let want = if k > n {
+                    f32::NEG_INFINITY
+                } else {
+                    sorted[k - 1]
+                };
+                assert_eq!(kth_largest(&mut v, k), want, "n {n} k {k}");
+                assert_eq!(v, values, "n {n} k {k}");
+            }
+        }
     }
 
     #[test]

@@ -73,6 +73,8 @@ pub(crate) struct TopPScratch {
     /// Bucket starts in `sorted`, and the next free slot of each.
     starts: Vec<u32>,
     next: Vec<u32>,
+    /// The row's block maxima (the max pass).
+    maxima: Vec<f32>,
 }
 
 /// The bucket of logit `l`: `(max - l) · PER_NAT` rounded to an integer and
@@ -286,17 +288,18 @@ fn top_p_from(
     out.logits.clear();
     out.probs.clear();
     out.by_id.clear();
-    let max = max_checked(row)?;
-    if max == f32::NEG_INFINITY || row.is_empty() {
-        return Ok(false);
-    }
     let TopPScratch {
         keys,
         buckets,
         sorted,
         starts,
         next,
+        maxima,
     } = scratch;
+    let max = max_checked(row, maxima)?;
+    if max == f32::NEG_INFINITY || row.is_empty() {
+        return Ok(false);
+    }
     keys.clear();
     buckets.clear();
     // Pass 2: exponentials and their f64 sum in id order (as the
