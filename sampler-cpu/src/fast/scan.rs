@@ -306,6 +306,60 @@ pub(crate) fn top_k_keys(
     Ok(())
 }
 
+/// Pass 1 of `penalties -> top_k(k)`: the keys ([`desc_key`], raw logits)
+/// of the tokens outside `history` (sorted by token, every token `< len`)
+/// whose logit is `>= T`, in id order, written to `out`; returns `T`.
+///
+/// `T` is the K-th largest block maximum with `K = k + h`, `h` the history
+/// tokens whose logit is `>= T` (found by raising K from `k` until it
+/// holds): K blocks hold a logit `>= T`, at most `h` of them history
+/// tokens, so at least `k` tokens outside the history reach `T`. Penalties
+/// only lower the history's logits, so the `k` best after them are among
+/// these keys and the history's penalised logits that reach `T`. Where the
+/// history's tokens are not among the row's best (the usual case) that is
+/// the selection of `k`, not of `k + last_n`.
+///
+/// # Errors
+/// [`Invalid`] if the row holds a NaN or `+inf`.
+pub(crate) fn top_k_keys_outside(
+    row: &[f32],
+    k: usize,
+    history: &[(TokenId, u32)],
+    blocks: &mut Vec<(usize, f32)>,
+    maxima: &mut Vec<f32>,
+    out: &mut Vec<u64>,
+) -> Result<f32, Invalid> {
+    out.clear();
+    let k = k.max(1);
+    let (mut thr, _) = candidate_blocks(row, Filter::TopK(k), blocks, maxima)?;
+    let reaching = |thr: f32| {
+        history
+            .iter()
+            .filter(|&&(t, _)| row[t as usize] >= thr)
+            .count()
+    };
+    let mut want = k;
+    loop {
+        let need = k + reaching(thr);
+        if need <= want {
+            break;
+        }
+        want = need;
+        thr = kth_largest(maxima, want);
+    }
+    if want > k {
+        blocks.clear();
+        for_each_reaching(maxima, thr, |b, m| blocks.push((b, m)));
+    }
+    for_each_at_least(row, blocks, thr, |i| {
+        let id = i as TokenId;
+        if history.binary_search_by_key(&id, |&(t, _)| t).is_err() {
+            out.push(desc_key(row[i], id));
+        }
+    });
+    Ok(thr)
+}
+
 /// `min_p` on a raw row, unsorted path: the ids (ascending) of every token
 /// with `logit >= max + ln_p`, where `max` is the row's maximum, written to
 /// `out`; returns `max`. The threshold is computed exactly as the reference
