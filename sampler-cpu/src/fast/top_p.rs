@@ -27,7 +27,7 @@
 //! set) the caller falls back to the reference.
 
 use sampler_core::TokenId;
-use sampler_core::numerics::{LANES as SUM_LANES, combine, exp};
+use sampler_core::numerics::{LANES as SUM_LANES, combine, exp, exp_nonpos};
 
 use super::scan::{
     Invalid, LANES, as_block, blocks, desc_key, key_id, lane_mask, max_checked, set_bits,
@@ -142,7 +142,8 @@ fn exp_sum_levels_body(row: &[f32], max: f32, thresholds: &[f32; LEVELS]) -> (f6
     for chunk in row.chunks(64) {
         let n = chunk.len();
         for (ei, &l) in e.iter_mut().zip(chunk) {
-            *ei = exp(l - max);
+            // `l - max <= 0` (a validated row, its maximum): `exp`'s bits.
+            *ei = exp_nonpos(l - max);
         }
         // Whole blocks with the lanes in registers; only the row's last
         // chunk has a partial block.
@@ -340,7 +341,7 @@ fn top_p_from(
             for &k in bucket_keys.iter() {
                 let id = key_id(k);
                 let l = row[id as usize];
-                let e = exp(l - max);
+                let e = exp_nonpos(l - max);
                 out.ids.push(id);
                 out.logits.push(l);
                 out.probs.push((f64::from(e) * inv) as f32);
