@@ -154,8 +154,10 @@ struct Scratch {
     keyed: Vec<(u64, f32)>,
     top_p: TopPScratch,
     nucleus: Nucleus,
-    /// A survivor set in ascending token id, for a fused tail.
+    /// A survivor set in ascending token id, and its logits in the set's
+    /// order, for a fused tail.
     by_id: Vec<(TokenId, f32)>,
+    current: Vec<f32>,
     /// A full row for stages that edit logits before a lead.
     row: Candidates,
 }
@@ -432,7 +434,14 @@ fn penalised_top_k_token(
             s.keyed.push((desc_key(l, t), l));
         }
     }
-    Some(top_k_tail_token(&mut s.keyed, k, chain, tail, &mut s.by_id))
+    Some(top_k_tail_token(
+        &mut s.keyed,
+        k,
+        chain,
+        tail,
+        &mut s.by_id,
+        &mut s.current,
+    ))
 }
 
 /// The uniform in `[0, 1)` that the `dist` stage at `tail.dist_at` draws at
@@ -455,6 +464,7 @@ fn top_k_tail_token(
     chain: &Chain,
     tail: tail::TempDist,
     by_id: &mut Vec<(TokenId, f32)>,
+    current: &mut Vec<f32>,
 ) -> Result<TokenId, SampleError> {
     if k < keyed.len() {
         keyed.select_nth_unstable_by_key(k - 1, |&(key, _)| key);
@@ -464,7 +474,8 @@ fn top_k_tail_token(
     by_id.clear();
     by_id.extend(keyed.iter().map(|&(key, l)| (key_id(key), l)));
     by_id.sort_unstable_by_key(|&(id, _)| id);
-    let current = keyed.iter().map(|&(_, l)| l);
+    current.clear();
+    current.extend(keyed.iter().map(|&(_, l)| l));
     temp_dist_token(
         current,
         by_id.iter().copied(),
@@ -500,9 +511,16 @@ fn lead_tail_token(
                     .map(|&key| (key_id(key), logits[key_id(key) as usize])),
             );
             s.by_id.sort_unstable_by_key(|&(id, _)| id);
-            let current = s.keys.iter().map(|&key| logits[key_id(key) as usize]);
+            s.current.clear();
+            s.current
+                .extend(s.keys.iter().map(|&key| logits[key_id(key) as usize]));
             let u = tail_uniform(chain, tail);
-            Some(temp_dist_token(current, s.by_id.iter().copied(), tail.t, u))
+            Some(temp_dist_token(
+                &s.current,
+                s.by_id.iter().copied(),
+                tail.t,
+                u,
+            ))
         }
         Lead::MinP { p, min_keep, .. } => {
             let max = min_p_ids(logits, p.ln(), &mut s.blocks, &mut s.sel, &mut s.ids).ok()?;
@@ -510,24 +528,20 @@ fn lead_tail_token(
                 return None;
             }
             // The kept set is in id order: one order for both.
-            let pairs = s.ids.iter().map(|&i| (i, logits[i as usize]));
+            s.current.clear();
+            s.current.extend(s.ids.iter().map(|&i| logits[i as usize]));
+            let pairs = s.ids.iter().copied().zip(s.current.iter().copied());
             let u = tail_uniform(chain, tail);
-            Some(temp_dist_token(
-                pairs.clone().map(|(_, l)| l),
-                pairs,
-                tail.t,
-                u,
-            ))
+            Some(temp_dist_token(&s.current, pairs, tail.t, u))
         }
         Lead::TopP { p, min_keep, .. } => {
             let nucleus = &mut s.nucleus;
             if !top_p_full(logits, p, min_keep, &mut s.top_p, nucleus).ok()? {
                 return None;
             }
-            let current = nucleus.logits.iter().copied();
             let u = tail_uniform(chain, tail);
             Some(temp_dist_token(
-                current,
+                &nucleus.logits,
                 nucleus.by_id.iter().copied(),
                 tail.t,
                 u,
@@ -588,7 +602,8 @@ fn run_lead(
                 .zip(row.logits())
                 .map(|(&id, &l)| (desc_key(l, id), l))
                 .collect();
-            let token = top_k_tail_token(&mut keyed, k, chain, tail, &mut Vec::new())?;
+            let token =
+                top_k_tail_token(&mut keyed, k, chain, tail, &mut Vec::new(), &mut Vec::new())?;
             chain.commit(token);
             Ok(token)
         }
@@ -600,7 +615,7 @@ fn run_lead(
             // A `[temperature] -> dist` tail: fused, no id sort of the set.
             Some(tail) => {
                 let u = tail_uniform(chain, tail);
-                let current = row.logits().iter().copied();
+                let current = row.logits();
                 let pairs = row.ids().iter().copied().zip(row.logits().iter().copied());
                 let token = match by_id {
                     Some(by_id) => temp_dist_token(current, by_id.into_iter(), tail.t, u),

@@ -57,38 +57,28 @@ fn scaled(l: f32, t: Option<f32>) -> f32 {
     }
 }
 
-/// The token `dist` selects from a set given twice: `current` in the set's
-/// order (for the normaliser) and `by_id` in ascending token id (for the
-/// walk), both as `(id, logit)` before the temperature. `u` in `[0, 1)`.
+/// The token `dist` selects from a set given twice: `current`, its logits
+/// in the set's order (for the normaliser), and `by_id` in ascending token
+/// id (for the walk), both before the temperature. `u` in `[0, 1)`.
 ///
 /// # Errors
 /// [`SampleError::AllMasked`] when no candidate has positive probability.
 pub(crate) fn temp_dist_token(
-    current: impl Iterator<Item = f32> + Clone,
+    current: &[f32],
     by_id: impl Iterator<Item = (TokenId, f32)>,
     t: Option<f32>,
     u: f64,
 ) -> Result<TokenId, SampleError> {
-    let max = current
-        .clone()
-        .map(|l| scaled(l, t))
-        .fold(f32::NEG_INFINITY, f32::max);
-    if max == f32::NEG_INFINITY || max.is_nan() {
-        return Err(SampleError::AllMasked);
-    }
-    let e = |l: f32| {
-        let e = sampler_core::numerics::exp(scaled(l, t) - max);
-        if e.is_nan() { 0.0 } else { e }
-    };
-    let sum = sampler_core::numerics::sum_f64(current.map(e));
-    if !(sum > 0.0) {
+    let t = t.filter(|&t| t != 1.0);
+    let (max, sum) = max_exp_sum(current, t);
+    if max == f32::NEG_INFINITY || max.is_nan() || !(sum > 0.0) {
         return Err(SampleError::AllMasked);
     }
     let target = u * sum;
     let mut cum = 0.0f64;
     let mut last = None;
     for (id, l) in by_id {
-        let ei = e(l);
+        let ei = e_of(l, t, max);
         if ei > 0.0 {
             cum += f64::from(ei);
             last = Some(id);
@@ -98,4 +88,131 @@ pub(crate) fn temp_dist_token(
         }
     }
     last.ok_or(SampleError::AllMasked)
+}
+
+/// `exp(scaled(l) - max)` as the reference computes it, NaN as 0. `max` is
+/// the largest scaled logit, so the argument is `<= 0` (or NaN) and
+/// `exp_nonpos` gives `exp`'s bits.
+#[inline(always)]
+fn e_of(l: f32, t: Option<f32>, max: f32) -> f32 {
+    let e = sampler_core::numerics::exp_nonpos(scaled(l, t) - max);
+    if e.is_nan() { 0.0 } else { e }
+}
+
+/// The largest scaled logit of `current` and `Σ e_i` over it with the lane
+/// rule of `numerics::sum_f64`, in vector lanes (AVX-512F / AVX2 chosen at
+/// run time: the same operations in the same order, so the same bits). The
+/// maximum's sign of zero may differ from a serial fold; `e_i` does not
+/// (`l - (±0)` is `l` for `l != 0`, and `exp(±0) = 1`).
+fn max_exp_sum(current: &[f32], t: Option<f32>) -> (f32, f64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { max_exp_sum_avx512(current, t) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { max_exp_sum_avx2(current, t) };
+        }
+    }
+    max_exp_sum_body(current, t)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn max_exp_sum_avx512(current: &[f32], t: Option<f32>) -> (f32, f64) {
+    max_exp_sum_body(current, t)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn max_exp_sum_avx2(current: &[f32], t: Option<f32>) -> (f32, f64) {
+    max_exp_sum_body(current, t)
+}
+
+#[inline(always)]
+fn max_exp_sum_body(current: &[f32], t: Option<f32>) -> (f32, f64) {
+    use sampler_core::numerics::{LANES, combine};
+    const W: usize = 16;
+    let mut acc = [f32::NEG_INFINITY; W];
+    let chunks = current.chunks_exact(W);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..W {
+            acc[j] = acc[j].max(scaled(c[j], t));
+        }
+    }
+    let max = acc
+        .iter()
+        .copied()
+        .chain(rest.iter().map(|&l| scaled(l, t)))
+        .fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY || max.is_nan() {
+        return (max, 0.0);
+    }
+    // Exponentials into a buffer (that loop vectorises), then the lane sums;
+    // a chunk of 64 starts at a multiple of the lanes.
+    let mut lanes = [0.0f64; LANES];
+    let mut e = [0.0f32; 64];
+    for chunk in current.chunks(64) {
+        let n = chunk.len();
+        for (ei, &l) in e.iter_mut().zip(chunk) {
+            *ei = e_of(l, t, max);
+        }
+        let full = n - n % LANES;
+        for block in e[..full].chunks_exact(LANES) {
+            for (lane, &v) in lanes.iter_mut().zip(block) {
+                *lane += f64::from(v);
+            }
+        }
+        for (lane, &v) in lanes.iter_mut().zip(&e[full..n]) {
+            *lane += f64::from(v);
+        }
+    }
+    (max, combine(lanes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The vectorised normaliser (every level the CPU has) gives the serial
+    /// rule's bits: `sum_f64` of `exp(scaled(l) - max)` in the set's order.
+    #[test]
+    fn the_normaliser_is_the_serial_rule() {
+        let mut x = 0x1357_9bdfu32;
+        for len in [1usize, 15, 16, 17, 64, 65, 1000, 5003] {
+            let row: Vec<f32> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    match x % 40 {
+                        0 => f32::NEG_INFINITY,
+                        1 => -0.0,
+                        2 => 0.0,
+                        3 => -f32::MAX,
+                        4 => f32::MAX,
+                        _ => (x % 20_000) as f32 / 500.0 - 20.0,
+                    }
+                })
+                .collect();
+            for t in [None, Some(0.7f32), Some(1e-30), Some(3.0)] {
+                let serial_max = row
+                    .iter()
+                    .map(|&l| scaled(l, t))
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let serial = sampler_core::numerics::sum_f64(row.iter().map(|&l| {
+                    let e = sampler_core::numerics::exp(scaled(l, t) - serial_max);
+                    if e.is_nan() { 0.0 } else { e }
+                }));
+                let (max, sum) = max_exp_sum(&row, t);
+                assert_eq!(max, serial_max, "len {len} t {t:?}");
+                assert_eq!(sum.to_bits(), serial.to_bits(), "len {len} t {t:?}");
+                let (_, base) = max_exp_sum_body(&row, t);
+                assert_eq!(base.to_bits(), serial.to_bits(), "len {len} t {t:?}");
+            }
+        }
+    }
 }
