@@ -11,7 +11,8 @@
 //! bit for bit (same ids, logits, order, probabilities and flags), so every
 //! later stage computes what it computes in the reference. Two tails are
 //! fused instead of run stage by stage, with the same arithmetic: a
-//! `[temperature] -> dist` tail after any kernel, and `penalties -> top_k ->
+//! `[temperature] -> dist` tail after any kernel (decided from reused
+//! buffers: no `Candidates`, no allocation per token), and `penalties -> top_k ->
 //! [temperature] -> dist` as a whole (the history's tokens penalised inside
 //! the top-k selection, read from the stage through
 //! [`Sampler::history_counts`]).
@@ -22,7 +23,7 @@
 //! | `top_k(k)` | selection with a running k-th-best threshold | `k`, sorted |
 //! | `penalties` (never raising a logit) then `top_k(k)` | with a `[temperature] -> dist` tail: selection of the tokens outside the history down to a threshold `k` of them reach (raised by the history tokens above it), the history's tokens penalised and added where they still reach it, the `k` best keys, the fused tail; otherwise selection of `k + last_n` and the penalties stage on it | the token; otherwise `k + last_n`, id order |
 //! | `min_p(p)`, `p <= 1` | running max, survivors buffered | tokens `>= max + ln p`, id order |
-//! | `top_p(p)` | max; exp + sum, gathering the head within 10 nats in tiers; bucket each tier, sort only up to the cut | nucleus, sorted |
+//! | `top_p(p)` | max; exp + sum with mass estimates per depth; gather the head down to the estimate's depth (a wide deep tier narrowed by band counts first); bucket it, sort only up to the cut | nucleus, sorted |
 //!
 //! Each kernel validates the row on the way (NaN, `+inf`); a bad row, an
 //! all-`-inf` row, an empty row, or any case the kernel cannot decide exactly

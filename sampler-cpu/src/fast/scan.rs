@@ -1,12 +1,15 @@
 //! One-pass kernels over a raw logits row `[vocab]` (token id = position).
 //!
-//! Each kernel reads the row once, in ascending id order, in blocks of
-//! [`LANES`] floats whose cheap test (a compare against a running threshold,
-//! OR-reduced) vectorises; only the rare blocks that may hold a survivor take
-//! the scalar path. Every kernel also detects NaN and `+inf` on the way, so
-//! the row's validation costs no extra pass; on a bad row it returns
-//! [`Invalid`] and the caller reports [`sampler_core::validate_logits`]'s
-//! error (same error, same position as the reference).
+//! Each kernel reads the row once from memory, in ascending id order: pass 1
+//! ([`super::simd::block_maxima`], AVX-512F / AVX2 / portable) computes the
+//! maximum of every [`BLOCK`] floats with no branch per block; the filters
+//! then work on those maxima (a few hundred to a few thousand values) and
+//! read again, from the cache, only the blocks whose maximum reaches their
+//! threshold, in chunks of [`LANES`] floats whose compare vectorises. Pass 1
+//! also detects NaN and `+inf`, so the row's validation costs no extra
+//! pass; on a bad row a kernel returns [`Invalid`] and the caller reports
+//! [`sampler_core::validate_logits`]'s error (same error, same position as
+//! the reference).
 
 use sampler_core::TokenId;
 
