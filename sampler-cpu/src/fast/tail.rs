@@ -212,6 +212,20 @@ mod tests {
                 assert_eq!(sum.to_bits(), serial.to_bits(), "len {len} t {t:?}");
                 let (_, base) = max_exp_sum_body(&row, t);
                 assert_eq!(base.to_bits(), serial.to_bits(), "len {len} t {t:?}");
+                // Every level the CPU has, not only the one dispatch picks.
+                #[cfg(target_arch = "x86_64")]
+                {
+                    if std::is_x86_feature_detected!("avx2") {
+                        // SAFETY: the CPU has AVX2.
+                        let (m, s) = unsafe { max_exp_sum_avx2(&row, t) };
+                        assert_eq!((m, s.to_bits()), (serial_max, serial.to_bits()), "avx2");
+                    }
+                    if std::is_x86_feature_detected!("avx512f") {
+                        // SAFETY: the CPU has AVX-512F.
+                        let (m, s) = unsafe { max_exp_sum_avx512(&row, t) };
+                        assert_eq!((m, s.to_bits()), (serial_max, serial.to_bits()), "avx512f");
+                    }
+                }
             }
         }
     }

@@ -713,6 +713,17 @@ mod tests {
                 assert_eq!(counts[j] as usize, want, "c {c} limit {lim}");
             }
             assert_eq!(band_counts_body(&row, max, &limits), counts);
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2.
+                    assert_eq!(unsafe { band_counts_avx2(&row, max, &limits) }, counts);
+                }
+                if std::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F.
+                    assert_eq!(unsafe { band_counts_avx512(&row, max, &limits) }, counts);
+                }
+            }
         }
         assert!(narrowed >= 3, "narrowed {narrowed} first ranges");
     }
