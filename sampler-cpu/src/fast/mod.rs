@@ -20,14 +20,16 @@
 //! | first active stage | kernel | survivors |
 //! |---|---|---|
 //! | `greedy` (the only active stage) | `top_k(1)`'s kernel | the token |
-//! | `top_k(k)` | selection with a running k-th-best threshold | `k`, sorted |
+//! | `top_k(k)` | every block's maximum, the k-th largest of them as a threshold, the blocks that reach it read again; selection | `k`, sorted |
 //! | `penalties` (never raising a logit) then `top_k(k)` | with a `[temperature] -> dist` tail: selection of the tokens outside the history down to a threshold `k` of them reach (raised by the history tokens above it), the history's tokens penalised and added where they still reach it, the `k` best keys, the fused tail; otherwise selection of `k + last_n` and the penalties stage on it | the token; otherwise `k + last_n`, id order |
-//! | `min_p(p)`, `p <= 1` | running max, survivors buffered | tokens `>= max + ln p`, id order |
+//! | `min_p(p)`, `p <= 1` | every block's maximum, the blocks that reach `max + ln p` read again | tokens `>= max + ln p`, id order |
 //! | `top_p(p)` | max; exp + sum with mass estimates per depth; gather the head down to the estimate's depth (a wide deep tier narrowed by band counts first); bucket it, sort only up to the cut | nucleus, sorted |
 //!
 //! Each kernel validates the row on the way (NaN, `+inf`); a bad row, an
-//! all-`-inf` row, an empty row, or any case the kernel cannot decide exactly
-//! (e.g. `min_p` keeping fewer than `min_keep`) runs the reference:
+//! empty row, or any case the kernel cannot decide exactly (e.g. `min_p`
+//! keeping fewer than `min_keep`, an all-`-inf` row for `min_p` and `top_p`)
+//! runs the reference (an all-`-inf` row through `top_k` and a fused tail
+//! gets the reference's `AllMasked` from the tail itself):
 //! `Candidates::from_logits` and the stages one by one
 //! ([`Chain::sample_from`]). A first stage that only edits logits (a custom
 //! stage, `logit_bias`, `mask`, `min_tokens`) runs on the full row, in a
@@ -467,6 +469,7 @@ fn top_k_tail_token(
     by_id: &mut Vec<(TokenId, f32)>,
     current: &mut Vec<f32>,
 ) -> Result<TokenId, SampleError> {
+    debug_assert!(k >= 1, "top_k(0) is no lead");
     if k < keyed.len() {
         keyed.select_nth_unstable_by_key(k - 1, |&(key, _)| key);
         keyed.truncate(k);

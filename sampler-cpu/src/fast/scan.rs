@@ -15,7 +15,7 @@ use sampler_core::TokenId;
 
 use super::simd::block_maxima;
 
-/// Floats per block of the vectorised prefilter.
+/// Width of the vectorised compares (and of a block's lane maxima).
 pub(crate) const LANES: usize = 16;
 
 /// The row holds a NaN or a `+inf` (re-run `validate_logits` for the error).
@@ -120,7 +120,7 @@ pub(crate) enum Filter {
 /// no branch per block); then, over those maxima only, `TopK(k)`: `T` is the
 /// k-th largest block maximum, a lower bound of the k-th largest logit
 /// since k blocks hold a logit `>=` it (found with a running threshold: the
-/// maxima that reach it go to a buffer of `2k`, cut back to `k` by a
+/// maxima that reach it go to a buffer of `max(2k, 64)`, cut back to `k` by a
 /// selection when full); `MinP`: `T = max + ln_p`, as the reference
 /// computes it. `buf` is scratch.
 ///
@@ -202,9 +202,10 @@ fn for_each_reaching(values: &[f32], thr: f32, mut f: impl FnMut(usize, f32)) {
 /// A running threshold skips most values: a vectorised test per [`LANES`]
 /// values, and within a chunk that reaches it, each value is written to the
 /// buffer's next slot, which only counts when it reaches the threshold (no
-/// branch); a full buffer (`2k`) is cut back to its `k` largest, whose
+/// branch); a full buffer (`max(2k, 64)`) is cut back to its `k` largest, whose
 /// smallest becomes the threshold.
 fn kth_largest(values: &mut Vec<f32>, k: usize) -> f32 {
+    debug_assert!(k >= 1);
     let n = values.len();
     if k > n {
         return f32::NEG_INFINITY;
@@ -333,6 +334,7 @@ pub(crate) fn top_k_keys_outside(
     out: &mut Vec<u64>,
 ) -> Result<f32, Invalid> {
     out.clear();
+    debug_assert!(history.iter().all(|&(t, _)| (t as usize) < row.len()));
     let k = k.max(1);
     let (mut thr, _) = candidate_blocks(row, Filter::TopK(k), blocks, maxima)?;
     let reaching = |thr: f32| {
@@ -465,6 +467,56 @@ mod tests {
                 assert_eq!(kth_largest(&mut v, k), want, "n {n} k {k}");
                 assert_eq!(v, values, "n {n} k {k}");
             }
+        }
+    }
+
+    /// `top_k_keys_outside` on a 40000-token row whose history is its 60
+    /// best tokens (and a few others): the threshold drops below the plain
+    /// top-k one, no history token is returned, and the k best tokens outside
+    /// the history are all among the keys, in id order.
+    #[test]
+    fn selection_outside_the_history_holds_the_k_best_outside_it() {
+        let vocab = 40_000usize;
+        let row: Vec<f32> = (0..vocab)
+            .map(|i| -1.2 * ((((i * 7919 + 13) % vocab) + 1) as f32).ln())
+            .collect();
+        let mut ranked: Vec<usize> = (0..vocab).collect();
+        ranked.sort_by(|&a, &b| desc_cmp(row[a], a as u32, row[b], b as u32));
+        let mut history: Vec<(TokenId, u32)> = ranked[..60]
+            .iter()
+            .chain(&ranked[5000..5004])
+            .map(|&t| (t as TokenId, 1))
+            .collect();
+        history.sort_unstable();
+        for k in [1usize, 10, 40, 100] {
+            let (mut blocks, mut maxima, mut out) = (Vec::new(), Vec::new(), Vec::new());
+            let plain = candidate_blocks(&row, Filter::TopK(k), &mut blocks, &mut maxima)
+                .unwrap()
+                .0;
+            let thr =
+                top_k_keys_outside(&row, k, &history, &mut blocks, &mut maxima, &mut out).unwrap();
+            assert!(thr < plain, "k {k}: threshold {thr} not below {plain}");
+            let ids: Vec<u32> = out.iter().map(|&key| key_id(key)).collect();
+            assert!(ids.is_sorted(), "k {k}");
+            assert!(
+                ids.iter()
+                    .all(|id| history.binary_search_by_key(id, |&(t, _)| t).is_err())
+            );
+            let best_outside = ranked
+                .iter()
+                .filter(|&&t| {
+                    history
+                        .binary_search_by_key(&(t as u32), |&(h, _)| h)
+                        .is_err()
+                })
+                .take(k);
+            for &t in best_outside {
+                assert!(
+                    ids.binary_search(&(t as u32)).is_ok(),
+                    "k {k}: token {t} missing"
+                );
+            }
+            assert!(ids.iter().all(|&i| row[i as usize] >= thr));
         }
     }
 

@@ -191,6 +191,8 @@ mod tests {
             (640, Some(300)),
             (64 * 500, None),
             (64 * 77, Some(64 * 76 + 63)),
+            // A NaN inside the sixteen-block groups of the AVX-512F path.
+            (64 * 40, Some(17)),
         ] {
             let mut row: Vec<f32> = (0..len)
                 .map(|_| {
@@ -247,7 +249,7 @@ mod tests {
             assert_eq!(bits(&got), bits(&want), "len {len}");
             #[cfg(target_arch = "x86_64")]
             {
-                let mut got = vec![0.0; len / BLOCK];
+                let mut got = vec![f32::NAN; len / BLOCK];
                 if std::is_x86_feature_detected!("avx2") {
                     // SAFETY: the CPU has AVX2.
                     assert_eq!(
@@ -258,6 +260,7 @@ mod tests {
                     assert_eq!(bits(&got), bits(&want), "avx2, len {len}");
                 }
                 if std::is_x86_feature_detected!("avx512f") {
+                    got.fill(f32::NAN);
                     // SAFETY: the CPU has AVX-512F.
                     assert_eq!(
                         unsafe { maxima_avx512(&row, &mut got) },

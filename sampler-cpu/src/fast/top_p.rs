@@ -21,7 +21,11 @@
 //!    sort runs past the cut's bucket. When the exact walk has not reached
 //!    the cut at the end of the gathered tokens (the estimate is only an
 //!    estimate, or `min_keep` asks for more), one more pass gathers the next
-//!    tier and the walk goes on; the result never depends on the estimate.
+//!    tier (or the rest of the current one) and the walk goes on; the result
+//!    never depends on the estimate. When the first tier is a wide deep one
+//!    (8.5 nats and deeper), its tokens are first counted per band
+//!    (`narrowed_end`) and the first gather stops at the band where the
+//!    estimated mass crosses.
 //!
 //! If the running sum never reaches `p` (the reference then keeps the whole
 //! set) the caller falls back to the reference.
@@ -41,8 +45,9 @@ const BUCKETS: usize = 512;
 /// `TIER_LAST[t - 1] + 1 ..= TIER_LAST[t]` (3, 4, 5, 6, 7, 8.5, 10, 12, 14,
 /// 20, 28 nats, then the rest of the row). The exp pass estimates the mass
 /// within each tier's end; the walk starts by gathering every tier up to the
-/// first whose estimate reaches the cut, in one pass, and gathers a deeper
-/// tier (one more pass) only when the exact walk gets there.
+/// first whose estimate reaches the cut (or a band of it: `narrowed_end`),
+/// in one pass, and gathers the rest of that tier or a deeper one (one more
+/// pass each) only when the exact walk gets there.
 const TIER_LAST: [usize; 12] = [24, 32, 40, 48, 56, 68, 80, 96, 112, 160, 224, BUCKETS - 1];
 const TIERS: usize = TIER_LAST.len();
 /// Tier ends with a mass estimate (the last tier is the whole row).
