@@ -29,20 +29,22 @@ const MIN_X: f32 = -87.336_55;
 /// Above this `e^x` overflows.
 const MAX_X: f32 = 88.722_83;
 
-/// `e^x` in f32 with the project's numerics (module docs): at most 2 ulp
-/// from the exact value, the same bits on every platform.
+/// `x = n · ln 2 + r`: `n = round(x / ln 2)` by adding and subtracting
+/// 1.5 · 2^23 (the integer is the difference of the bit patterns, no
+/// float-to-int conversion; wrapping, as below the normal range the caller
+/// discards it), `r` with `ln 2` in two parts.
 #[inline(always)]
-pub fn exp(x: f32) -> f32 {
-    // Branch-free (selects only), so that loops over rows vectorise.
-    let xc = x.clamp(MIN_X, MAX_X);
-    // n = round(x / ln 2) by adding and subtracting 1.5 · 2^23; the integer
-    // is the difference of the bit patterns (no float-to-int conversion).
+fn reduce(x: f32) -> (i32, f32) {
     let shifter = 12_582_912.0f32;
-    let t = xc * LOG2_E + shifter;
+    let t = x * LOG2_E + shifter;
     let n = t - shifter;
-    let ni = t.to_bits() as i32 - shifter.to_bits() as i32;
-    let r = (xc - n * LN2_HI) - n * LN2_LO;
-    // e^r on |r| <= 0.3466: Taylor to degree 7 in Horner form.
+    let ni = (t.to_bits() as i32).wrapping_sub(shifter.to_bits() as i32);
+    (ni, (x - n * LN2_HI) - n * LN2_LO)
+}
+
+/// `e^r` on `|r| <= 0.3466`: Taylor to degree 7 in Horner form.
+#[inline(always)]
+fn exp_reduced(r: f32) -> f32 {
     let p = 1.0 / 5040.0;
     let p = p * r + 1.0 / 720.0;
     let p = p * r + 1.0 / 120.0;
@@ -50,7 +52,17 @@ pub fn exp(x: f32) -> f32 {
     let p = p * r + 1.0 / 6.0;
     let p = p * r + 0.5;
     let p = p * r + 1.0;
-    let p = p * r + 1.0;
+    p * r + 1.0
+}
+
+/// `e^x` in f32 with the project's numerics (module docs): at most 2 ulp
+/// from the exact value, the same bits on every platform.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    // Branch-free (selects only), so that loops over rows vectorise.
+    let xc = x.clamp(MIN_X, MAX_X);
+    let (ni, r) = reduce(xc);
+    let p = exp_reduced(r);
     // 2^n through the exponent bits, in two halves (n in [-126, 128]).
     let half = ni >> 1;
     let scale_a = f32::from_bits(((half + 127) as u32) << 23);
@@ -68,19 +80,8 @@ pub fn exp(x: f32) -> f32 {
 /// For `x > 0` or NaN the result is unspecified.
 #[inline(always)]
 pub fn exp_nonpos(x: f32) -> f32 {
-    let shifter = 12_582_912.0f32;
-    let t = x * LOG2_E + shifter;
-    let n = t - shifter;
-    let ni = (t.to_bits() as i32).wrapping_sub(shifter.to_bits() as i32);
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    let p = 1.0 / 5040.0;
-    let p = p * r + 1.0 / 720.0;
-    let p = p * r + 1.0 / 120.0;
-    let p = p * r + 1.0 / 24.0;
-    let p = p * r + 1.0 / 6.0;
-    let p = p * r + 0.5;
-    let p = p * r + 1.0;
-    let p = p * r + 1.0;
+    let (ni, r) = reduce(x);
+    let p = exp_reduced(r);
     let scale = f32::from_bits((ni.wrapping_add(127) as u32) << 23);
     let y = p * scale;
     if x < MIN_X { 0.0 } else { y }
@@ -106,16 +107,26 @@ pub fn sum_f64(values: impl IntoIterator<Item = f32>) -> f64 {
 /// [`LANES`] values at a time).
 pub fn sum_f64_slice(values: &[f32]) -> f64 {
     let mut lanes = [0.0f64; LANES];
-    let mut blocks = values.chunks_exact(LANES);
-    for block in &mut blocks {
+    add_to_lanes(&mut lanes, values);
+    combine(lanes)
+}
+
+/// Add `values`, the row's values from a position that is a multiple of
+/// [`LANES`], to their lanes of the [`sum_f64`] rule (value `i` of the
+/// slice to lane `i % LANES`). Inlined into each caller, so that it
+/// vectorises for the caller's instruction set.
+#[inline(always)]
+pub fn add_to_lanes(lanes: &mut [f64; LANES], values: &[f32]) {
+    let blocks = values.chunks_exact(LANES);
+    let rest = blocks.remainder();
+    for block in blocks {
         for (lane, &v) in lanes.iter_mut().zip(block) {
             *lane += f64::from(v);
         }
     }
-    for (lane, &v) in lanes.iter_mut().zip(blocks.remainder()) {
+    for (lane, &v) in lanes.iter_mut().zip(rest) {
         *lane += f64::from(v);
     }
-    combine(lanes)
 }
 
 /// Lanes `[a0..a7]` -> `((a0+a1)+(a2+a3)) + ((a4+a5)+(a6+a7))`.
@@ -167,15 +178,7 @@ fn exp_sum_body(row: &[f32], max: f32) -> f64 {
         for (ei, &l) in e.iter_mut().zip(chunk) {
             *ei = exp(l - max);
         }
-        let full = n - n % LANES;
-        for block in e[..full].chunks_exact(LANES) {
-            for (lane, &v) in lanes.iter_mut().zip(block) {
-                *lane += f64::from(v);
-            }
-        }
-        for (lane, &v) in lanes.iter_mut().zip(&e[full..n]) {
-            *lane += f64::from(v);
-        }
+        add_to_lanes(&mut lanes, &e[..n]);
     }
     combine(lanes)
 }

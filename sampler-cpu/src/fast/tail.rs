@@ -133,7 +133,7 @@ fn max_exp_sum_avx2(current: &[f32], t: Option<f32>) -> (f32, f64) {
 
 #[inline(always)]
 fn max_exp_sum_body(current: &[f32], t: Option<f32>) -> (f32, f64) {
-    use sampler_core::numerics::{LANES, combine};
+    use sampler_core::numerics::{LANES, add_to_lanes, combine};
     const W: usize = 16;
     let mut acc = [f32::NEG_INFINITY; W];
     let chunks = current.chunks_exact(W);
@@ -160,15 +160,7 @@ fn max_exp_sum_body(current: &[f32], t: Option<f32>) -> (f32, f64) {
         for (ei, &l) in e.iter_mut().zip(chunk) {
             *ei = e_of(l, t, max);
         }
-        let full = n - n % LANES;
-        for block in e[..full].chunks_exact(LANES) {
-            for (lane, &v) in lanes.iter_mut().zip(block) {
-                *lane += f64::from(v);
-            }
-        }
-        for (lane, &v) in lanes.iter_mut().zip(&e[full..n]) {
-            *lane += f64::from(v);
-        }
+        add_to_lanes(&mut lanes, &e[..n]);
     }
     (max, combine(lanes))
 }

@@ -31,7 +31,7 @@
 //! set) the caller falls back to the reference.
 
 use sampler_core::TokenId;
-use sampler_core::numerics::{LANES as SUM_LANES, combine, exp, exp_nonpos};
+use sampler_core::numerics::{LANES as SUM_LANES, add_to_lanes, combine, exp, exp_nonpos};
 
 use super::scan::{
     Invalid, LANES, as_block, blocks, desc_key, key_id, lane_mask, max_checked, set_bits,
@@ -150,17 +150,8 @@ fn exp_sum_levels_body(row: &[f32], max: f32, thresholds: &[f32; LEVELS]) -> (f6
             // `l - max <= 0` (a validated row, its maximum): `exp`'s bits.
             *ei = exp_nonpos(l - max);
         }
-        // Whole blocks with the lanes in registers; only the row's last
-        // chunk has a partial block.
-        let full = n - n % SUM_LANES;
-        for block in e[..full].chunks_exact(SUM_LANES) {
-            for (lane, &v) in lanes.iter_mut().zip(block) {
-                *lane += f64::from(v);
-            }
-        }
-        for (lane, &v) in lanes.iter_mut().zip(&e[full..n]) {
-            *lane += f64::from(v);
-        }
+        // A chunk of 64 starts at a multiple of the lanes.
+        add_to_lanes(&mut lanes, &e[..n]);
         // The tail of a short chunk holds the previous chunk's values:
         // zero them for the estimates.
         e[n..].fill(0.0);
