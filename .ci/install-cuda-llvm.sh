@@ -12,6 +12,13 @@
 # is needed to build; at run time a GPU machine needs the driver's libcuda
 # and `libdevice.10.bc` (see the README, "CUDA").
 #
+# It also unpacks CUDA's `libdevice.10.bc` (LLVM bitcode of the math
+# functions, from NVIDIA's `nvidia-cuda-nvcc-cu12` wheel) into
+# `$SAMPLER_CUDA_PATH` (default ~/.cache/sampler-chain/cuda): compiling a
+# kernel that calls exp or log to PTX needs it, with or without a GPU. Point
+# `CUDA_PATH` there (the script prints the line) unless a CUDA toolkit is
+# installed.
+#
 # Usage: bash .ci/install-cuda-llvm.sh   (idempotent; any user, no root)
 # Env: XDG_DATA_HOME (where the bundle folder goes), SAMPLER_LLVM_WHEELS
 # (where the wheels are unpacked; default ~/.cache/sampler-chain/llvm-23.1.1).
@@ -53,3 +60,21 @@ for d in bin include lib share; do
 done
 touch "$bundle/.tracel-llvm-installed"
 echo "LLVM $("$sdk/bin/llvm-config" --version) ($targets) in $bundle"
+
+cuda=${SAMPLER_CUDA_PATH:-$HOME/.cache/sampler-chain/cuda}
+libdevice="$cuda/nvvm/libdevice/libdevice.10.bc"
+if [ ! -s "$libdevice" ]; then
+  tmp=$(mktemp -d)
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --platform manylinux2014_x86_64 -d "$tmp" "nvidia-cuda-nvcc-cu12==12.9.86"
+  mkdir -p "$(dirname "$libdevice")"
+  python3 - "$tmp" "$libdevice" <<'PY'
+import glob, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/nvidia_cuda_nvcc_cu12-*.whl")[0]
+with zipfile.ZipFile(wheel) as z:
+    name = next(n for n in z.namelist() if n.endswith("nvvm/libdevice/libdevice.10.bc"))
+    open(sys.argv[2], "wb").write(z.read(name))
+PY
+  rm -rf "$tmp"
+fi
+echo "libdevice in $libdevice: export CUDA_PATH=$cuda"

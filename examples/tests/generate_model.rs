@@ -61,7 +61,8 @@ fn greedy(device: &Device, steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
 }
 
 /// The devices to test: every backend compiled in, or the comma-separated
-/// list in `SAMPLER_TEST_DEVICES`.
+/// list in `SAMPLER_TEST_DEVICES`; one that cannot start on this machine is
+/// skipped with the reason printed.
 fn devices() -> Vec<(String, Device)> {
     let names: Vec<String> = match std::env::var("SAMPLER_TEST_DEVICES") {
         Ok(list) => list.split(',').map(|s| s.trim().to_string()).collect(),
@@ -72,9 +73,12 @@ fn devices() -> Vec<(String, Device)> {
     };
     names
         .into_iter()
-        .map(|n| {
-            let d = sampler_backend::parse_device(&n).expect("device compiled in");
-            (n, d)
+        .filter_map(|n| match sampler_backend::probe_device(&n) {
+            Ok(d) => Some((n, d)),
+            Err(e) => {
+                println!("SKIP {n}: {e}");
+                None
+            }
         })
         .collect()
 }
@@ -94,11 +98,18 @@ fn header_matches_readme() {
     assert_eq!(tok.max_token_length(), 7);
 }
 
+/// Devices on which a step of the model is cheap: every device but the
+/// cubecl ones, where a step of stories260K costs about 2 s on a software
+/// Vulkan driver (those get the three steps of the next test).
+fn is_gpu(name: &str) -> bool {
+    ["wgpu", "vulkan", "cuda"].contains(&name)
+}
+
 #[test]
-fn greedy40_ids_and_text_on_every_device() {
+fn greedy40_ids_and_text_on_every_cpu_device() {
     let (want_ids, want_text) = greedy40();
     let (_, tok) = load();
-    for (name, device) in devices() {
+    for (name, device) in devices().into_iter().filter(|(n, _)| !is_gpu(n)) {
         let (ids, _) = greedy(&device, 40);
         assert_eq!(ids, want_ids, "greedy ids on {name}");
         let mut seq = vec![BOS];
@@ -107,6 +118,8 @@ fn greedy40_ids_and_text_on_every_device() {
     }
 }
 
+/// Every device, GPU ones included: the first three steps' logits within
+/// 1e-4 of the reference and their greedy ids the reference's.
 #[test]
 fn first_three_logits_within_1e4() {
     let bytes = std::fs::read(model_dir().join("greedy_logits_first3.f32")).unwrap();
@@ -115,8 +128,10 @@ fn first_three_logits_within_1e4() {
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
     assert_eq!(want.len(), 3 * 512);
+    let (want_ids, _) = greedy40();
     for (name, device) in devices() {
-        let (_, logits) = greedy(&device, 3);
+        let (ids, logits) = greedy(&device, 3);
+        assert_eq!(ids, want_ids[..3], "greedy ids on {name}");
         for (step, got) in logits.iter().enumerate() {
             let exp = &want[step * 512..(step + 1) * 512];
             let worst = got

@@ -61,10 +61,6 @@ fn argmax(row: &[f32]) -> u32 {
 }
 
 #[test]
-#[cfg_attr(
-    feature = "wgpu",
-    ignore = "no GPU in it: it runs in the default build (cargo test --workspace)"
-)]
 fn greedy_ids_and_logits_match_the_reference() {
     let Some(d) = dir() else { return };
     let g = Gguf::read(d.join("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
@@ -158,10 +154,6 @@ fn chat_template_and_tokenizer() {
 /// reference's greedy continuation; seeded sampling the same with the chain
 /// on the host and on the device.
 #[test]
-#[cfg_attr(
-    feature = "wgpu",
-    ignore = "no GPU in it: it runs in the default build (cargo test --workspace)"
-)]
 fn generate_chats_with_the_gguf_model() {
     let Some(d) = dir() else { return };
     let model = d.join("SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -251,10 +243,6 @@ fn generate_chats_with_the_gguf_model() {
 /// tokens it gets alone, and the greedy ones the reference's ids (on wgpu:
 /// the next test).
 #[test]
-#[cfg_attr(
-    feature = "wgpu",
-    ignore = "no GPU in it: it runs in the default build (cargo test --workspace)"
-)]
 fn serve_batches_chat_requests_like_alone() {
     let Some(d) = dir() else { return };
     let model = d.join("SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -328,34 +316,25 @@ fn serve_batches_chat_requests_like_alone() {
     }
 }
 
-/// With `wgpu` compiled in (CI runs it on lavapipe): the three greedy
-/// references (their first 16 tokens) and a seeded top_k/top_p request
-/// through `serve` on wgpu (model and sampling on the device, one batch)
-/// give the reference's ids and the same tokens as flex.
-#[cfg(feature = "wgpu")]
+/// On wgpu where it can start (CI runs it on lavapipe): the text reference's
+/// first tokens and a seeded top_k/top_p request through `serve` on wgpu
+/// (model and sampling on the device, one batch) give the reference's ids
+/// and the same tokens as flex. Short: every step of the 135M model takes
+/// seconds on a software Vulkan driver; the long runs are on flex above.
 #[test]
 fn serve_on_wgpu_matches_flex_and_the_references() {
-    // The references' first tokens: every step of the 135M model on a
-    // software Vulkan driver takes seconds.
-    const STEPS: usize = 16;
+    const STEPS: usize = 2;
     let Some(d) = dir() else { return };
+    if let Err(e) = sampler_backend::probe_device("wgpu") {
+        println!("SKIP wgpu: {e}");
+        return;
+    }
     let model = d.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    let system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
-    let chat = serde_json::json!({
-        "id": "chat", "max_tokens": STEPS, "temperature": 0,
-        "messages": [
-            {"role": "system", "content": system},
-            {"role": "user", "content": "Tell me a short story about a cat."},
-        ],
-    })
-    .to_string();
     let lines = [
-        chat.as_str(),
         &format!(
             r#"{{"id": "once", "prompt": "Once upon a time", "max_tokens": {STEPS}, "temperature": 0}}"#
         ),
-        &format!(r#"{{"id": "bos", "prompt": "", "max_tokens": {STEPS}, "temperature": 0}}"#),
-        r#"{"id": "topk", "prompt": "The best thing about Rust is", "max_tokens": 10, "temperature": 0.8, "top_k": 40, "top_p": 0.9, "seed": 5, "arrival": 2}"#,
+        r#"{"id": "topk", "prompt": "Rust is", "max_tokens": 2, "temperature": 0.8, "top_k": 40, "top_p": 0.9, "seed": 5}"#,
     ];
     let dir = std::env::temp_dir().join(format!("smollm2-wgpu-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -387,18 +366,12 @@ fn serve_on_wgpu_matches_flex_and_the_references() {
             .collect()
     };
     let (flex, gpu) = (serve("flex"), serve("wgpu"));
-    assert_eq!(gpu.len(), 4);
-    for (id, name) in [
-        ("chat", "greedy40_chat.json"),
-        ("once", "greedy40_once.json"),
-        ("bos", "greedy40_bos.json"),
-    ] {
-        let want: Vec<u64> = reference(&d, name).1[..STEPS]
-            .iter()
-            .map(|&t| u64::from(t))
-            .collect();
-        assert_eq!(gpu[id], want, "{id} on wgpu");
-    }
+    assert_eq!(gpu.len(), 2);
+    let want: Vec<u64> = reference(&d, "greedy40_once.json").1[..STEPS]
+        .iter()
+        .map(|&t| u64::from(t))
+        .collect();
+    assert_eq!(gpu["once"], want, "once on wgpu");
     assert_eq!(gpu, flex);
-    assert_eq!(gpu["topk"].len(), 10);
+    assert_eq!(gpu["topk"].len(), 2);
 }

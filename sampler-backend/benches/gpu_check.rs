@@ -27,7 +27,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use sampler_backend::{Executor, Tensor, TensorData, compiled_devices, launches, parse_device};
+use sampler_backend::{Executor, Tensor, TensorData, compiled_devices, launches, probe_device};
 use sampler_core::{ChainSpec, HistoryScope, OffloadPolicy, StageSpec};
 
 #[path = "common/mod.rs"]
@@ -135,7 +135,7 @@ fn bench(c: &mut Criterion) {
         .unwrap_or(4800.0);
     let mut table: Vec<Row> = Vec::new();
     for dev_name in list("BENCH_DEVICES", &cubecl.join(",")) {
-        let device = match parse_device(&dev_name) {
+        let device = match probe_device(&dev_name) {
             Ok(d) => d,
             Err(e) => {
                 eprintln!("skip {dev_name}: {e}");

@@ -98,6 +98,55 @@ pub fn parse_device(s: &str) -> Result<Device, BackendError> {
     make(&name, index).ok_or_else(|| unknown(s, "not available in this build"))
 }
 
+/// [`parse_device`], then one tiny operation on the device (a sum of two
+/// numbers, read back) to find out whether it can run on this machine: a
+/// compiled-in GPU backend with no adapter or driver here is an error, not a
+/// panic at the first step.
+///
+/// Costs what starting the device costs (about a second for wgpu on a
+/// software Vulkan driver); the device is usable afterwards.
+///
+/// # Errors
+/// As [`parse_device`]; [`BackendError::DeviceUnavailable`] when the device
+/// cannot start here or returns a wrong sum (a broken driver).
+pub fn probe_device(name: &str) -> Result<Device, BackendError> {
+    let device = parse_device(name)?;
+    let probe = device.clone();
+    let unavailable = |reason: &str| BackendError::DeviceUnavailable {
+        given: name.to_string(),
+        reason: reason.to_string(),
+    };
+    let sum = std::panic::catch_unwind(move || {
+        let t = burn_tensor::Tensor::<1>::from_data(
+            burn_tensor::TensorData::new(vec![1.0f32, 2.0], [2]),
+            &probe,
+        );
+        t.sum().into_data().iter::<f32>().next()
+    });
+    match sum {
+        Ok(Some(3.0)) => Ok(device),
+        Ok(_) => Err(unavailable(
+            "it returned a wrong sum of [1, 2] (a broken driver?)",
+        )),
+        Err(_) => Err(unavailable(
+            "it could not start (no adapter or driver for it on this machine)",
+        )),
+    }
+}
+
+/// The compiled-in devices ([`compiled_devices`]) that start on this machine
+/// ([`probe_device`]), with the reason for each one left out.
+pub fn usable_devices() -> (Vec<&'static str>, Vec<(&'static str, BackendError)>) {
+    let (mut ok, mut skipped) = (Vec::new(), Vec::new());
+    for &name in compiled_devices() {
+        match probe_device(name) {
+            Ok(_) => ok.push(name),
+            Err(e) => skipped.push((name, e)),
+        }
+    }
+    (ok, skipped)
+}
+
 #[allow(unused_variables)]
 fn make(name: &str, index: Option<usize>) -> Option<Device> {
     match name {
@@ -134,6 +183,17 @@ mod tests {
             assert!(msg.contains(d), "{msg}");
         }
         assert!(parse_device("cuda:x").is_err());
+    }
+
+    #[cfg(feature = "flex")]
+    #[test]
+    fn flex_probes_and_is_usable() {
+        assert!(probe_device("flex").is_ok());
+        assert!(usable_devices().0.contains(&"flex"));
+        assert!(matches!(
+            probe_device("tpu"),
+            Err(BackendError::UnknownDevice { .. })
+        ));
     }
 
     #[cfg(feature = "flex")]

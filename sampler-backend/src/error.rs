@@ -21,6 +21,15 @@ pub enum BackendError {
         /// The device names this build accepts ([`crate::compiled_devices`]).
         available: Vec<&'static str>,
     },
+    /// The device's backend is compiled in but the device cannot run on this
+    /// machine ([`crate::probe_device`]).
+    #[error("device `{given}` is not usable here: {reason}")]
+    DeviceUnavailable {
+        /// The string given.
+        given: String,
+        /// Why.
+        reason: String,
+    },
     /// `Executor::new` was given no rows.
     #[error("the executor needs at least one row (chain spec)")]
     EmptyBatch,

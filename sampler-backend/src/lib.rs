@@ -56,7 +56,7 @@ pub mod stages;
 pub use batch::{BatchFilter, BatchStep, PendingStep, RequestId, SamplingBatch, is_cpu_device};
 pub use burn_tensor;
 pub use burn_tensor::{Device, Tensor, TensorData};
-pub use device::{compiled_devices, parse_device, resolve_device};
+pub use device::{compiled_devices, parse_device, probe_device, resolve_device, usable_devices};
 pub use error::BackendError;
 pub use executor::{Executor, FilterOutput, StepOutput};
 pub use stage::{

@@ -14,6 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.gpu-check
 limit=$((64 * 1024 * 1024))
+t0=$(date +%s)
+took() { echo "gpu-check: $1 in $(($(date +%s) - t0))s"; t0=$(date +%s); }
 rm -rf "$out" && mkdir -p "$out/bin"
 grep -qx '/.gpu-check/' .git/info/exclude 2>/dev/null || echo '/.gpu-check/' >> .git/info/exclude
 
@@ -42,9 +44,12 @@ for line in sys.stdin:
 }
 
 build wgpu,vulkan ""
+took "release build (wgpu, vulkan)"
 if [ "${GPU_CHECK_CUDA:-1}" = 1 ]; then
   bash .ci/install-cuda-llvm.sh
+  export CUDA_PATH=${SAMPLER_CUDA_PATH:-$HOME/.cache/sampler-chain/cuda}
   build cuda _cuda
+  took "release build (cuda)"
 fi
 strip "$out"/bin/* 2>/dev/null || true
 
@@ -55,15 +60,12 @@ o=(-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp
 apt-get "${o[@]}" update -qq
 (cd "$out/deb" && apt-get "${o[@]}" download -qq libvulkan1)
 cp scripts/gpu-check/run.sh "$out/"
-# libdevice (CUDA's math library as LLVM bitcode, for cubecl's LLVM path)
-# from NVIDIA's PyPI wheel, in case the GPU machine has no CUDA toolkit.
+# libdevice (CUDA's math library as LLVM bitcode, for cubecl's LLVM path),
+# as `.ci/install-cuda-llvm.sh` unpacked it, in case the GPU machine has no
+# CUDA toolkit.
 if ls "$out"/bin/*_cuda >/dev/null 2>&1; then
-  wheels=$(mktemp -d)
-  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-    --platform manylinux2014_x86_64 -d "$wheels" nvidia-cuda-nvcc-cu12
   mkdir -p "$out/cuda/nvvm/libdevice"
-  unzip -p "$wheels"/nvidia_cuda_nvcc_cu12-*.whl '*/libdevice.10.bc' > "$out/cuda/nvvm/libdevice/libdevice.10.bc"
-  rm -rf "$wheels"
+  cp "${SAMPLER_CUDA_PATH:-$HOME/.cache/sampler-chain/cuda}/nvvm/libdevice/libdevice.10.bc" "$out/cuda/nvvm/libdevice/"
 fi
 
 # Compressed, what travels must stay under the limit: drop the cuda
@@ -78,6 +80,7 @@ fi
 if [ "$size" -gt "$limit" ]; then
   echo "gpu-check: $((size >> 20)) MiB, over 64 MiB: cuda left out" && rm -f "$out"/bin/*_cuda && size=$(pack)
 fi
+took "packing"
 mv "$out.tar.xz" "$out/pack.tar.xz"
 rm -rf "$out/bin" "$out/deb" "$out/cuda"
 echo "gpu-check: $out/pack.tar.xz, $((size >> 20)) MiB"

@@ -58,6 +58,8 @@ use burn_tensor::{DType, Int, Shape, Tensor};
 use crate::stage::HistoryPenalties;
 
 mod nucleus;
+#[cfg(all(test, feature = "cuda"))]
+mod ptx_offline;
 pub use nucleus::{FullCut, NUC_BINS, NUC_GATHER, cut_dist_full, min_p, top_p_dist_full};
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -386,7 +386,7 @@ fn write_token(
 }
 
 #[cube(launch_unchecked)]
-fn top_p_dist_full_rows(
+pub(super) fn top_p_dist_full_rows(
     logits: &[f32],
     p: &[f32],
     t: &[f32],
@@ -776,7 +776,7 @@ fn top_p_dist_full_rows(
 }
 
 #[cube(launch_unchecked)]
-fn min_p_dist_full_rows(
+pub(super) fn min_p_dist_full_rows(
     logits: &[f32],
     log_p: &[f32],
     t: &[f32],
@@ -882,7 +882,7 @@ fn min_p_dist_full_rows(
 }
 
 #[cube(launch_unchecked)]
-fn min_p_rows(
+pub(super) fn min_p_rows(
     logits: &[f32],
     ids: &[i32],
     log_p: &[f32],

@@ -37,28 +37,10 @@ macro_rules! device_tests {
 /// The device named `name`, or `None` (with a printed reason) when it cannot
 /// start on this machine (no GPU adapter, no driver).
 pub fn device(name: &str) -> Option<Device> {
-    let d = match sampler_backend::parse_device(name) {
-        Ok(d) => d,
+    match sampler_backend::probe_device(name) {
+        Ok(d) => Some(d),
         Err(e) => {
             println!("SKIP {name}: {e}");
-            return None;
-        }
-    };
-    let probe = d.clone();
-    let ok = std::panic::catch_unwind(move || {
-        let t = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 2.0], [1, 2]), &probe);
-        t.sum().into_data().iter::<f32>().next() == Some(3.0)
-    });
-    match ok {
-        Ok(true) => Some(d),
-        Ok(false) => {
-            println!("SKIP {name}: the device returned a wrong sum (broken driver?)");
-            None
-        }
-        Err(_) => {
-            println!(
-                "SKIP {name}: the device could not start (no adapter / driver on this machine)"
-            );
             None
         }
     }

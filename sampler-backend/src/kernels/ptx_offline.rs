@@ -1,0 +1,316 @@
+//! Every custom kernel compiled for CUDA without a GPU.
+//!
+//! burn's `cuda` backend compiles cubecl kernels through LLVM to PTX
+//! (cubecl-llvm's NVPTX target) when a kernel is first launched. That
+//! compiler needs no device: here each kernel of this module is built with
+//! the compile-time arguments its launch passes and compiled for the
+//! compute capabilities we care about (Ampere sm_80, Hopper sm_90), so a
+//! codegen error shows in CI on a machine without a GPU instead of at the
+//! first step on one. The PTX is checked for the kernel's entry point and
+//! its thread count. Run with `cargo test -p sampler-backend --features cuda
+//! --lib kernels::ptx_offline` (needs the LLVM of `.ci/install-cuda-llvm.sh`
+//! to build).
+
+use std::ffi::CStr;
+use std::sync::Arc;
+
+use burn_cubecl::cubecl::ir::{
+    DeviceIdentity, HardwareProperties, MemoryDeviceProperties, features::Features, nvidia::SmArch,
+};
+use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::cubecl::{Compiler, CubeKernel};
+use cubecl_llvm::nvptx::ptx_version::PtxVersion;
+use cubecl_llvm::{LlvmTarget, PlironArtifact, PlironCompiler, PlironOptions};
+
+use super::nucleus::{min_p_dist_full_rows, min_p_rows, top_p_dist_full_rows};
+use super::{
+    CODES_GIVEN, CODES_NONE, CODES_OWN, FULL_ROW_UNITS, HISTORY_MAX, TOP_K_MAX, UNITS, argmax_rows,
+    dist_rows, first_bad_rows, temperature_rows, token_codes_rows, top_p_full_rows, top_p_rows,
+    topk_rows,
+};
+
+/// What an NVIDIA GPU reports to cubecl that matters to code generation:
+/// 32-lane warps, 1024 threads and 48 KiB of shared memory per block.
+fn nvidia_properties() -> Arc<DeviceProperties> {
+    let hardware = HardwareProperties {
+        load_width: 128,
+        vector_register_count: None,
+        plane_size_min: 32,
+        plane_size_max: 32,
+        max_bindings: 32,
+        max_shared_memory_size: 48 * 1024,
+        max_cube_count: (i32::MAX as u32, u16::MAX as u32, u16::MAX as u32),
+        max_units_per_cube: 1024,
+        max_cube_dim: (1024, 1024, 64),
+        num_streaming_multiprocessors: None,
+        num_tensor_cores: None,
+        min_tensor_cores_dim: None,
+        num_cpu_cores: None,
+        last_level_cache_size: None,
+        max_vector_size: VectorSize::MAX,
+        cube_mma_reserved_shared_memory: 0,
+    };
+    Arc::new(DeviceProperties::new(
+        Features::default(),
+        MemoryDeviceProperties::new(u64::MAX, 256),
+        hardware,
+        burn_cubecl::cubecl::profile::TimingMethod::Device,
+        DeviceIdentity {
+            name: "offline NVIDIA".to_string(),
+            fingerprint: "offline".to_string(),
+            physical: None,
+        },
+    ))
+}
+
+fn settings(units: u32) -> KernelSettings {
+    KernelSettings::new(
+        *CubeDim::new_1d(units),
+        ExecutionMode::Unchecked,
+        AddressType::U32,
+    )
+}
+
+fn buf() -> BufferCompilationArg {
+    BufferCompilationArg { inplace: None }
+}
+
+/// The PTX of `kernel` for compute capability `sm` (80, 90), as burn's CUDA
+/// runtime would compile it; panics with the compiler's message on failure.
+fn ptx(name: &str, kernel: &impl CubeKernel, sm: u32) -> String {
+    let mut compiler = PlironCompiler {
+        target: LlvmTarget::Nvptx,
+    };
+    let options = PlironOptions {
+        sm_arch: Some(SmArch::new(sm, true)),
+        // The PTX ISA of a CUDA 12.8 driver: what an H200 machine has or newer.
+        ptx_version: PtxVersion::for_driver(12080),
+        grid_constants: true,
+        ..Default::default()
+    };
+    match compiler.compile(kernel.define(), &options) {
+        Ok(PlironArtifact::NvptxCode(module)) => {
+            // SAFETY: cubecl-llvm's PTX is NUL-terminated.
+            unsafe { CStr::from_ptr(module.ptx.as_ptr()) }
+                .to_string_lossy()
+                .into_owned()
+        }
+        Ok(_) => panic!("{name}: the NVPTX target gave no PTX"),
+        Err(e) => panic!("{name} does not compile for sm_{sm}: {e}"),
+    }
+}
+
+/// Compile for sm_80 and sm_90 and check the entry point and launch bounds.
+fn check(name: &str, kernel: impl CubeKernel, units: u32) {
+    for sm in [80, 90] {
+        let text = ptx(name, &kernel, sm);
+        assert!(
+            text.contains(".entry") && text.contains(&format!(".target sm_{sm}")),
+            "{name} sm_{sm}: no entry point for the target:\n{text}"
+        );
+        assert!(
+            text.contains(&format!(".reqntid {units}, 1, 1"))
+                || text.contains(&format!(".maxntid {units}, 1, 1")),
+            "{name} sm_{sm}: launch bounds of {units} threads missing:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn top_k_compiles_with_and_without_penalties() {
+    for pen in [false, true] {
+        let k = topk_rows::TopkRows::new(
+            settings(UNITS),
+            nvidia_properties(),
+            Arc::new(TargetProperties::default()),
+            buf(),
+            buf(),
+            buf(),
+            buf(),
+            buf(),
+            buf(),
+            buf(),
+            buf(),
+            buf(),
+            buf(),
+            buf(),
+            (),
+            (),
+            (),
+            (),
+            (),
+            (),
+            UNITS as usize,
+            TOP_K_MAX,
+            pen,
+            HISTORY_MAX,
+        );
+        check(&format!("topk_rows (penalties {pen})"), k, UNITS);
+    }
+}
+
+#[test]
+fn selecting_kernels_compile_for_every_status_mode() {
+    for codes in [CODES_NONE, CODES_OWN, CODES_GIVEN] {
+        let a = argmax_rows::ArgmaxRows::new(
+            settings(UNITS),
+            nvidia_properties(),
+            Arc::new(TargetProperties::default()),
+            buf(),
+            buf(),
+            buf(),
+            buf(),
+            (),
+            UNITS as usize,
+            codes,
+        );
+        check(&format!("argmax_rows (codes {codes})"), a, UNITS);
+        let d = dist_rows::DistRows::new(
+            settings(UNITS),
+            nvidia_properties(),
+            Arc::new(TargetProperties::default()),
+            buf(),
+            buf(),
+            buf(),
+            buf(),
+            buf(),
+            (),
+            (),
+            TOP_K_MAX,
+            UNITS as usize,
+            codes,
+        );
+        check(&format!("dist_rows (codes {codes})"), d, UNITS);
+        for has_t in [false, true] {
+            let t = top_p_dist_full_rows::TopPDistFullRows::new(
+                settings(FULL_ROW_UNITS),
+                nvidia_properties(),
+                Arc::new(TargetProperties::default()),
+                buf(),
+                buf(),
+                buf(),
+                buf(),
+                buf(),
+                buf(),
+                buf(),
+                (),
+                (),
+                (),
+                FULL_ROW_UNITS as usize,
+                has_t,
+                codes,
+            );
+            check(
+                &format!("top_p_dist_full_rows (codes {codes}, t {has_t})"),
+                t,
+                FULL_ROW_UNITS,
+            );
+            for keep_all in [false, true] {
+                let m = min_p_dist_full_rows::MinPDistFullRows::new(
+                    settings(FULL_ROW_UNITS),
+                    nvidia_properties(),
+                    Arc::new(TargetProperties::default()),
+                    buf(),
+                    buf(),
+                    buf(),
+                    buf(),
+                    buf(),
+                    buf(),
+                    buf(),
+                    (),
+                    (),
+                    (),
+                    FULL_ROW_UNITS as usize,
+                    has_t,
+                    codes,
+                    keep_all,
+                );
+                check(
+                    &format!("min_p_dist_full_rows (codes {codes}, t {has_t}, all {keep_all})"),
+                    m,
+                    FULL_ROW_UNITS,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn filtering_and_validating_kernels_compile() {
+    let p = top_p_rows::TopPRows::new(
+        settings(UNITS),
+        nvidia_properties(),
+        Arc::new(TargetProperties::default()),
+        buf(),
+        buf(),
+        buf(),
+        buf(),
+        buf(),
+        (),
+        TOP_K_MAX,
+    );
+    check("top_p_rows", p, UNITS);
+    let f = first_bad_rows::FirstBadRows::new(
+        settings(UNITS),
+        nvidia_properties(),
+        Arc::new(TargetProperties::default()),
+        buf(),
+        buf(),
+        (),
+        UNITS as usize,
+    );
+    check("first_bad_rows", f, UNITS);
+    let full = top_p_full_rows::TopPFullRows::new(
+        settings(FULL_ROW_UNITS),
+        nvidia_properties(),
+        Arc::new(TargetProperties::default()),
+        buf(),
+        buf(),
+        buf(),
+        buf(),
+        (),
+        FULL_ROW_UNITS as usize,
+    );
+    check("top_p_full_rows", full, FULL_ROW_UNITS);
+    let codes = token_codes_rows::TokenCodesRows::new(
+        settings(UNITS),
+        nvidia_properties(),
+        Arc::new(TargetProperties::default()),
+        buf(),
+        buf(),
+        buf(),
+        (),
+        (),
+    );
+    check("token_codes_rows", codes, UNITS);
+    for has_ids in [false, true] {
+        let t = temperature_rows::TemperatureRows::new(
+            settings(UNITS),
+            nvidia_properties(),
+            Arc::new(TargetProperties::default()),
+            buf(),
+            buf(),
+            buf(),
+            buf(),
+            (),
+            (),
+            has_ids,
+            UNITS as usize,
+        );
+        check(&format!("temperature_rows (ids {has_ids})"), t, UNITS);
+        let m = min_p_rows::MinPRows::new(
+            settings(UNITS),
+            nvidia_properties(),
+            Arc::new(TargetProperties::default()),
+            buf(),
+            buf(),
+            buf(),
+            buf(),
+            buf(),
+            (),
+            UNITS as usize,
+            has_ids,
+        );
+        check(&format!("min_p_rows (ids {has_ids})"), m, UNITS);
+    }
+}
