@@ -23,24 +23,22 @@ grep -qx '/.gpu-check/' .git/info/exclude 2>/dev/null || echo '/.gpu-check/' >> 
 tests=(device_select_kernels device_kernels device_golden device_bugs device_equivalence device_large_vocab)
 
 # Release test binaries and the benchmark, path of each from cargo's JSON.
-build() { # features, suffix
+# One cargo call per feature set, so that both packages share one feature
+# resolution (two calls with different package sets compile burn twice).
+build() { # features (flex and nothing else by default), suffix
   local features=$1 suffix=$2 t
-  local args=(--release -p conformance --features "$features" --no-run --message-format json)
+  local args=(--release -p conformance -p sampler-backend --no-default-features --features "flex,$features"
+    --no-run --message-format json --bench gpu_check)
   for t in "${tests[@]}"; do args+=(--test "$t"); done
   cargo test "${args[@]}" | python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
         print(m["target"]["name"], m["executable"])
+    elif m.get("reason") == "compiler-message" and m["message"].get("level") == "error":
+        sys.stderr.write(m["message"].get("rendered", "") + "\n")
 ' | while read -r name exe; do cp "$exe" "$out/bin/$name$suffix"; done
-  cargo bench -p sampler-backend --features "$features" --bench gpu_check --no-run --message-format json | python3 -c '
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_check":
-        print(m["executable"])
-' | while read -r exe; do cp "$exe" "$out/bin/gpu_check$suffix"; done
 }
 
 build wgpu,vulkan ""
@@ -54,11 +52,13 @@ fi
 strip "$out"/bin/* 2>/dev/null || true
 
 # The Vulkan loader (the GPU machine's driver brings its ICD, not always
-# the loader), as Debian packages unpacked there.
+# the loader), as Debian packages unpacked there when it has none.
 mkdir -p "$out/deb" /tmp/gpu-check-apt/partial
 o=(-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/gpu-check-apt)
 apt-get "${o[@]}" update -qq
-(cd "$out/deb" && apt-get "${o[@]}" download -qq libvulkan1)
+# The loader and the GL vendor-neutral libraries NVIDIA's Vulkan driver
+# (libGLX_nvidia) loads beside it.
+(cd "$out/deb" && apt-get "${o[@]}" download -qq libvulkan1 libglvnd0 libglx0 libegl1 libgl1 libopengl0 libgles2)
 cp scripts/gpu-check/run.sh "$out/"
 # libdevice (CUDA's math library as LLVM bitcode, for cubecl's LLVM path),
 # as `.ci/install-cuda-llvm.sh` unpacked it, in case the GPU machine has no
