@@ -8,6 +8,9 @@
 # Usage (repository root, on this machine):
 #   bash scripts/gpu-check/build.sh            # wgpu + vulkan, and cuda if it fits
 #   GPU_CHECK_CUDA=0 bash scripts/gpu-check/build.sh   # without cuda
+#   GPU_CHECK_FEATURES=wgpu ...  # Vulkan binaries without the vulkan feature:
+#     with it compiled in, wgpu takes cubecl's SPIR-V path, which crashes
+#     Mesa's lavapipe (fine on NVIDIA); build so to try the pack on lavapipe
 # Needs: the Rust toolchain, apt-get (for the loader .deb), and for cuda
 # the LLVM of `.ci/install-cuda-llvm.sh` (run first when GPU_CHECK_CUDA=1).
 set -euo pipefail
@@ -41,8 +44,8 @@ for line in sys.stdin:
 ' | while read -r name exe; do cp "$exe" "$out/bin/$name$suffix"; done
 }
 
-build wgpu,vulkan ""
-took "release build (wgpu, vulkan)"
+build "${GPU_CHECK_FEATURES:-wgpu,vulkan}" ""
+took "release build (${GPU_CHECK_FEATURES:-wgpu,vulkan})"
 if [ "${GPU_CHECK_CUDA:-1}" = 1 ]; then
   bash .ci/install-cuda-llvm.sh
   export CUDA_PATH=${SAMPLER_CUDA_PATH:-$HOME/.cache/sampler-chain/cuda}
@@ -70,7 +73,15 @@ fi
 
 # Compressed, what travels must stay under the limit: drop the cuda
 # binaries (largest) first when it does not.
-pack() { tar -C "$out" -cJf "$out.tar.xz" bin deb run.sh $(ls -d "$out"/cuda >/dev/null 2>&1 && echo cuda); stat -c %s "$out.tar.xz"; }
+# One xz stream with a 384 MiB window: it spans several stripped binaries,
+# which share most of their code (burn, wgpu, cubecl, LLVM), so each next one
+# packs to a fraction (unpacking needs 384 MiB of memory).
+pack() {
+  (cd "$out" && { find bin -type f ! -name '*_cuda' | sort; find bin -type f -name '*_cuda' | sort
+    printf '%s\n' deb run.sh; [ -d cuda ] && echo cuda; true; } > files)
+  XZ_OPT='-T1 --lzma2=preset=6,dict=384MiB' tar -C "$out" -cJf "$out.tar.xz" -T "$out/files"
+  stat -c %s "$out.tar.xz"
+}
 size=$(pack)
 if [ "$size" -gt "$limit" ] && ls "$out"/bin/*_cuda >/dev/null 2>&1; then
   echo "gpu-check: $((size >> 20)) MiB with cuda, over 64 MiB: cuda test binaries left out"
@@ -82,5 +93,5 @@ if [ "$size" -gt "$limit" ]; then
 fi
 took "packing"
 mv "$out.tar.xz" "$out/pack.tar.xz"
-rm -rf "$out/bin" "$out/deb" "$out/cuda"
+rm -rf "$out/bin" "$out/deb" "$out/cuda" "$out/files"
 echo "gpu-check: $out/pack.tar.xz, $((size >> 20)) MiB"

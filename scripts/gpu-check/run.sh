@@ -10,8 +10,10 @@
 #
 # Environment (all optional):
 #   GPU_CHECK_VK_ICD   a Vulkan driver manifest to use instead of NVIDIA's,
-#                      e.g. /usr/share/vulkan/icd.d/lvp_icd.x86_64.json to
-#                      try the pack on Mesa's software driver (lavapipe)
+#                      e.g. /usr/share/vulkan/icd.d/lvp_icd.json to try the
+#                      pack on Mesa's software driver (lavapipe; a pack built
+#                      with GPU_CHECK_FEATURES=wgpu: with the vulkan feature
+#                      in, wgpu takes the SPIR-V path that lavapipe crashes on)
 #   GPU_CHECK_DEVICES  the devices to run, default "wgpu vulkan cuda"
 #                      (lavapipe crashes on the vulkan feature's SPIR-V:
 #                      "wgpu cuda" there; cuda skips itself without a GPU)
@@ -39,7 +41,7 @@ if [ -n "${GPU_CHECK_VK_ICD:-}" ]; then
 elif [ -f "$nvidia_icd" ] && [ -z "${VK_DRIVER_FILES:-}" ]; then
   export VK_DRIVER_FILES=$nvidia_icd
 fi
-echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-(the loader's default)}"
+echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-unset, the loader default}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null || echo "(no nvidia-smi)"
 devices=${GPU_CHECK_DEVICES:-wgpu vulkan cuda}
 scale=${GPU_CHECK_SCALE:-1}
