@@ -46,6 +46,21 @@ fn gpu_devices() -> Vec<String> {
         .collect()
 }
 
+/// A chain with every kind of device stage: history penalties, a top_k cut,
+/// temperature, a top_p cut and the draw.
+const PENALTIES_CHAIN: &[&str] = &[
+    "--samplers",
+    "penalties;top_k;temperature;top_p;dist",
+    "--repeat-penalty",
+    "1.2",
+    "--top-k",
+    "50",
+    "--temp",
+    "1.1",
+    "--top-p",
+    "0.9",
+];
+
 /// Run `generate --json` with `args`; returns the parsed object and stderr.
 fn run_json(args: &[&str]) -> (Value, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_generate"))
@@ -120,18 +135,7 @@ fn greedy40_from_bos_on_every_device_and_split() {
 fn seeded_sampling_is_identical_across_runs_devices_and_splits() {
     let chains: [&[&str]; 2] = [
         &["--samplers", "top_k;top_p;min_p;temperature;dist"],
-        &[
-            "--samplers",
-            "penalties;top_k;temperature;top_p;dist",
-            "--repeat-penalty",
-            "1.2",
-            "--top-k",
-            "50",
-            "--temp",
-            "1.1",
-            "--top-p",
-            "0.9",
-        ],
+        PENALTIES_CHAIN,
     ];
     for (c, chain) in chains.into_iter().enumerate() {
         let mut reference: Option<Vec<u64>> = None;
@@ -426,22 +430,7 @@ fn gpu_devices_match_flex_in_a_short_run() {
         "--logprob-token-ids",
         "2,5",
     ];
-    let seeded: &[&str] = &[
-        "--samplers",
-        "penalties;top_k;temperature;top_p;dist",
-        "--repeat-penalty",
-        "1.2",
-        "--top-k",
-        "50",
-        "--temp",
-        "1.1",
-        "--top-p",
-        "0.9",
-        "--seed",
-        "1234",
-        "-n",
-        "3",
-    ];
+    let seeded = &[PENALTIES_CHAIN, &["--seed", "1234", "-n", "3"]].concat();
     let on = |device: &str, args: &[&str]| {
         let mut a = args.to_vec();
         a.extend(["--device", device, "--offload", "device"]);

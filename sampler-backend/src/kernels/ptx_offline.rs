@@ -75,6 +75,25 @@ fn buf() -> BufferCompilationArg {
     BufferCompilationArg { inplace: None }
 }
 
+/// `new(settings, properties, target, buffers.., scalars.., comptime..)` of
+/// a kernel's `#[cube]` struct: one `b` per buffer argument and one `s` per
+/// scalar argument (compile-time arguments of their own: none), in the
+/// order of the kernel's signature, then its compile-time arguments.
+macro_rules! kernel {
+    ($new:path, $units:expr, [$($b:ident)*], [$($s:ident)*] $(, $ct:expr)* $(,)?) => {
+        $new(
+            settings($units),
+            nvidia_properties(),
+            Arc::new(TargetProperties::default()),
+            $(kernel!(@$b),)*
+            $(kernel!(@$s),)*
+            $($ct),*
+        )
+    };
+    (@b) => { buf() };
+    (@s) => { () };
+}
+
 /// The PTX of `kernel` for compute capability `sm` (80, 90), as burn's CUDA
 /// runtime would compile it; panics with the compiler's message on failure.
 fn ptx(name: &str, kernel: &impl CubeKernel, sm: u32) -> String {
@@ -119,31 +138,15 @@ fn check(name: &str, kernel: impl CubeKernel, units: u32) {
 #[test]
 fn top_k_compiles_with_and_without_penalties() {
     for pen in [false, true] {
-        let k = topk_rows::TopkRows::new(
-            settings(UNITS),
-            nvidia_properties(),
-            Arc::new(TargetProperties::default()),
-            buf(),
-            buf(),
-            buf(),
-            buf(),
-            buf(),
-            buf(),
-            buf(),
-            buf(),
-            buf(),
-            buf(),
-            buf(),
-            (),
-            (),
-            (),
-            (),
-            (),
-            (),
+        let k = kernel!(
+            topk_rows::TopkRows::new,
+            UNITS,
+            [b b b b b b b b b b b],
+            [s s s s s s],
             UNITS as usize,
             TOP_K_MAX,
             pen,
-            HISTORY_MAX,
+            HISTORY_MAX
         );
         check(&format!("topk_rows (penalties {pen})"), k, UNITS);
     }
@@ -152,53 +155,34 @@ fn top_k_compiles_with_and_without_penalties() {
 #[test]
 fn selecting_kernels_compile_for_every_status_mode() {
     for codes in [CODES_NONE, CODES_OWN, CODES_GIVEN] {
-        let a = argmax_rows::ArgmaxRows::new(
-            settings(UNITS),
-            nvidia_properties(),
-            Arc::new(TargetProperties::default()),
-            buf(),
-            buf(),
-            buf(),
-            buf(),
-            (),
+        let a = kernel!(
+            argmax_rows::ArgmaxRows::new,
+            UNITS,
+            [b b b b],
+            [s],
             UNITS as usize,
-            codes,
+            codes
         );
         check(&format!("argmax_rows (codes {codes})"), a, UNITS);
-        let d = dist_rows::DistRows::new(
-            settings(UNITS),
-            nvidia_properties(),
-            Arc::new(TargetProperties::default()),
-            buf(),
-            buf(),
-            buf(),
-            buf(),
-            buf(),
-            (),
-            (),
+        let d = kernel!(
+            dist_rows::DistRows::new,
+            UNITS,
+            [b b b b b],
+            [s s],
             TOP_K_MAX,
             UNITS as usize,
-            codes,
+            codes
         );
         check(&format!("dist_rows (codes {codes})"), d, UNITS);
         for has_t in [false, true] {
-            let t = top_p_dist_full_rows::TopPDistFullRows::new(
-                settings(FULL_ROW_UNITS),
-                nvidia_properties(),
-                Arc::new(TargetProperties::default()),
-                buf(),
-                buf(),
-                buf(),
-                buf(),
-                buf(),
-                buf(),
-                buf(),
-                (),
-                (),
-                (),
+            let t = kernel!(
+                top_p_dist_full_rows::TopPDistFullRows::new,
+                FULL_ROW_UNITS,
+                [b b b b b b b],
+                [s s s],
                 FULL_ROW_UNITS as usize,
                 has_t,
-                codes,
+                codes
             );
             check(
                 &format!("top_p_dist_full_rows (codes {codes}, t {has_t})"),
@@ -206,24 +190,15 @@ fn selecting_kernels_compile_for_every_status_mode() {
                 FULL_ROW_UNITS,
             );
             for keep_all in [false, true] {
-                let m = min_p_dist_full_rows::MinPDistFullRows::new(
-                    settings(FULL_ROW_UNITS),
-                    nvidia_properties(),
-                    Arc::new(TargetProperties::default()),
-                    buf(),
-                    buf(),
-                    buf(),
-                    buf(),
-                    buf(),
-                    buf(),
-                    buf(),
-                    (),
-                    (),
-                    (),
+                let m = kernel!(
+                    min_p_dist_full_rows::MinPDistFullRows::new,
+                    FULL_ROW_UNITS,
+                    [b b b b b b b],
+                    [s s s],
                     FULL_ROW_UNITS as usize,
                     has_t,
                     codes,
-                    keep_all,
+                    keep_all
                 );
                 check(
                     &format!("min_p_dist_full_rows (codes {codes}, t {has_t}, all {keep_all})"),
@@ -237,79 +212,54 @@ fn selecting_kernels_compile_for_every_status_mode() {
 
 #[test]
 fn filtering_and_validating_kernels_compile() {
-    let p = top_p_rows::TopPRows::new(
-        settings(UNITS),
-        nvidia_properties(),
-        Arc::new(TargetProperties::default()),
-        buf(),
-        buf(),
-        buf(),
-        buf(),
-        buf(),
-        (),
-        TOP_K_MAX,
+    let p = kernel!(
+        top_p_rows::TopPRows::new,
+        UNITS,
+        [b b b b b],
+        [s],
+        TOP_K_MAX
     );
     check("top_p_rows", p, UNITS);
-    let f = first_bad_rows::FirstBadRows::new(
-        settings(UNITS),
-        nvidia_properties(),
-        Arc::new(TargetProperties::default()),
-        buf(),
-        buf(),
-        (),
-        UNITS as usize,
+    let f = kernel!(
+        first_bad_rows::FirstBadRows::new,
+        UNITS,
+        [b b],
+        [s],
+        UNITS as usize
     );
     check("first_bad_rows", f, UNITS);
-    let full = top_p_full_rows::TopPFullRows::new(
-        settings(FULL_ROW_UNITS),
-        nvidia_properties(),
-        Arc::new(TargetProperties::default()),
-        buf(),
-        buf(),
-        buf(),
-        buf(),
-        (),
-        FULL_ROW_UNITS as usize,
+    let full = kernel!(
+        top_p_full_rows::TopPFullRows::new,
+        FULL_ROW_UNITS,
+        [b b b b],
+        [s],
+        FULL_ROW_UNITS as usize
     );
     check("top_p_full_rows", full, FULL_ROW_UNITS);
-    let codes = token_codes_rows::TokenCodesRows::new(
-        settings(UNITS),
-        nvidia_properties(),
-        Arc::new(TargetProperties::default()),
-        buf(),
-        buf(),
-        buf(),
-        (),
-        (),
+    let codes = kernel!(
+        token_codes_rows::TokenCodesRows::new,
+        UNITS,
+        [b b b],
+        [s s]
     );
     check("token_codes_rows", codes, UNITS);
     for has_ids in [false, true] {
-        let t = temperature_rows::TemperatureRows::new(
-            settings(UNITS),
-            nvidia_properties(),
-            Arc::new(TargetProperties::default()),
-            buf(),
-            buf(),
-            buf(),
-            buf(),
-            (),
-            (),
+        let t = kernel!(
+            temperature_rows::TemperatureRows::new,
+            UNITS,
+            [b b b b],
+            [s s],
             has_ids,
-            UNITS as usize,
+            UNITS as usize
         );
         check(&format!("temperature_rows (ids {has_ids})"), t, UNITS);
-        let m = min_p_rows::MinPRows::new(
-            settings(UNITS),
-            nvidia_properties(),
-            Arc::new(TargetProperties::default()),
-            buf(),
-            buf(),
-            buf(),
-            buf(),
-            buf(),
-            (),
+        let m = kernel!(
+            min_p_rows::MinPRows::new,
+            UNITS,
+            [b b b b b],
+            [s],
             UNITS as usize,
-            has_ids,
+            has_ids
         );
         check(&format!("min_p_rows (ids {has_ids})"), m, UNITS);
     }
