@@ -6,8 +6,11 @@
 # downloaded on the GPU machine). `scripts/gpu-check/run.sh` runs it there.
 #
 # Usage (repository root, on this machine):
-#   bash scripts/gpu-check/build.sh            # wgpu + vulkan, and cuda if it fits
+#   bash scripts/gpu-check/build.sh            # wgpu + vulkan, the cuda benchmark
 #   GPU_CHECK_CUDA=0 bash scripts/gpu-check/build.sh   # without cuda
+#   GPU_CHECK_CUDA_TESTS=1 ...   # also the cuda test binaries, if they fit:
+#     each carries LLVM; with them the pack measured 76-97 MiB, so by
+#     default only the cuda benchmark goes in (one xz pass, not two)
 #   GPU_CHECK_FEATURES=wgpu ...  # Vulkan binaries without the vulkan feature:
 #     with it compiled in, wgpu takes cubecl's SPIR-V path, which crashes
 #     Mesa's lavapipe (fine on NVIDIA); build so to try the pack on lavapipe
@@ -51,6 +54,7 @@ if [ "${GPU_CHECK_CUDA:-1}" = 1 ]; then
   export CUDA_PATH=${SAMPLER_CUDA_PATH:-$HOME/.cache/sampler-chain/cuda}
   build cuda _cuda
   took "release build (cuda)"
+  [ "${GPU_CHECK_CUDA_TESTS:-0}" = 1 ] || find "$out/bin" -name '*_cuda' ! -name 'gpu_check_cuda' -delete
 fi
 strip "$out"/bin/* 2>/dev/null || true
 
