@@ -20,7 +20,10 @@ pub(crate) const TOKEN_RANGE: &str = "a token id in [0, 4294967295]";
 #[derive(Clone, Copy)]
 pub(crate) struct At<'d> {
     pub(crate) doc: Doc<'d>,
-    pub(crate) key: Option<Location>,
+    /// Where the key starts; its `line:column` is computed only for an error
+    /// (computing it scans the text up to it: once per entry of a large
+    /// table would be quadratic).
+    pub(crate) key: Option<usize>,
 }
 
 impl<'d> At<'d> {
@@ -28,14 +31,17 @@ impl<'d> At<'d> {
     pub(crate) fn entry(doc: Doc<'d>, entry: &Entry) -> Self {
         Self {
             doc,
-            key: doc.loc(&entry.key_span),
+            key: Some(entry.key_span.start),
         }
     }
 
     pub(crate) fn loc(&self, node: &Node) -> Option<Location> {
         match self.doc.format {
             Format::Toml => self.doc.loc(&node.span),
-            Format::Json => self.key.or_else(|| self.doc.loc(&node.span)),
+            Format::Json => match self.key {
+                Some(at) => self.doc.loc(&(at..at)),
+                None => self.doc.loc(&node.span),
+            },
         }
     }
 

@@ -614,7 +614,9 @@ pub(crate) fn check_field_type(doc: Doc<'_>, entry: &Entry) -> Result<(), Config
             for e in map {
                 let token = e.key.as_str();
                 let path = format!("{key}.\"{token}\"");
-                let bloc = doc.loc(&e.key_span);
+                // Located only for an error: computing a location scans
+                // the text up to it (once per key would be quadratic).
+                let bloc = || doc.loc(&e.key_span);
                 // Decimal without leading zeros: serde reads `"007"` as no
                 // number at all, so refuse it here with the key's path.
                 let ok_id = !token.is_empty()
@@ -626,7 +628,7 @@ pub(crate) fn check_field_type(doc: Doc<'_>, entry: &Entry) -> Result<(), Config
                         path,
                         value: format!("\"{token}\""),
                         expected: format!("{TOKEN_RANGE} as the key, e.g. {{\"15043\": -1.5}}"),
-                        location: bloc,
+                        location: bloc(),
                     });
                 }
                 match e.value.as_f32() {
@@ -636,7 +638,7 @@ pub(crate) fn check_field_type(doc: Doc<'_>, entry: &Entry) -> Result<(), Config
                             path,
                             value: doc.written(&e.value),
                             expected: range.to_string(),
-                            location: bloc,
+                            location: bloc(),
                         });
                     }
                     Ok(None) => {
@@ -644,7 +646,7 @@ pub(crate) fn check_field_type(doc: Doc<'_>, entry: &Entry) -> Result<(), Config
                             path,
                             found: doc.found(&e.value),
                             expected: "a finite number (JSON has no -inf: a bias of -100 or less bans the token in practice)".into(),
-                            location: bloc,
+                            location: bloc(),
                         });
                     }
                 }

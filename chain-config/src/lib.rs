@@ -55,7 +55,7 @@ use std::path::Path;
 
 pub use chain_string::DEFAULT_ORDER;
 pub use error::{ConfigError, Diagnostic, Location};
-pub use flat::{SamplingParams, StageKeys, WHOLE_HISTORY, flat_keys};
+pub use flat::{LogprobsFlag, SamplingParams, StageKeys, WHOLE_HISTORY, flat_keys};
 pub use hf::GenerationConfig;
 pub use params::default_stage;
 pub use sampler_core::{ChainSpec, HistoryScope, OffloadPolicy, StageKind, StageSpec};

@@ -537,6 +537,9 @@ fn json_node(doc: &Doc<'_>, v: &ast::Value<'_>, path: &str) -> Result<Node, Conf
         ),
         ast::Value::Object(o) => {
             let mut entries: Vec<Entry> = Vec::with_capacity(o.properties.len());
+            // Keys seen so far: a set, not a scan of `entries` (a 16k-key
+            // `logit_bias` object would be quadratic).
+            let mut seen = std::collections::HashSet::with_capacity(o.properties.len());
             for prop in &o.properties {
                 let (key, key_range) = match &prop.name {
                     ast::ObjectPropName::String(s) => (s.value.to_string(), s.range),
@@ -548,7 +551,7 @@ fn json_node(doc: &Doc<'_>, v: &ast::Value<'_>, path: &str) -> Result<Node, Conf
                 } else {
                     format!("{path}.{key}")
                 };
-                if entries.iter().any(|e| e.key == key) {
+                if !seen.insert(key.clone()) {
                     return Err(ConfigError::DuplicateKey {
                         path: kpath.clone(),
                         other: kpath,

@@ -514,3 +514,30 @@ fn registered_flat_keys_epsilon_and_eta() {
     let e = GenerationConfig::from_json_str(r#"{"epsilon_cutoff": 2}"#).unwrap_err();
     assert!(e.to_string().contains("epsilon_cutoff"), "{e}");
 }
+
+/// `SamplingParams::logprobs` is set from Rust with the exported
+/// `LogprobsFlag` (OpenAI's `true`, vLLM's count).
+#[test]
+fn logprobs_flag_is_set_from_rust() {
+    use chain_config::LogprobsFlag;
+    let p = SamplingParams {
+        temperature: Some(0.7),
+        logprobs: Some(LogprobsFlag::Top(3)),
+        ..Default::default()
+    };
+    let lp = p
+        .to_chain()
+        .unwrap()
+        .chain
+        .logprobs
+        .expect("logprobs asked for");
+    assert_eq!(lp.top_n, 3);
+    let on = SamplingParams {
+        logprobs: Some(LogprobsFlag::On(true)),
+        ..Default::default()
+    };
+    assert_eq!(
+        on.to_chain().unwrap().chain.logprobs.map(|l| l.top_n),
+        Some(0)
+    );
+}

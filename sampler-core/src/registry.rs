@@ -960,6 +960,11 @@ impl Raw {
             (K::Int, Raw::UInt(u)) => Some(ParamValue::UInt(u)),
             (K::Float, r) => float(&r).map(ParamValue::Float),
             (K::Enum(_), Raw::Str(s)) => HistoryScope::from_word(&s).map(ParamValue::Scope),
+            (K::TokenIds, Raw::List(ids)) => ids
+                .iter()
+                .map(token)
+                .collect::<Option<Vec<_>>>()
+                .map(ParamValue::Ids),
             (K::TokenSequences, Raw::List(seqs)) => seqs
                 .iter()
                 .map(|s| match s {

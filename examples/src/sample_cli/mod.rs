@@ -195,32 +195,122 @@ fn read_npy(bytes: &[u8]) -> CliResult<Logits> {
     let end = start.checked_add(hlen).ok_or_else(truncated)?;
     let header = bytes.get(start..end).ok_or_else(truncated)?;
     let header = std::str::from_utf8(header).map_err(|_| "non-UTF-8 .npy header")?;
-    let field = |key: &str| -> Option<&str> {
-        let i = header.find(key)? + key.len();
-        let rest = header[i..].trim_start_matches([' ', ':', '\'', '"']);
-        Some(rest)
-    };
-    let descr = field("descr").ok_or("no descr in .npy header")?;
-    let descr: String = descr
-        .chars()
-        .take_while(|c| *c != '\'' && *c != '"')
-        .take(16)
-        .collect();
-    if descr.starts_with('>') {
-        return Err(format!("big-endian .npy ({descr}) is not supported"));
+    let h = parse_npy_header(header)?;
+    if h.descr.starts_with('>') {
+        return Err(format!("big-endian .npy ({}) is not supported", h.descr));
     }
-    let dtype = descr.trim_start_matches(['<', '|', '=']);
+    let dtype = h.descr.trim_start_matches(['<', '|', '=']);
     let elem = dtype_size(dtype)?;
-    if field("fortran_order").is_some_and(|s| s.starts_with("True")) {
+    if h.fortran_order {
         return Err("Fortran-order .npy is not supported".into());
     }
-    let shape_txt = field("shape").ok_or("no shape in .npy header")?;
-    let inner: String = shape_txt
-        .trim_start_matches('(')
-        .chars()
-        .take_while(|c| *c != ')')
-        .collect();
-    let shape: Vec<u64> = inner
+    let shape = h.shape;
+    let data = &bytes[end..];
+    let (batch, vocab) = shape2(&shape, elem, data.len())?;
+    let data = to_f32(data, dtype)?;
+    Ok(Logits { batch, vocab, data })
+}
+
+/// A `.npy` header: the Python dict literal `{'descr': '<f4',
+/// 'fortran_order': False, 'shape': (2, 3), }`, exactly these three keys.
+struct NpyHeader {
+    descr: String,
+    fortran_order: bool,
+    shape: Vec<u64>,
+}
+
+/// Parse a `.npy` header strictly: a missing, repeated or unknown key, or
+/// a value of the wrong form, is an error naming it.
+fn parse_npy_header(header: &str) -> CliResult<NpyHeader> {
+    const KEYS: &str = "descr, fortran_order, shape";
+    let shown = |s: &str| -> String { s.chars().take(24).collect() };
+    let body = header
+        .trim_end_matches(['\n', ' ', '\0'])
+        .strip_prefix('{')
+        .and_then(|b| b.strip_suffix('}'))
+        .ok_or("the .npy header is not a dict `{...}`")?;
+    let (mut descr, mut fortran, mut shape) = (None, None, None);
+    let mut rest = body.trim_start();
+    while !rest.is_empty() {
+        let q = rest.chars().next().filter(|c| *c == '\'' || *c == '"');
+        let q = q.ok_or_else(|| {
+            format!(
+                "bad .npy header at `{}`: expected a quoted key",
+                shown(rest)
+            )
+        })?;
+        let close = rest[1..].find(q).ok_or("unterminated key in .npy header")? + 1;
+        let key = &rest[1..close];
+        rest = rest[close + 1..].trim_start();
+        rest = rest
+            .strip_prefix(':')
+            .ok_or_else(|| format!("bad .npy header: no `:` after key `{}`", shown(key)))?
+            .trim_start();
+        // The value runs to the next top-level comma (a shape's tuple has
+        // commas inside its parentheses).
+        let end = if rest.starts_with('(') {
+            rest.find(')').map(|i| i + 1)
+        } else {
+            rest.find(',').or(Some(rest.len()))
+        }
+        .ok_or("unterminated shape tuple in .npy header")?;
+        let value = rest[..end].trim();
+        rest = rest[end..].trim_start();
+        rest = rest.strip_prefix(',').unwrap_or(rest).trim_start();
+        let slot_taken = match key {
+            "descr" => descr
+                .replace(
+                    value
+                        .strip_prefix(['\'', '"'])
+                        .and_then(|v| v.strip_suffix(['\'', '"']))
+                        .filter(|v| v.len() <= 16)
+                        .ok_or_else(|| {
+                            format!("bad .npy descr `{}`: expected a quoted dtype", shown(value))
+                        })?
+                        .to_string(),
+                )
+                .is_some(),
+            "fortran_order" => fortran
+                .replace(match value {
+                    "True" => true,
+                    "False" => false,
+                    _ => {
+                        return Err(format!(
+                            "bad .npy fortran_order `{}`: expected True or False",
+                            shown(value)
+                        ));
+                    }
+                })
+                .is_some(),
+            "shape" => shape.replace(parse_npy_shape(value)?).is_some(),
+            other => {
+                return Err(format!(
+                    "unknown key `{}` in .npy header (expected {KEYS})",
+                    shown(other)
+                ));
+            }
+        };
+        if slot_taken {
+            return Err(format!("key `{key}` given twice in .npy header"));
+        }
+    }
+    Ok(NpyHeader {
+        descr: descr.ok_or("no descr in .npy header")?,
+        fortran_order: fortran.ok_or("no fortran_order in .npy header")?,
+        shape: shape.ok_or("no shape in .npy header")?,
+    })
+}
+
+/// A `.npy` shape tuple: `(2, 3)`, `(3,)`, `()`.
+fn parse_npy_shape(value: &str) -> CliResult<Vec<u64>> {
+    let inner = value
+        .strip_prefix('(')
+        .and_then(|v| v.strip_suffix(')'))
+        .ok_or_else(|| {
+            let shown: String = value.chars().take(24).collect();
+            format!("bad .npy shape `{shown}`: expected a tuple of integers")
+        })?;
+    inner
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
@@ -230,11 +320,7 @@ fn read_npy(bytes: &[u8]) -> CliResult<Logits> {
                 format!("bad .npy shape: dimension `{shown}` is not an integer >= 0")
             })
         })
-        .collect::<CliResult<_>>()?;
-    let data = &bytes[end..];
-    let (batch, vocab) = shape2(&shape, elem, data.len())?;
-    let data = to_f32(data, dtype)?;
-    Ok(Logits { batch, vocab, data })
+        .collect()
 }
 
 /// Read a `.safetensors` file with the `safetensors` crate (which checks the
@@ -301,5 +387,47 @@ mod tests {
         assert_eq!(l.data[5], 6.0);
         assert_eq!(to_f32(&0x3c00u16.to_le_bytes(), "f2").unwrap(), [1.0]);
         assert_eq!(to_f32(&0xc000u16.to_le_bytes(), "F16").unwrap(), [-2.0]);
+    }
+
+    #[test]
+    fn npy_headers_with_unknown_repeated_or_missing_keys_are_refused() {
+        let ok = parse_npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }   \n")
+            .expect("a numpy-written header");
+        assert_eq!(
+            (ok.descr.as_str(), ok.fortran_order, ok.shape),
+            ("<f4", false, vec![3])
+        );
+        let err = |h: &str| {
+            parse_npy_header(h)
+                .err()
+                .unwrap_or_else(|| panic!("accepted {h}"))
+        };
+        let cases = [
+            (
+                "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'strides': (4,), }",
+                "unknown key `strides` in .npy header (expected descr, fortran_order, shape)",
+            ),
+            (
+                "{'descr': '<f4', 'descr': '<f8', 'fortran_order': False, 'shape': (2, 3), }",
+                "key `descr` given twice",
+            ),
+            (
+                "{'descr': '<f4', 'shape': (2, 3), }",
+                "no fortran_order in .npy header",
+            ),
+            (
+                "{'descr': '<f4', 'fortran_order': 0, 'shape': (2,)}",
+                "expected True or False",
+            ),
+            (
+                "{'descr': '<f4', 'fortran_order': False, 'shape': 2}",
+                "expected a tuple",
+            ),
+            ("'descr': '<f4'", "not a dict"),
+        ];
+        for (h, want) in cases {
+            let e = err(h);
+            assert!(e.contains(want), "{h}: {e}");
+        }
     }
 }
