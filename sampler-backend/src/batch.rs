@@ -31,12 +31,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use burn_tensor::{DType, Device, FloatDType, Int, IntDType, Tensor, TensorData, Transaction};
+use burn_tensor::{
+    Bool, DType, Device, FloatDType, Int, IntDType, Tensor, TensorData, Transaction,
+};
 use rayon::prelude::*;
 use sampler_core::plan::{self, HostReason, OffloadPolicy, Plan, PlanStage, Readback};
 use sampler_core::{
     Candidates, Chain, ChainSpec, DeviceRefusal, Logprobs, LogprobsMode, SampleError, StageKind,
-    TokenId, TokenOrigin,
+    StageSpec, TokenId, TokenOrigin,
 };
 
 use crate::BackendError;
@@ -126,6 +128,48 @@ impl PendingStep {
             alive: std::sync::Arc::downgrade(&self.alive),
             ids: self.ids.clone(),
         }
+    }
+}
+
+/// A [`PendingStep`] handed back inside [`BackendError::ForeignStep`]
+/// (errors are `Clone`: the step is taken out once, by whichever copy asks
+/// first).
+#[derive(Clone)]
+pub struct ReturnedStep {
+    serial: u64,
+    step: Arc<std::sync::Mutex<Option<PendingStep>>>,
+}
+
+impl ReturnedStep {
+    fn new(step: PendingStep) -> Self {
+        Self {
+            serial: step.serial,
+            step: Arc::new(std::sync::Mutex::new(Some(step))),
+        }
+    }
+
+    /// The step, the first time (`None` after that).
+    pub fn take(&self) -> Option<PendingStep> {
+        self.step.lock().ok()?.take()
+    }
+
+    /// The step's serial (unique across batches).
+    pub fn serial(&self) -> u64 {
+        self.serial
+    }
+}
+
+impl PartialEq for ReturnedStep {
+    fn eq(&self, other: &Self) -> bool {
+        self.serial == other.serial
+    }
+}
+
+impl fmt::Debug for ReturnedStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReturnedStep")
+            .field("serial", &self.serial)
+            .finish()
     }
 }
 
@@ -567,12 +611,7 @@ impl SamplingBatch {
             .requests
             .get_mut(&id)
             .ok_or(BackendError::UnknownRequest { id: id.0 })?;
-        let has_mask = req
-            .chain
-            .stages()
-            .iter()
-            .any(|s| s.spec().is_some_and(|sp| sp.kind() == StageKind::Mask));
-        if !has_mask {
+        if !masks_act(&req.chain) {
             return Err(BackendError::NoMaskStage { id: id.0 });
         }
         if let Some(m) = mask
@@ -625,6 +664,12 @@ impl SamplingBatch {
         let old_key = std::mem::replace(&mut req.key, planned.key.clone());
         req.spec = spec;
         req.chain = chain;
+        // A mask given for the old chain cannot act on a chain whose mask
+        // stage is gone (or now after its selecting stage): dropped, not
+        // kept for a later chain that has one again.
+        if !masks_act(&req.chain) {
+            req.mask = None;
+        }
         req.plan = planned.plan;
         req.keep = planned.keep;
         req.drop_masked = planned.drop_masked;
@@ -683,8 +728,8 @@ impl SamplingBatch {
     /// The second half of a pipelined step (see [`SamplingBatch::submit`]).
     ///
     /// # Errors
-    /// [`BackendError::NotPending`] for a step this batch is not waiting
-    /// for; [`BackendError::Readback`]. Per-row errors as
+    /// [`BackendError::ForeignStep`] (the step given back) for a step
+    /// submitted to another batch; [`BackendError::Readback`]. Per-row errors as
     /// [`SamplingBatch::step`].
     pub fn finish(&mut self, pending: PendingStep) -> Result<BatchStep, BackendError> {
         let out = self.finish_inner(pending)?;
@@ -801,6 +846,23 @@ impl SamplingBatch {
                     expected: format!("token ids below the vocabulary size {}", self.vocab),
                 },
             });
+        }
+        // Stop ids the vocabulary does not have could never be sampled:
+        // refused here, like logprob ids, not at every step.
+        for (i, st) in spec.stages.iter().enumerate() {
+            if let StageSpec::MinTokens { stop, .. } = st
+                && let Some(&t) = stop.iter().find(|&&t| t as usize >= self.vocab)
+            {
+                return Err(BackendError::InvalidRequest {
+                    stage: i,
+                    source: sampler_core::ParamError {
+                        stage: "min_tokens",
+                        param: "stop",
+                        value: t.to_string(),
+                        expected: format!("token ids below the vocabulary size {}", self.vocab),
+                    },
+                });
+            }
         }
         let chain = sampler_cpu::build_chain(spec)
             .map_err(|source| BackendError::RequestBuild { source })?;
@@ -1095,7 +1157,7 @@ impl SamplingBatch {
     /// the tokens.
     fn finish_inner(&mut self, pending: PendingStep) -> Result<StepRows, BackendError> {
         if self.in_flight.as_ref().map(|m| m.serial) != Some(pending.serial) {
-            return Err(BackendError::NotPending);
+            return Err(foreign(pending));
         }
         let ids = pending.ids.clone();
         let out = self.finish_rows(pending);
@@ -1122,10 +1184,11 @@ impl SamplingBatch {
     /// call).
     ///
     /// # Errors
-    /// [`BackendError::NotPending`] for a step this batch is not waiting for.
+    /// [`BackendError::ForeignStep`] (the step given back) for a step
+    /// submitted to another batch.
     pub fn cancel(&mut self, pending: PendingStep) -> Result<(), BackendError> {
         if self.in_flight.as_ref().map(|m| m.serial) != Some(pending.serial) {
-            return Err(BackendError::NotPending);
+            return Err(foreign(pending));
         }
         self.end_step(&pending.ids);
         Ok(())
@@ -1372,9 +1435,32 @@ fn full_row(req: &Request, row: &[f32], vocab: usize) -> Result<Candidates, Samp
     Ok(Candidates::from_logits(row))
 }
 
+/// The error for another batch's step: the step itself travels back in it
+/// (a `PendingStep` has exactly one owner batch: the only step of this
+/// batch that can exist is its step in flight).
+fn foreign(pending: PendingStep) -> BackendError {
+    BackendError::ForeignStep {
+        step: ReturnedStep::new(pending),
+    }
+}
+
+/// Whether a mask given to `chain` acts: it has a `mask` stage before its
+/// first selecting stage (stages after it never run).
+fn masks_act(chain: &Chain) -> bool {
+    for st in chain.stages() {
+        match st.spec() {
+            Some(sp) if sp.kind() == StageKind::Mask => return true,
+            Some(sp) if sp.selects() => return false,
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Logprobs a device computed for one row, decoded from the readback.
 struct DeviceRowLp {
-    /// Top entries, canonical order, finite only.
+    /// Top entries, canonical order (logit descending, ties to the lowest
+    /// id), finite logprobs only.
     top: Vec<(TokenId, f32)>,
     /// Requested ids' values, in the order asked.
     requested: Vec<f32>,
@@ -1396,14 +1482,13 @@ impl DeviceRowLp {
         vocab: usize,
         cand: Option<Vec<(i64, f32)>>,
     ) -> Self {
-        let mut top: Vec<(TokenId, f32)> = ids[..n]
+        // In the device's (canonical) order: by logit, ties to the lowest id.
+        let top: Vec<(TokenId, f32)> = ids[..n]
             .iter()
             .zip(&vals[..n])
             .filter(|&(&i, &l)| i >= 0 && (i as u64) < vocab as u64 && l.is_finite())
             .map(|(&i, &l)| (i as TokenId, l))
             .collect();
-        // The device finds the set; the order is the host's (ties to the lowest id).
-        top.sort_by(|a, b| sampler_core::desc_cmp(a.1, a.0, b.1, b.0));
         Self {
             top,
             requested: vals[n..n + m].to_vec(),
@@ -1437,6 +1522,11 @@ fn run_host(
     vocab: usize,
     select: bool,
 ) -> Result<(RowResult, Option<Logprobs>), SampleError> {
+    // A chain that cannot select fails before its row is looked at (the
+    // CPU's `Chain::sample` order: the request's error, then the row's).
+    if select && !req.chain.selects() {
+        return Err(SampleError::NoSelectingStage);
+    }
     let spec = if select {
         req.spec.logprobs.as_ref()
     } else {
@@ -1641,7 +1731,8 @@ struct DeviceLogprobs {
     ids: Option<Tensor<2, Int>>,
 }
 
-/// `l - logsumexp(l)` per row `[B, N]` (`-inf` stays `-inf`). The sum runs
+/// `(l - max) - ln S` per row `[B, N]`, `S = sum exp(l - max)` (`-inf`
+/// stays `-inf`). The sum runs
 /// in blocks of [`ops::DIST_BLOCK`] so that its rounding does not grow with
 /// the vocabulary.
 fn log_softmax(l: &Tensor<2>) -> Tensor<2> {
@@ -1665,31 +1756,51 @@ fn log_softmax(l: &Tensor<2>) -> Tensor<2> {
     } else {
         e.sum_dim(1)
     };
-    let lse = s.log().add(m);
-    l.clone().sub(wide(lse, n))
+    // `(l - max) - ln S`, not `l - (max + ln S)`: at large magnitudes
+    // `max + ln S` rounds `ln S` away (two `f32::MAX` logits would both get
+    // 0); this form is the CPU's, to the last bit of each subtraction.
+    l.clone().sub(wide(m, n)).sub(wide(s.log(), n))
 }
 
-/// The canonical top `n` by `logits` `[B, N]` (ties to the lowest `order`
-/// id; ranked by the logits, as the CPU does, not by their rounded
-/// logprobs), with their values in `lp`: `(ids, values)` `[B, n]`, padded
-/// with id `-1` / `-inf` past the width.
-fn lp_top(
+/// The positions `[B, k]` (`k = min(n, N)`) of the canonical top `n` by
+/// `logits` `[B, N]`, in the canonical order (logit descending, ties to the
+/// lowest `order` id; ranked by the logits, as the CPU does, not by their
+/// rounded logprobs), and which of them are live.
+fn top_positions(
     logits: &Tensor<2>,
-    lp: &Tensor<2>,
     order: &Tensor<2, Int>,
-    gather_ids: Option<&Tensor<2, Int>>,
     n: usize,
     d: &Device,
-) -> (Tensor<2, Int>, Tensor<2>) {
-    let [b, w] = lp.dims();
+) -> (Tensor<2, Int>, Tensor<2, Bool>) {
+    let [b, w] = logits.dims();
     let k = n.min(w);
     let n_row = ops::col_int(&vec![k as i64; b], d);
     let (_, pos, live) = ops::canonical_topk_positions(logits, order, &n_row, k);
-    let vals = ops::mask_logits(lp.clone().gather(1, pos.clone()), live);
-    let ids = match gather_ids {
-        Some(g) => g.clone().gather(1, pos),
-        None => pos,
-    };
+    // burn's `topk` leaves equal logits in any order: rank the `k` chosen
+    // (pairwise, `k <= 20`) and put each at its rank.
+    let chosen = logits.clone().gather(1, pos.clone());
+    let (rank, _) = ops::rank_and_mass_before(
+        &chosen,
+        &order.clone().gather(1, pos.clone()),
+        &chosen.zeros_like(),
+    );
+    let pos = Tensor::<2, Int>::zeros([b, k], d).scatter(
+        1,
+        rank,
+        pos,
+        burn_tensor::IndexingUpdateOp::Add,
+    );
+    (pos, live)
+}
+
+/// `(ids, values)` `[B, k]` padded to `[B, n]` with id `-1` / `-inf`.
+fn pad_entries(
+    ids: Tensor<2, Int>,
+    vals: Tensor<2>,
+    n: usize,
+    d: &Device,
+) -> (Tensor<2, Int>, Tensor<2>) {
+    let [b, k] = ids.dims();
     if k == n {
         return (ids, vals);
     }
@@ -1701,24 +1812,78 @@ fn lp_top(
     )
 }
 
+/// The top `n` entries ([`top_positions`]) with their values in `lp`:
+/// `(ids, values)` `[B, n]` (ids through `gather_ids` when positions are
+/// not token ids), padded past the width.
+fn lp_top(
+    logits: &Tensor<2>,
+    lp: &Tensor<2>,
+    order: &Tensor<2, Int>,
+    gather_ids: Option<&Tensor<2, Int>>,
+    n: usize,
+    d: &Device,
+) -> (Tensor<2, Int>, Tensor<2>) {
+    let (pos, live) = top_positions(logits, order, n, d);
+    let vals = ops::mask_logits(lp.clone().gather(1, pos.clone()), live);
+    let ids = match gather_ids {
+        Some(g) => g.clone().gather(1, pos),
+        None => pos,
+    };
+    pad_entries(ids, vals, n, d)
+}
+
+/// Logprobs of a full row `lp` `[B, V]` (position = token id; raw, or
+/// processed where no stage narrowed the row): the top `n` entries and the
+/// requested ids `want` `[B, m]`, in **one** gather. Two gathers of one
+/// source whose index widths differ read the narrower one's values at the
+/// wrong positions on wgpu (burn-fusion 0.22: token 0's logprob in the top
+/// entry; `tests/tests/device_ops.rs` pins the one-gather form).
+fn full_row_entries(
+    logits: &Tensor<2>,
+    lp: &Tensor<2>,
+    pos: &Tensor<2, Int>,
+    n: usize,
+    want: Option<&Tensor<2, Int>>,
+    d: &Device,
+) -> Vec<(Tensor<2, Int>, Tensor<2>)> {
+    let top = (n > 0).then(|| top_positions(logits, pos, n, d));
+    let k = top.as_ref().map_or(0, |(p, _)| p.dims()[1]);
+    let index: Vec<Tensor<2, Int>> = top
+        .iter()
+        .map(|(p, _)| p.clone())
+        .chain(want.cloned())
+        .collect();
+    if index.is_empty() {
+        return Vec::new();
+    }
+    let vals = lp.clone().gather(1, Tensor::cat(index, 1));
+    let [b, width] = vals.dims();
+    let mut out = Vec::with_capacity(2);
+    if let Some((p, live)) = top {
+        let top_vals = ops::mask_logits(vals.clone().slice([0..b, 0..k]), live);
+        out.push(pad_entries(p, top_vals, n, d));
+    }
+    if let Some(w) = want {
+        out.push((w.clone(), vals.slice([0..b, k..width])));
+    }
+    out
+}
+
 /// Values of `lp` `[B, N]` at the tokens `want` `[B, m]`, where position
-/// `j` of row `b` holds token `order[b, j]` (`None`: position = token id);
+/// `j` of row `b` holds token `order[b, j]`;
 /// `-inf` where a token is absent. Small `m · N`: one `[B, m, N]`
 /// comparison; larger: the row scattered back to the vocabulary through
 /// `gather_ids` (in-vocabulary ids; padding positions, whose `order` id is
 /// `>= vocab`, contribute nothing), then a gather.
 fn lp_at(
     lp: &Tensor<2>,
-    order: Option<&Tensor<2, Int>>,
+    order: &Tensor<2, Int>,
     gather_ids: Option<&Tensor<2, Int>>,
     want: &Tensor<2, Int>,
     vocab: usize,
 ) -> Tensor<2> {
     /// `[B, m, N]` comparisons up to this many per row.
     const COMPARE_MAX: usize = 1 << 16;
-    let Some(order) = order else {
-        return lp.clone().gather(1, want.clone());
-    };
     let [b, w] = lp.dims();
     let [_, m] = want.dims();
     match gather_ids {
@@ -1814,12 +1979,7 @@ fn device_pass(
         .map(|_| log_softmax(&clean));
     let mut entries: Vec<(Tensor<2, Int>, Tensor<2>)> = Vec::new();
     if let (Some(l), Some(raw)) = (&lp, &raw_lp) {
-        if l.n > 0 {
-            entries.push(lp_top(&clean, raw, &pos, None, l.n, d));
-        }
-        if let Some(want) = &l.ids {
-            entries.push((want.clone(), lp_at(raw, None, None, want, v)));
-        }
+        entries.extend(full_row_entries(&clean, raw, &pos, l.n, l.ids.as_ref(), d));
     }
 
     let mut data = StepData {
@@ -1870,15 +2030,17 @@ fn device_pass(
     apply_history_penalties(&mut data);
     if let (Some(l), Some((cl, order, gids))) = (&lp, &before_select) {
         let plp = log_softmax(cl);
-        if l.n > 0 {
-            let ord = order.clone().unwrap_or_else(|| pos.clone());
-            entries.push(lp_top(cl, &plp, &ord, gids.as_ref(), l.n, d));
-        }
-        if let Some(want) = &l.ids {
-            entries.push((
-                want.clone(),
-                lp_at(&plp, order.as_ref(), gids.as_ref(), want, v),
-            ));
+        match order {
+            // A full row (positions are token ids): as for raw logprobs.
+            None => entries.extend(full_row_entries(cl, &plp, &pos, l.n, l.ids.as_ref(), d)),
+            Some(order) => {
+                if l.n > 0 {
+                    entries.push(lp_top(cl, &plp, order, gids.as_ref(), l.n, d));
+                }
+                if let Some(want) = &l.ids {
+                    entries.push((want.clone(), lp_at(&plp, order, gids.as_ref(), want, v)));
+                }
+            }
         }
     }
     // The validation keys: from before the stages, from the first stage's
@@ -1910,13 +2072,13 @@ fn device_pass(
                 // nothing.
                 let at = sampled.clone().reshape([b, 1]);
                 let value = match (&raw_lp, &before_select) {
-                    (Some(raw), _) => lp_at(raw, Some(&pos), None, &at, v),
+                    (Some(raw), _) => lp_at(raw, &pos, None, &at, v),
                     (None, Some((cl, order, _))) => {
                         let w = cl.dims()[1];
                         let ord = order
                             .clone()
                             .unwrap_or_else(|| pos.clone().slice([0..b, 0..w]));
-                        lp_at(&log_softmax(cl), Some(&ord), None, &at, v)
+                        lp_at(&log_softmax(cl), &ord, None, &at, v)
                     }
                     (None, None) => Tensor::<2>::full([b, 1], f32::NEG_INFINITY, d),
                 };

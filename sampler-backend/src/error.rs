@@ -131,10 +131,14 @@ pub enum BackendError {
         /// The call refused.
         call: &'static str,
     },
-    /// `finish` was given a step this batch is not waiting for (already
-    /// finished, or submitted to another batch).
-    #[error("this pending step does not belong to the batch's step in flight")]
-    NotPending,
+    /// `finish` or `cancel` was given a step submitted to another batch.
+    /// The step is not lost: [`ReturnedStep::take`] gives it back, to be
+    /// finished (or cancelled) on its own batch.
+    #[error("step {} was submitted to another batch: take it back from the error and finish it there", step.serial())]
+    ForeignStep {
+        /// The step, given back.
+        step: crate::batch::ReturnedStep,
+    },
     /// A token mask of the wrong length (`ceil(vocab / 32)` `u32` words).
     #[error(
         "request {id}: the token mask has {found} u32 words, expected ceil(vocab / 32) = {expected}"
@@ -147,8 +151,11 @@ pub enum BackendError {
         /// Words expected.
         expected: usize,
     },
-    /// A mask was given to a request whose chain has no `mask` stage.
-    #[error("request {id} has no `mask` stage in its chain: add one where the mask applies")]
+    /// A mask was given to a request whose chain has no `mask` stage
+    /// before its selecting stage (a stage after it never runs).
+    #[error(
+        "request {id} has no `mask` stage before its selecting stage: add one where the mask applies"
+    )]
     NoMaskStage {
         /// The request.
         id: u64,

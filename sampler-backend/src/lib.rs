@@ -53,7 +53,9 @@ pub mod readback;
 mod stage;
 pub mod stages;
 
-pub use batch::{BatchFilter, BatchStep, PendingStep, RequestId, SamplingBatch, is_cpu_device};
+pub use batch::{
+    BatchFilter, BatchStep, PendingStep, RequestId, ReturnedStep, SamplingBatch, is_cpu_device,
+};
 pub use burn_tensor;
 pub use burn_tensor::{Device, Tensor, TensorData};
 pub use device::{compiled_devices, parse_device, probe_device, resolve_device, usable_devices};

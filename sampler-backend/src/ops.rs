@@ -6,6 +6,7 @@
 use std::cell::RefCell;
 
 use burn_tensor::{Bool, Device, Int, Tensor, TensorData};
+use sampler_core::DeviceRefusal;
 
 /// Widths up to this use exact pairwise `[B, N, N]` comparisons (ranks,
 /// id-ordered cumulative sums); wider rows use reductions.
@@ -166,6 +167,43 @@ pub fn topk_key(logits: &Tensor<2>) -> Tensor<2> {
         .clone()
         .clamp_min(-1.0e38)
         .mask_fill(logits.clone().equal_elem(f32::NEG_INFINITY), TOPK_NEG_INF)
+}
+
+/// The largest `k` given to burn's generic `topk` on a cubecl device:
+/// its reduction unrolls `k` accumulators per thread, so its compile time
+/// grows with `k` (measured on lavapipe: see `docs/architecture.md`). A
+/// stage that would need more refuses the device
+/// ([`DeviceRefusal::SelectionTooWide`]) and runs on the host.
+pub const GENERIC_TOPK_MAX: usize = 64;
+
+/// `Ok` when `device` may run burn's generic `topk` at `k`: any `k` on a
+/// CPU device (no compile step), at most [`GENERIC_TOPK_MAX`] on a cubecl
+/// one.
+///
+/// # Errors
+/// [`DeviceRefusal::SelectionTooWide`].
+pub fn generic_topk_allowed(k: usize, device: &Device) -> Result<(), DeviceRefusal> {
+    if k <= GENERIC_TOPK_MAX || crate::is_cpu_device(device) {
+        Ok(())
+    } else {
+        Err(DeviceRefusal::SelectionTooWide {
+            k,
+            limit: GENERIC_TOPK_MAX,
+        })
+    }
+}
+
+/// `Ok` when [`canonical_top_mask`] at `m_max` over rows of `width` stays
+/// within [`generic_topk_allowed`] (narrow rows take the pairwise path, no
+/// `topk`): the `min_keep` of `top_p`, `min_p` and `epsilon`.
+///
+/// # Errors
+/// [`DeviceRefusal::SelectionTooWide`].
+pub fn top_mask_allowed(m_max: usize, width: usize, device: &Device) -> Result<(), DeviceRefusal> {
+    if m_max <= 1 || width <= PAIRWISE_MAX {
+        return Ok(());
+    }
+    generic_topk_allowed(m_max, device)
 }
 
 /// The `topk` key of a `-inf` logit (and of "not a tie" in tie keys).

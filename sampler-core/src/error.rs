@@ -89,6 +89,17 @@ pub enum SampleError {
         /// Rows in the batch.
         batch: usize,
     },
+    /// The number of per-row logprobs requests does not match the batch
+    /// size (`sample_batch_logprobs`).
+    #[error(
+        "{specs} logprobs requests (one per row, `None` for none) were given for a batch of {batch} rows"
+    )]
+    LogprobsCount {
+        /// Requests supplied.
+        specs: usize,
+        /// Rows in the batch.
+        batch: usize,
+    },
     /// A token id at or beyond the vocabulary size.
     #[error("token id {token} is out of range for a vocabulary of {vocab}")]
     TokenOutOfRange {
@@ -131,7 +142,7 @@ impl SampleError {
     /// The error's kind as one snake_case word, for scripts (the JSON
     /// output of the example commands): `empty_row`, `nan_logit`,
     /// `pos_inf_logit`, `all_masked`, `token_mask_length`, `no_selecting_stage`, `shape`,
-    /// `shape_overflow`, `chain_count`, `token_out_of_range`,
+    /// `shape_overflow`, `chain_count`, `logprobs_count`, `token_out_of_range`,
     /// `duplicate_token`, `param`, `custom_stage_output`, `device`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -144,6 +155,7 @@ impl SampleError {
             SampleError::Shape { .. } => "shape",
             SampleError::ShapeOverflow { .. } => "shape_overflow",
             SampleError::ChainCount { .. } => "chain_count",
+            SampleError::LogprobsCount { .. } => "logprobs_count",
             SampleError::TokenOutOfRange { .. } => "token_out_of_range",
             SampleError::DuplicateToken { .. } => "duplicate_token",
             SampleError::Param(_) => "param",

@@ -131,8 +131,11 @@ impl LogprobsSpec {
 pub struct Logprobs {
     /// The sampled token and its logprob.
     pub token: (TokenId, f32),
-    /// Up to `top_n` `(token, logprob)`, best first, ties to the lowest id;
-    /// only finite logprobs.
+    /// Up to `top_n` `(token, logprob)`: the `top_n` best by logit (not by
+    /// the rounded logprob: distinct logits can round to one logprob), best
+    /// first, ties to the lowest id; entries whose logprob is `-inf` (a
+    /// logit so far below the maximum that its probability underflows) are
+    /// left out. The device lists the same entries in the same order.
     pub top: Vec<(TokenId, f32)>,
     /// `(token, logprob)` of every requested id, in the order asked
     /// (`-inf` when the token did not survive, in `processed` mode).
@@ -217,6 +220,7 @@ pub fn raw(logits: &[f32], spec: &LogprobsSpec, token: TokenId) -> Result<Logpro
     )
     .into_iter()
     .map(|(id, l)| (id, lp(l)))
+    .filter(|p| p.1 > f32::NEG_INFINITY)
     .collect();
     let at = |t: TokenId| logits.get(t as usize).map_or(f32::NEG_INFINITY, |&l| lp(l));
     Ok(Logprobs {
@@ -244,6 +248,7 @@ pub fn processed(
     let top = top_n(pairs, spec.top_n)
         .into_iter()
         .map(|(id, l)| (id, lp(l)))
+        .filter(|p| p.1 > f32::NEG_INFINITY)
         .collect();
     // The sampled token is usually the selection; requested ids are looked
     // up in one pass (a full row is indexed directly).

@@ -39,6 +39,22 @@ pub enum DeviceRefusal {
     /// the host could not tell the two apart, so it runs this stage.
     #[error("it can ban candidates (-inf) after a masking device stage, before host stages")]
     BansAfterMask,
+    /// The stage would need burn's generic top-k at `k` (no custom kernel
+    /// takes it: `k` above the top-k kernel's 1024, a `top_k` after
+    /// another, a `min_keep` above the limit on a full row). That
+    /// reduction unrolls `k` accumulators per thread: on a GPU its compile
+    /// time grows with `k` (minutes at `k = 1000`) and would stall the
+    /// first step of every request in the batch, so above `limit` the
+    /// stage runs on the host, at the host's cost.
+    #[error(
+        "a top-{k} selection outside the custom kernels would compile burn's generic top-k for k = {k} (at most {limit})"
+    )]
+    SelectionTooWide {
+        /// The selection size.
+        k: usize,
+        /// The largest `k` given to the generic top-k on a GPU.
+        limit: usize,
+    },
     /// A parameter names a token outside the vocabulary: the host reports it
     /// as that row's error.
     #[error("row {row}: token id {token} is outside the vocabulary of {vocab}")]

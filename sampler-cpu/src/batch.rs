@@ -1,7 +1,7 @@
 //! Batch entry points: `[batch, vocab]` logits, one chain per row.
 
 use rayon::prelude::*;
-use sampler_core::{Candidates, Chain, SampleError, TokenId};
+use sampler_core::{Candidates, Chain, Logprobs, LogprobsSpec, SampleError, TokenId};
 
 fn check_shape(
     logits: &[f32],
@@ -77,6 +77,60 @@ pub fn sample_batch(
     // Same result as `Chain::sample` on `Candidates::from_logits(row)`, via
     // the fast paths (crate::fast).
     Ok(per_row(logits, vocab, chains, crate::fast::sample_row))
+}
+
+/// One row of [`sample_batch_logprobs`]: its token and, when asked for, the
+/// step's logprobs; or the row's error.
+pub type RowLogprobs = Result<(TokenId, Option<Logprobs>), SampleError>;
+
+/// [`sample_batch`] with logprobs: row `r` is sampled with `chains[r]`
+/// and, when `logprobs[r]` is `Some` (a request's
+/// [`ChainSpec::logprobs`](sampler_core::ChainSpec::logprobs): `build_chain`
+/// builds the stages, the logprobs request stays with the caller), also
+/// reports that step's [`Logprobs`] ([`Chain::sample_logprobs`]: `raw` from
+/// the row, `processed` from the final candidate set). The tokens and chain
+/// states are those of [`sample_batch`]; the values are those a
+/// `SamplingBatch` (sampler-backend) reports for the same request.
+///
+/// # Errors
+/// As [`sample_batch`], and [`SampleError::LogprobsCount`] when
+/// `logprobs.len() != batch`. Per row also [`SampleError::Param`] for a
+/// request beyond its limits (top 20, 128 ids) and
+/// [`SampleError::TokenOutOfRange`] for a requested id outside the
+/// vocabulary (nothing is accepted then).
+pub fn sample_batch_logprobs(
+    logits: &[f32],
+    batch: usize,
+    vocab: usize,
+    chains: &mut [Chain],
+    logprobs: &[Option<LogprobsSpec>],
+) -> Result<Vec<RowLogprobs>, SampleError> {
+    check_shape(logits, batch, vocab, chains.len())?;
+    if logprobs.len() != batch {
+        return Err(SampleError::LogprobsCount {
+            specs: logprobs.len(),
+            batch,
+        });
+    }
+    if vocab == 0 {
+        return Ok(chains.iter().map(|_| Err(SampleError::EmptyRow)).collect());
+    }
+    let one = |(chain, (row, lp)): (&mut Chain, (&[f32], &Option<LogprobsSpec>))| match lp {
+        Some(lp) => chain.sample_logprobs(row, lp).map(|(t, l)| (t, Some(l))),
+        None => crate::fast::sample_row(row, chain).map(|t| (t, None)),
+    };
+    if batch <= 1 {
+        return Ok(chains
+            .iter_mut()
+            .zip(logits.chunks_exact(vocab).zip(logprobs))
+            .map(one)
+            .collect());
+    }
+    Ok(chains
+        .par_iter_mut()
+        .zip(logits.par_chunks_exact(vocab).zip(logprobs.par_iter()))
+        .map(one)
+        .collect())
 }
 
 /// Apply every stage of `chains[row]` to each row of `logits`

@@ -36,7 +36,10 @@ sampler_core::for_each_stage!(cpu_builder);
 /// Build a [`Chain`] of CPU stages from a spec, validating every stage.
 /// `spec.seed == None` draws a seed from the OS. The chain has the fast
 /// kernels ([`crate::ROW_KERNELS`]): [`Chain::sample`] on
-/// `Candidates::from_logits(row)` takes the fast path.
+/// `Candidates::from_logits(row)` takes the fast path. The spec's
+/// `logprobs` request is not part of the chain: hand it to
+/// [`crate::sample_batch_logprobs`] or [`Chain::sample_logprobs`] with the
+/// row (a validated request: [`sampler_core::LogprobsSpec::validate`]).
 ///
 /// # Errors
 /// [`ChainBuildError`] with the index of the first invalid stage.

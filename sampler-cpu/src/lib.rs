@@ -33,7 +33,7 @@ pub mod fast;
 pub mod stages;
 mod util;
 
-pub use batch::{apply_batch, sample_batch};
+pub use batch::{RowLogprobs, apply_batch, sample_batch, sample_batch_logprobs};
 pub use build::{ChainBuildError, build_chain, build_stage};
 pub use fast::ROW_KERNELS;
 pub use stages::dist::dist_select;

@@ -307,3 +307,64 @@ fn masked_fast_path_equals_the_reference() {
         assert_eq!(fast.step(), reference.step());
     }
 }
+
+/// Inputs that could never act are refused at the call that gives them
+/// (no device needed: the batch decides before any step): a mask for a
+/// chain whose `mask` stage comes after its selecting stage, a mask kept
+/// across an `update` that removed the stage, stop ids the vocabulary does
+/// not have.
+#[test]
+fn masks_and_stop_ids_that_cannot_act_are_refused() {
+    let d = sampler_backend::parse_device("flex").unwrap();
+    let v = 40;
+    let mut batch = SamplingBatch::new(v, &d, OffloadPolicy::Auto).unwrap();
+    let late = batch
+        .insert(
+            ChainSpec::new(vec![StageSpec::Greedy, StageSpec::Mask], None),
+            &[],
+        )
+        .unwrap();
+    let e = batch.set_mask(late, Some(&[0; 2])).unwrap_err();
+    assert_eq!(e, BackendError::NoMaskStage { id: late.get() });
+    assert!(e.to_string().contains("before its selecting stage"), "{e}");
+
+    // A mask set, then the mask stage removed and put back: the old mask
+    // does not come back.
+    let masked = ChainSpec::new(vec![StageSpec::Mask, StageSpec::Greedy], None);
+    let id = batch.insert(masked.clone(), &[]).unwrap();
+    batch.set_mask(id, Some(&[1 << 5, 0])).unwrap();
+    batch
+        .update(id, ChainSpec::new(vec![StageSpec::Greedy], None))
+        .unwrap();
+    assert_eq!(
+        batch.set_mask(id, Some(&[1, 0])),
+        Err(BackendError::NoMaskStage { id: id.get() })
+    );
+    batch.update(id, masked).unwrap();
+    let row: Vec<f32> = (0..v).map(|i| -(i as f32)).collect();
+    let out = batch.step(&[id], upload(&[row], &d)).unwrap();
+    assert_eq!(
+        out.tokens[0],
+        Ok(0),
+        "the mask of the removed stage is gone"
+    );
+
+    // Stop ids outside the vocabulary: refused at insert and at update,
+    // naming the stage, the parameter and the range.
+    let stop = |stop: Vec<TokenId>| {
+        ChainSpec::new(
+            vec![StageSpec::MinTokens { n: 2, stop }, StageSpec::Greedy],
+            None,
+        )
+    };
+    let e = batch
+        .insert(stop(vec![3, 40]), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("min_tokens.stop = 40") && e.contains("below the vocabulary size 40"),
+        "{e}"
+    );
+    assert!(batch.update(id, stop(vec![41])).is_err());
+    assert!(batch.insert(stop(vec![39]), &[]).is_ok());
+}

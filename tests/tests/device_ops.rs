@@ -1,6 +1,7 @@
 //! The tensor building blocks of `sampler_backend::ops` on every device:
 //! `arange` / `positions` give `0..n` for every width, including more widths
-//! than the per-thread cache holds and the vocabulary sizes of real models.
+//! than the per-thread cache holds and the vocabulary sizes of real models;
+//! the one-gather form of the raw logprobs.
 
 mod device_support;
 
@@ -41,4 +42,42 @@ fn positions_are_0_to_n_on_every_width(device: &Device, name: &str) {
     );
 }
 
-device_tests!(positions_are_0_to_n_on_every_width);
+/// The device's raw logprobs gather the top entries (positions from a
+/// `topk`) and the requested ids (an uploaded tensor) in one gather over the
+/// concatenated indices: every value comes from its own position. (Two
+/// gathers of one source with index widths 1 and 2 in one fused graph read
+/// the first at position 0 on wgpu, burn 0.22: why the batch uses one.)
+fn one_gather_reads_every_index_at_its_position(device: &Device, name: &str) {
+    use sampler_backend::burn_tensor::{Int, Tensor, TensorData};
+    let row: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    let l = Tensor::<2>::from_data(TensorData::new(row, [1, 8]), device);
+    let (e, m) = ops::exps(&l);
+    let ln_s = e.sum_dim(1).log();
+    let lp = l.clone().sub(ops::wide(m, 8)).sub(ops::wide(ln_s, 8));
+    let (_, top, _) = ops::canonical_topk_positions(
+        &l,
+        &ops::positions(1, 8, device),
+        &ops::col_int(&[1], device),
+        1,
+    );
+    let want = Tensor::<2, Int>::from_data(TensorData::new(vec![5i64, 6], [1, 2]), device);
+    let got: Vec<f32> = lp
+        .gather(1, Tensor::cat(vec![top, want], 1))
+        .into_data()
+        .convert::<f32>()
+        .iter::<f32>()
+        .collect();
+    let ln_s = (0..8).map(|i| (i as f64 - 7.0).exp()).sum::<f64>().ln();
+    for (g, t) in got.iter().zip([7.0, 5.0, 6.0]) {
+        let want = (t - 7.0 - ln_s) as f32;
+        assert!(
+            (g - want).abs() < 1e-6,
+            "{name}: {got:?}, token {t}: {want}"
+        );
+    }
+}
+
+device_tests!(
+    positions_are_0_to_n_on_every_width,
+    one_gather_reads_every_index_at_its_position
+);

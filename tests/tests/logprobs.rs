@@ -417,11 +417,21 @@ fn abandoned_and_foreign_steps(d: &Device, name: &str) {
     let ib = b.insert(spec, &[]).unwrap();
     let pa = a.submit(&[ia], upload(&row, d)).unwrap();
     let pb = b.submit(&[ib], upload(&row, d)).unwrap();
-    assert_eq!(
-        b.finish(pa).unwrap_err(),
-        BackendError::NotPending,
-        "[{name}]"
-    );
+    // Another batch's step is refused and given back, not dropped: its own
+    // batch still finishes it.
+    let err = b.finish(pa).unwrap_err();
+    let BackendError::ForeignStep { step } = &err else {
+        panic!("[{name}] {err}");
+    };
+    assert!(err.to_string().contains("another batch"), "{err}");
+    let pa = step.take().expect("the step comes back");
+    assert!(step.take().is_none(), "once");
+    assert!(a.in_flight(), "[{name}] a still waits for its step");
+    let pb = match a.cancel(pb) {
+        Err(BackendError::ForeignStep { step }) => step.take().unwrap(),
+        other => panic!("[{name}] {other:?}"),
+    };
+    assert_eq!(a.finish(pa).unwrap().tokens, vec![Ok(63)]);
     assert_eq!(b.finish(pb).unwrap().tokens, vec![Ok(63)]);
     // Dropped: the next call abandons it.
     let p = a.submit(&[ia], upload(&row, d)).unwrap();
@@ -432,7 +442,11 @@ fn abandoned_and_foreign_steps(d: &Device, name: &str) {
     // Cancelled after a mask: nothing recorded, the mask gone.
     let p = a.submit(&[ia], upload(&row, d)).unwrap();
     a.cancel(p).unwrap();
-    assert!(a.outputs(ia).unwrap().is_empty());
+    assert_eq!(
+        a.outputs(ia).unwrap(),
+        &[63],
+        "[{name}] only the step handed back and finished"
+    );
     let out = a.step(&[ia], upload(&row, d)).unwrap();
     assert_eq!(
         out.tokens,
@@ -441,11 +455,140 @@ fn abandoned_and_foreign_steps(d: &Device, name: &str) {
     );
 }
 
+/// Every policy's logprobs for one step of `stages` on `row`, against the
+/// CPU chain alone (`Chain::sample_logprobs`): the same token, the same top
+/// ids in the same order, values within `tol` (relative above 1).
+fn same_logprobs_everywhere(
+    d: &Device,
+    name: &str,
+    stages: Vec<StageSpec>,
+    row: &[f32],
+    lp: LogprobsSpec,
+    tol: f32,
+) -> Logprobs {
+    let spec = with_lp(stages, 7, lp.clone());
+    let mut chain = sampler_cpu::build_chain(&spec).unwrap();
+    let (t, want) = chain.sample_logprobs(row, &lp).unwrap();
+    let close = |a: f32, b: f32| a == b || (a - b).abs() <= tol * b.abs().max(1.0);
+    for policy in [
+        OffloadPolicy::Off,
+        OffloadPolicy::Device,
+        OffloadPolicy::Stages(1),
+    ] {
+        let what = format!("[{name}] {} {lp:?} {policy:?}", spec.chain_string());
+        let (t1, got, _, _) = one_step(&spec, row, d, policy);
+        assert_eq!(t1, t, "{what}: token");
+        let ids = |l: &Logprobs| l.top.iter().map(|p| p.0).collect::<Vec<_>>();
+        assert_eq!(ids(&got), ids(&want), "{what}: top ids {got:?} vs {want:?}");
+        let pairs = std::iter::once((got.token, want.token))
+            .chain(got.top.iter().copied().zip(want.top.iter().copied()))
+            .chain(
+                got.requested
+                    .iter()
+                    .copied()
+                    .zip(want.requested.iter().copied()),
+            );
+        for ((ia, a), (ib, b)) in pairs {
+            assert_eq!(ia, ib, "{what}");
+            assert!(
+                close(a, b),
+                "{what}: token {ia}: {a} vs CPU {b} ({got:?} vs {want:?})"
+            );
+        }
+    }
+    want
+}
+
+/// Requested ids next to top entries: each value stays with its own token
+/// (wgpu once put token 0's logprob in the top entry or a requested one).
+fn requested_ids_keep_their_own_values(d: &Device, name: &str) {
+    let row: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    for stages in [vec![StageSpec::Greedy], vec![StageSpec::Dist]] {
+        for (top_n, ids) in [(1, vec![5, 6]), (2, vec![5]), (3, vec![0, 7, 0])] {
+            for mode in [LogprobsMode::Raw, LogprobsMode::Processed] {
+                let lp = LogprobsSpec {
+                    top_n,
+                    token_ids: ids.clone(),
+                    mode,
+                };
+                let want = same_logprobs_everywhere(d, name, stages.clone(), &row, lp, 1e-5);
+                assert!((want.top[0].1 - -0.4583).abs() < 1e-3, "{want:?}");
+            }
+        }
+    }
+}
+
+/// Logprobs are `(l - max) - ln S`, so huge logits keep their precision:
+/// two `f32::MAX` logits are ln 0.5 each, not 0.
+fn logprobs_keep_precision_at_large_magnitudes(d: &Device, name: &str) {
+    let lp = |top_n| LogprobsSpec {
+        top_n,
+        token_ids: vec![0, 1],
+        mode: LogprobsMode::Raw,
+    };
+    let want = same_logprobs_everywhere(
+        d,
+        name,
+        vec![StageSpec::Dist],
+        &[f32::MAX, f32::MAX],
+        lp(2),
+        1e-6,
+    );
+    assert!(
+        (want.token.1 - -std::f32::consts::LN_2).abs() < 1e-6,
+        "{want:?}"
+    );
+    let want = same_logprobs_everywhere(
+        d,
+        name,
+        vec![StageSpec::Greedy],
+        &[1000.0, 999.0, 997.0],
+        lp(3),
+        2e-7,
+    );
+    assert!((want.token.1 - -0.349_012_2).abs() < 1e-6, "{want:?}");
+}
+
+/// One rule for the top entries on every path: the best by logit (not by
+/// the rounded logprob), ties to the lowest id, `-inf` logprobs left out.
+fn top_logprobs_rank_by_logit_and_leave_out_minus_inf(d: &Device, name: &str) {
+    let raw = |top_n| LogprobsSpec {
+        top_n,
+        token_ids: vec![],
+        mode: LogprobsMode::Raw,
+    };
+    // Three logits whose logprobs round to one value.
+    let want = same_logprobs_everywhere(
+        d,
+        name,
+        vec![StageSpec::Dist],
+        &[1e-30, 2e-30, 0.0],
+        raw(3),
+        1e-6,
+    );
+    let ids: Vec<TokenId> = want.top.iter().map(|p| p.0).collect();
+    assert_eq!(ids, [1, 0, 2]);
+    assert_eq!(want.top[0].1, want.top[1].1, "the logprobs do round equal");
+    // A logprob that underflows to -inf is not a top entry.
+    let want = same_logprobs_everywhere(
+        d,
+        name,
+        vec![StageSpec::Greedy],
+        &[f32::MAX, -f32::MAX],
+        raw(2),
+        1e-6,
+    );
+    assert_eq!(want.top, [(0, 0.0)]);
+}
+
 device_tests!(
     hand_computed_values,
     cpu_and_device_agree,
     pipelined_equals_blocking,
-    abandoned_and_foreign_steps
+    abandoned_and_foreign_steps,
+    requested_ids_keep_their_own_values,
+    logprobs_keep_precision_at_large_magnitudes,
+    top_logprobs_rank_by_logit_and_leave_out_minus_inf
 );
 
 /// The CPU chain on its own (no batch) gives the same token as without
@@ -529,4 +672,67 @@ fn bad_logprobs_requests_are_refused() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("at most 128"), "{e}");
+}
+
+/// `sampler_cpu::sample_batch_logprobs` gives, per row, the tokens of
+/// `sample_batch` and the logprobs the serving batch reports for the same
+/// request; a count that does not match the rows is refused.
+#[test]
+fn cpu_batch_logprobs_equal_the_serving_batch() {
+    let d = sampler_backend::parse_device("flex").unwrap();
+    let (b, v): (usize, usize) = (6, 300);
+    let mut r = ChaCha8Rng::seed_from_u64(0xb47c);
+    let logits: Vec<f32> = (0..b * v).map(|_| r.random_range(-4.0..4.0)).collect();
+    let specs: Vec<ChainSpec> = (0..b)
+        .map(|i| {
+            let stages = vec![
+                StageSpec::TopK { k: 20 + i as i64 },
+                temp(0.8),
+                StageSpec::Dist,
+            ];
+            let mode = [LogprobsMode::Raw, LogprobsMode::Processed][i % 2];
+            with_lp(
+                stages,
+                i as u64,
+                LogprobsSpec {
+                    top_n: i,
+                    token_ids: vec![i as u32, 299],
+                    mode,
+                },
+            )
+        })
+        .collect();
+    let lps: Vec<Option<LogprobsSpec>> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| s.logprobs.clone().filter(|_| i != 3))
+        .collect();
+    let mut chains: Vec<_> = specs
+        .iter()
+        .map(|s| sampler_cpu::build_chain(s).unwrap())
+        .collect();
+    let mut plain = chains.clone();
+    let got = sampler_cpu::sample_batch_logprobs(&logits, b, v, &mut chains, &lps).unwrap();
+    let tokens = sampler_cpu::sample_batch(&logits, b, v, &mut plain).unwrap();
+    let mut batch = SamplingBatch::new(v, &d, OffloadPolicy::Off).unwrap();
+    let ids: Vec<_> = specs
+        .iter()
+        .map(|s| batch.insert(s.clone(), &[]).unwrap())
+        .collect();
+    let rows: Vec<Vec<f32>> = logits.chunks(v).map(<[f32]>::to_vec).collect();
+    let served = batch.step(&ids, upload(&rows, &d)).unwrap();
+    for i in 0..b {
+        let (t, lp) = got[i].clone().unwrap();
+        assert_eq!(Ok(t), tokens[i], "row {i}");
+        assert_eq!(Ok(t), served.tokens[i], "row {i}");
+        if i == 3 {
+            assert!(lp.is_none());
+        } else {
+            assert_eq!(lp, served.logprobs[i], "row {i}");
+        }
+    }
+    assert_eq!(
+        sampler_cpu::sample_batch_logprobs(&logits, b, v, &mut chains, &lps[..2]),
+        Err(sampler_core::SampleError::LogprobsCount { specs: 2, batch: b })
+    );
 }

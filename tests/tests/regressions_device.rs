@@ -281,6 +281,29 @@ fn competing_errors_have_one_priority(d: &Device, dev: &str) {
             .expect("filter");
         assert_eq!(out.rows[0].as_ref().unwrap_err(), &cpu, "{dev} {policy:?}");
     }
+    // Stepped (a token asked for) with a chain that never selects, on NaN
+    // and `+inf` rows among good ones: the request's error comes first, as
+    // in the CPU's `Chain::sample`, on every row.
+    let (b, v) = (362, 8);
+    let rows = vec![spec.clone(); b];
+    let logits: Vec<f32> = (0..b * v)
+        .map(|i| match i % 29 {
+            2 => f32::NAN,
+            5 => f32::INFINITY,
+            _ => (i % v) as f32,
+        })
+        .collect();
+    let cpu = cpu_step(&rows, &logits, v, &vec![vec![]; b]);
+    assert!(
+        cpu.iter()
+            .all(|t| *t == Err(sampler_core::SampleError::NoSelectingStage)),
+        "{:?}",
+        &cpu[..4]
+    );
+    for policy in [OffloadPolicy::Device, OffloadPolicy::Off] {
+        let (out, _) = device_step(&rows, &logits, v, d, policy, &vec![vec![]; b]);
+        assert_eq!(out.tokens, cpu, "{dev} {policy:?}");
+    }
     // All `-inf` with an out-of-vocabulary bias: the same error everywhere.
     let rows = vec![ChainSpec::new(
         vec![
@@ -473,7 +496,102 @@ fn invalid_rows_are_reported_whatever_stage_validates_them(d: &Device, dev: &str
     }
 }
 
+/// A token listed twice in `logit_bias` gets the sum of its biases, added
+/// once, on every path (`(l + 50) - 50` is not `l`, `l + (50 - 50)` is).
+fn duplicate_bias_ids_add_their_sum_once(d: &Device, dev: &str) {
+    let bias = S::LogitBias {
+        bias: vec![(0, 50.0), (2, 1e-7), (0, -50.0), (2, -1e-7), (1, -0.5)],
+    };
+    let rows = vec![ChainSpec::new(vec![bias.clone(), S::Greedy], Some(1))];
+    let logits = [0.272_050_38f32; 3];
+    let cpu = cpu_step(&rows, &logits, 3, &[vec![]]);
+    assert_eq!(cpu, vec![Ok(0)], "the biases of token 0 cancel exactly");
+    for policy in [OffloadPolicy::Device, OffloadPolicy::Off] {
+        let (out, _) = device_step(&rows, &logits, 3, d, policy, &[vec![]]);
+        assert_eq!(out.tokens, cpu, "{dev} {policy:?}");
+    }
+    // The candidates themselves: bit for bit.
+    let filter = vec![ChainSpec::new(vec![bias], Some(1))];
+    let mut chain = sampler_cpu::build_chain(&filter[0]).unwrap();
+    let want = chain.apply_logits(&logits).unwrap();
+    let mut ex = sampler_backend::Executor::new(filter, 3, d, OffloadPolicy::Device).unwrap();
+    let out = ex
+        .filter(device_support::upload(&logits, 1, 3, d))
+        .expect("filter");
+    let by_id = |c: &sampler_core::Candidates| {
+        let mut p: Vec<(u32, u32)> = c
+            .ids()
+            .iter()
+            .zip(c.logits())
+            .map(|(&i, l)| (i, l.to_bits()))
+            .collect();
+        p.sort_unstable();
+        p
+    };
+    let got = out.rows[0].as_ref().expect("row");
+    assert_eq!(by_id(got), by_id(&want), "{dev}");
+}
+
+/// Selections no custom kernel takes never compile burn's generic top-k at
+/// a large `k` on a GPU (minutes for the first step of the whole batch):
+/// they run on the host (`SelectionTooWide` in the plan), or, for a
+/// penalties history too long for the fused kernel, the rows are penalised
+/// first and the kernel runs without it. Tokens equal the CPU's.
+fn wide_selections_never_stall_a_step(d: &Device, dev: &str) {
+    use sampler_core::{DeviceRefusal, HistoryScope, HostReason};
+    let penalties = S::Penalties {
+        last_n: 45,
+        repeat: 1.1,
+        frequency: 0.0,
+        presence: 0.0,
+        scope: HistoryScope::PromptAndOutput,
+    };
+    let top_p = S::TopP {
+        p: 0.5,
+        min_keep: 600,
+    };
+    let prompt: Vec<u32> = (0..45).map(|i| i * 37 % 2154).collect();
+    let cases = [
+        (1100, vec![S::TopK { k: 1025 }, S::Dist], vec![], true),
+        (
+            2154,
+            vec![penalties, S::TopK { k: 1000 }, S::Dist],
+            prompt,
+            false,
+        ),
+        (3000, vec![top_p, S::Dist], vec![], true),
+    ];
+    let cubecl = !sampler_backend::is_cpu_device(d);
+    for (v, stages, prompt, refused) in cases {
+        let spec = ChainSpec::new(stages, Some(3));
+        let logits: Vec<f32> = (0..v).map(|i| ((i * 7919) % 613) as f32 / 97.0).collect();
+        let prompts = vec![prompt.clone()];
+        let cpu = cpu_step(std::slice::from_ref(&spec), &logits, v, &prompts);
+        let mut batch = sampler_backend::SamplingBatch::new(v, d, OffloadPolicy::Device).unwrap();
+        let id = batch.insert(spec.clone(), &prompt).unwrap();
+        let plan = batch.plan(id).unwrap();
+        let what = format!("{dev} {}", spec.chain_string());
+        if cubecl && refused {
+            assert!(
+                matches!(
+                    plan.host_reason,
+                    Some(HostReason::Refused(DeviceRefusal::SelectionTooWide { .. }))
+                ),
+                "{what}: {plan:?}"
+            );
+        } else {
+            assert!(plan.fully_offloaded(), "{what}: {plan:?}");
+        }
+        let out = batch
+            .step(&[id], device_support::upload(&logits, 1, v, d))
+            .unwrap();
+        assert_eq!(out.tokens, cpu, "{what}");
+    }
+}
+
 device_tests!(
+    wide_selections_never_stall_a_step,
+    duplicate_bias_ids_add_their_sum_once,
     invalid_rows_are_reported_whatever_stage_validates_them,
     top_p_at_exact_ties_matches_the_cpu,
     bans_after_a_masking_stage_stay_candidates,

@@ -66,7 +66,7 @@ impl ProbCut {
         self.eps_t = Some(ops::col_f32(&eps, &ctx.device));
         self.noop = Some(ops::col_bool(&noop, &ctx.device));
         self.keep_row = Some(ops::col_int(&keep, &ctx.device));
-        Ok(())
+        ops::top_mask_allowed(self.keep_max, ctx.width, &ctx.device)
     }
 
     pub(crate) fn apply(&self, data: &mut StepData) {

@@ -1,7 +1,8 @@
 //! `logit_bias` on the device: per-row `(token, bias)` pairs (bias may be
 //! `-inf` to ban), applied **by token id**: after a device `top_k` the bias
 //! is looked up through `ids` (llama.cpp biased raw positions or aborted:
-//! bug_cases §12). Duplicate entries for one token add up; a sum of `+inf`
+//! bug_cases §12). Duplicate entries for one token are summed in listed order and
+//! added once (the CPU stage does the same); a sum of `+inf`
 //! saturates to `f32::MAX` like the CPU. Ids outside the vocabulary make
 //! `init` refuse, so the host reports the row's error.
 //!

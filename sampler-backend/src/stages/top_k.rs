@@ -128,11 +128,17 @@ impl DeviceStage for TopK {
         self.k_max = eff.iter().copied().max().unwrap_or(0).max(1);
         let v: Vec<i64> = eff.iter().map(|&k| k as i64).collect();
         self.k_row = Some(ops::col_int(&v, &ctx.device));
-        if ctx.width > 0 {
-            Ok(())
-        } else {
-            Err(DeviceRefusal::EmptyWidth)
+        if ctx.width == 0 {
+            return Err(DeviceRefusal::EmptyWidth);
         }
+        // Without the custom kernel the selection is burn's generic top-k,
+        // bounded on a GPU (a penalties history too long for the kernel is
+        // applied first, the kernel then runs without it: see `apply`).
+        let k = self.out_width(ctx.width);
+        if ctx.has_ids || !kernel_applies(ctx.batch, ctx.width, k, &ctx.device) {
+            ops::generic_topk_allowed(k, &ctx.device)?;
+        }
+        Ok(())
     }
     fn out_width(&self, width: usize) -> usize {
         self.k_max.min(width).max(1)
@@ -148,13 +154,20 @@ impl DeviceStage for TopK {
         let k_row = &data.per_row(k_row);
         let k = self.out_width(data.width);
         let penalties = data.penalties.take();
-        let (vals, index, order) = match kernel_top_k(data, k_row, k, penalties.as_ref()) {
+        let mut selected = kernel_top_k(data, k_row, k, penalties.as_ref());
+        if selected.is_none() && penalties.is_some() {
+            // A history beyond the fused kernel's: penalise the rows first,
+            // then the kernel without penalties (the same selection).
+            data.penalties = penalties;
+            apply_history_penalties(data);
+            selected = kernel_top_k(data, k_row, k, None);
+        }
+        let (vals, index, order) = match selected {
             // Positions are token ids here: the kernel's ties to the lowest
             // position are ties to the lowest id. Penalties, if any, were
-            // applied inside the kernel's selection.
+            // applied inside the kernel's selection or before it.
             Some(selected) => selected,
             None => {
-                data.penalties = penalties;
                 apply_history_penalties(data);
                 // Padding (past the row's own k) ranks after every real candidate.
                 let pad =

@@ -91,7 +91,7 @@ impl DeviceStage for TopP {
         self.p = Some(ops::col_f32(&p, &ctx.device));
         self.noop = Some(ops::col_bool(&noop, &ctx.device));
         self.keep_row = Some(ops::col_int(&keep, &ctx.device));
-        Ok(())
+        ops::top_mask_allowed(self.keep_max, ctx.width, &ctx.device)
     }
     fn takes_unsanitised_rows(&self, batch: usize, width: usize, device: &burn_tensor::Device) -> bool {
         self.keep_max <= 1 && self.p_or_all.is_some() && full_row_kernel_applies(batch, width, device)

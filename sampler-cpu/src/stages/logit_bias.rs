@@ -6,7 +6,9 @@ use crate::util::for_each_token_position;
 
 /// Adds `bias` to the logit of each listed token (`-inf` bans it), by token
 /// id whatever the row's order (llama.cpp logit-bias / OpenAI `logit_bias`).
-/// A token listed twice gets both biases. Tokens no longer in the set are
+/// A token listed more than once gets the sum of its biases, summed in the
+/// listed order and added once (`l + (b1 + b2)`, as the device adds its
+/// dense table; not `(l + b1) + b2`). Tokens no longer in the set are
 /// skipped. An empty list is a no-op.
 ///
 /// # Errors
@@ -22,8 +24,20 @@ pub struct LogitBias {
 impl LogitBias {
     /// A logit-bias stage from `(token, bias)` pairs.
     pub fn new(bias: Vec<(TokenId, f32)>) -> Self {
-        let tokens = bias.iter().map(|&(t, _)| t).collect();
-        let values = bias.iter().map(|&(_, b)| b).collect();
+        // One entry per token (first listed first), its biases summed.
+        let mut tokens: Vec<TokenId> = Vec::with_capacity(bias.len());
+        let mut values: Vec<f32> = Vec::with_capacity(bias.len());
+        let mut at = std::collections::HashMap::with_capacity(bias.len());
+        for &(t, b) in &bias {
+            match at.entry(t) {
+                std::collections::hash_map::Entry::Occupied(e) => values[*e.get()] += b,
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(tokens.len());
+                    tokens.push(t);
+                    values.push(b);
+                }
+            }
+        }
         Self {
             bias,
             tokens,
