@@ -18,7 +18,12 @@
 //!   stages), every offload policy; float-boundary ties are counted, not
 //!   failures;
 //! * `files`: the CLIs' readers (`.npy`, `.safetensors`, llama2.c tokenizer
-//!   and checkpoint) on valid, mutated and hostile bytes.
+//!   and checkpoint) on valid, mutated and hostile bytes;
+//! * `batch`: sessions of a `SamplingBatch` driven as an engine drives it
+//!   (requests inserted, removed, updated and reset between steps, random
+//!   subsets stepped in random order, pipelined and cancelled steps, masks,
+//!   `min_tokens`, logprobs, every offload policy) against each request run
+//!   alone on sampler-cpu: tokens, errors and logprobs, each step timed.
 //!
 //! Each input runs under `catch_unwind`; the report counts inputs, panics,
 //! divergences, calls over one second and tie exceptions per surface, and
@@ -30,11 +35,11 @@ use std::time::{Duration, Instant};
 use chain_config::{ChainConfig, GenerationConfig, LoadOptions, SamplingParams};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use sampler_backend::Executor;
 use sampler_backend::burn_tensor::{Device, Tensor, TensorData};
+use sampler_backend::{Executor, RequestId, SamplingBatch};
 use sampler_core::{
-    Candidates, ChainSpec, HistoryScope, OffloadPolicy, ParamKind, ParamValue, StageKind,
-    StageSpec, TokenId,
+    Candidates, Chain, ChainSpec, HistoryScope, Logprobs, LogprobsMode, LogprobsSpec,
+    OffloadPolicy, ParamKind, ParamValue, StageKind, StageSpec, TokenId, TokenOrigin,
 };
 
 /// What one run exercises.
@@ -48,15 +53,18 @@ pub enum Surface {
     Executor,
     /// The CLIs' file readers.
     Files,
+    /// Serving-batch sessions against each request run alone on the CPU.
+    Batch,
 }
 
 impl Surface {
     /// Every surface.
-    pub const ALL: [Surface; 4] = [
+    pub const ALL: [Surface; 5] = [
         Surface::Config,
         Surface::Cpu,
         Surface::Executor,
         Surface::Files,
+        Surface::Batch,
     ];
 
     /// The surface's name in reports and on the command line.
@@ -66,6 +74,7 @@ impl Surface {
             Surface::Cpu => "cpu",
             Surface::Executor => "executor",
             Surface::Files => "files",
+            Surface::Batch => "batch",
         }
     }
 }
@@ -96,6 +105,10 @@ pub struct Report {
     pub slow: u64,
     /// CPU/device differences explained by a float-boundary tie.
     pub ties: u64,
+    /// Batch steps run (the batch surface; cancelled ones included).
+    pub steps: u64,
+    /// Request rows those steps sampled and compared.
+    pub rows: u64,
     /// The first failures (at most 20), with reproducers.
     pub failures: Vec<Failure>,
     /// Wall time of the run.
@@ -124,7 +137,7 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} inputs, {} panics, {} divergences, {} over 1 s, {} tie exceptions, {:.1} s",
+            "{} inputs, {} panics, {} divergences, {} over the time bound, {} tie exceptions, {:.1} s",
             self.inputs,
             self.panics,
             self.divergences,
@@ -132,6 +145,9 @@ impl std::fmt::Display for Report {
             self.ties,
             self.elapsed.as_secs_f64()
         )?;
+        if self.steps > 0 {
+            write!(f, " ({} steps, {} rows)", self.steps, self.rows)?;
+        }
         for x in &self.failures {
             write!(
                 f,
@@ -164,15 +180,16 @@ fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, (&'static str, String)> {
             Err(("slow", format!("took {:.2} s", dt.as_secs_f64())))
         }
         Ok(v) => Ok(v),
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "non-string panic".into());
-            Err(("panic", msg))
-        }
+        Err(p) => Err(("panic", panic_message(&*p))),
     }
+}
+
+/// The text of a caught panic.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "non-string panic".into())
 }
 
 /// Shrink `input` while `fails` holds: drop chunks of halving size, then
@@ -572,6 +589,13 @@ fn run_config_one(r: &mut ChaCha8Rng, report: &mut Report, index: u64) {
                 }
             });
             if !mutated {
+                // A valid spec's own JSON loads, as that spec.
+                let text = serde_json::to_string(&spec).expect("serialises");
+                check_text(report, index, "tagged json of a valid spec", &text, |t| {
+                    let back =
+                        serde_json::from_str::<ChainSpec>(t).expect("a valid spec's JSON loads");
+                    assert_eq!(back, spec, "JSON round trip changed a valid spec");
+                });
                 // A valid spec written as TOML loads back to itself.
                 let cfg = ChainConfig::validated(spec.clone(), Default::default(), &no_select);
                 if let Ok(cfg) = cfg {
@@ -840,6 +864,314 @@ fn run_executor_one(r: &mut ChaCha8Rng, device: &Device, report: &mut Report, in
     }
 }
 
+// ----------------------------------------------------------------- batch ---
+
+/// One request of a batch session, with its oracle: the same request run
+/// alone on sampler-cpu (same seed, prompt, masks and accepted tokens).
+struct Live {
+    id: RequestId,
+    spec: ChainSpec,
+    oracle: Chain,
+    prompt: Vec<TokenId>,
+    outputs: Vec<TokenId>,
+}
+
+/// A serving request's chain: the executor's stages, sometimes a `mask`
+/// and a `min_tokens` in front, sometimes logprobs.
+fn batch_spec(r: &mut ChaCha8Rng, vocab: usize) -> ChainSpec {
+    let mut st = Vec::new();
+    if r.random_bool(0.25) {
+        st.push(StageSpec::Mask);
+    }
+    if r.random_bool(0.2) {
+        st.push(StageSpec::MinTokens {
+            n: r.random_range(1..4),
+            stop: (0..r.random_range(1..3))
+                .map(|_| r.random_range(0..vocab as u32))
+                .collect(),
+        });
+    }
+    for _ in 0..r.random_range(0..4) {
+        st.push(exec_stage(r.random_range(0..13), r, vocab));
+    }
+    st.push(exec_stage(*pick(r, &[11u8, 12, 12]), r, vocab));
+    let mut spec = ChainSpec::new(st, Some(r.random()));
+    if r.random_bool(0.35) {
+        spec.logprobs = Some(LogprobsSpec {
+            top_n: r.random_range(0..5),
+            token_ids: (0..r.random_range(0..3))
+                .map(|_| r.random_range(0..vocab as u32))
+                .collect(),
+            mode: *pick(r, &[LogprobsMode::Raw, LogprobsMode::Processed]),
+        });
+    }
+    spec
+}
+
+/// Relative closeness of two logprobs (`-inf` only equals `-inf`).
+fn lp_close(a: f32, b: f32) -> bool {
+    a == b || (a - b).abs() <= 1e-4 * b.abs().max(1.0)
+}
+
+/// Where two steps' logprobs differ beyond the tolerance, if anywhere.
+fn logprobs_differ(got: &Option<Logprobs>, want: &Option<Logprobs>) -> Option<String> {
+    let (g, w) = match (got, want) {
+        (None, None) => return None,
+        (Some(g), Some(w)) => (g, w),
+        _ => return Some(format!("logprobs {got:?} vs {want:?}")),
+    };
+    let ids = |l: &Logprobs| l.top.iter().map(|p| p.0).collect::<Vec<_>>();
+    let pairs = std::iter::once((g.token, w.token))
+        .chain(g.requested.iter().copied().zip(w.requested.iter().copied()))
+        .chain(g.top.iter().copied().zip(w.top.iter().copied()));
+    let values_ok = pairs
+        .into_iter()
+        .all(|((ia, a), (ib, b))| ia == ib && lp_close(a, b));
+    if ids(g) != ids(w) || g.requested.len() != w.requested.len() || !values_ok {
+        Some(format!("logprobs {g:?} vs CPU {w:?}"))
+    } else {
+        None
+    }
+}
+
+/// A session of a [`SamplingBatch`] driven the way an engine drives it:
+/// requests inserted, removed, updated and reset between steps, random
+/// subsets of them stepped in random order, `step` or pipelined
+/// `submit` / `finish` or a cancelled step, one-step masks, `min_tokens`,
+/// logprobs, one offload policy; every request's tokens, errors and
+/// logprobs against the request run alone on sampler-cpu.
+fn run_batch_one(
+    r: &mut ChaCha8Rng,
+    device: &Device,
+    step_limit: Duration,
+    report: &mut Report,
+    index: u64,
+) {
+    let vocab = *pick(r, &[2usize, 5, 16, 40, 300]);
+    let policy = *pick(
+        r,
+        &[
+            OffloadPolicy::Auto,
+            OffloadPolicy::Off,
+            OffloadPolicy::Device,
+            OffloadPolicy::Stages(1),
+            OffloadPolicy::Stages(2),
+        ],
+    );
+    let mut log: Vec<String> = vec![format!("vocab {vocab} policy {policy:?}")];
+    let mut failures: Vec<Failure> = Vec::new();
+    let (mut ties, mut steps, mut compared) = (0u64, 0u64, 0u64);
+    // Each step is timed on its own (`step_limit`); the session is not.
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let mut batch = SamplingBatch::new(vocab, device, policy).expect("batch");
+        let mut live: Vec<Live> = Vec::new();
+        let insert = |r: &mut ChaCha8Rng,
+                      batch: &mut SamplingBatch,
+                      live: &mut Vec<Live>,
+                      log: &mut Vec<String>| {
+            let spec = batch_spec(r, vocab);
+            let prompt: Vec<TokenId> = (0..r.random_range(0..6))
+                .map(|_| r.random_range(0..vocab as u32))
+                .collect();
+            log.push(format!("insert {spec:?} prompt {prompt:?}"));
+            let id = batch
+                .insert(spec.clone(), &prompt)
+                .expect("a valid request");
+            let mut oracle = sampler_cpu::build_chain(&spec).expect("valid");
+            oracle.accept_prompt(&prompt);
+            live.push(Live {
+                id,
+                spec,
+                oracle,
+                prompt,
+                outputs: Vec::new(),
+            });
+        };
+        for _ in 0..r.random_range(1..4) {
+            insert(r, &mut batch, &mut live, &mut log);
+        }
+        for step in 0..r.random_range(2..9) {
+            // Between steps: the request set and the chains change.
+            if r.random_bool(0.2) {
+                insert(r, &mut batch, &mut live, &mut log);
+            }
+            if !live.is_empty() && r.random_bool(0.1) {
+                let gone = live.swap_remove(r.random_range(0..live.len()));
+                log.push(format!("remove {:?}", gone.id));
+                batch.remove(gone.id).expect("remove");
+            }
+            if !live.is_empty() && r.random_bool(0.1) {
+                let l = r.random_range(0..live.len());
+                let spec = ChainSpec {
+                    seed: live[l].spec.seed,
+                    ..batch_spec(r, vocab)
+                };
+                log.push(format!("update {:?} to {spec:?}", live[l].id));
+                batch.update(live[l].id, spec.clone()).expect("update");
+                // The batch's rule: the new chain sees the whole history at
+                // the same step; an unchanged stage at the same position keeps
+                // its state.
+                let l = &mut live[l];
+                let mut oracle = sampler_cpu::build_chain(&spec).expect("valid");
+                oracle.accept_prompt(&l.prompt);
+                for &t in &l.outputs {
+                    oracle.accept(t, TokenOrigin::Output);
+                }
+                oracle.set_step(l.oracle.step());
+                for (i, (old, new)) in l.spec.stages.iter().zip(&spec.stages).enumerate() {
+                    if old == new {
+                        std::mem::swap(&mut oracle.stages_mut()[i], &mut l.oracle.stages_mut()[i]);
+                    }
+                }
+                l.oracle = oracle;
+                l.spec = spec;
+            }
+            if !live.is_empty() && r.random_bool(0.05) {
+                let at = r.random_range(0..live.len());
+                let l = &mut live[at];
+                log.push(format!("reset {:?}", l.id));
+                batch.reset(l.id).expect("reset");
+                l.oracle = sampler_cpu::build_chain(&l.spec).expect("valid");
+                l.prompt.clear();
+                l.outputs.clear();
+            }
+            // The step: a random subset in random order.
+            let mut rows: Vec<usize> = (0..live.len()).filter(|_| r.random_bool(0.75)).collect();
+            if rows.is_empty() {
+                continue;
+            }
+            for i in (1..rows.len()).rev() {
+                rows.swap(i, r.random_range(0..=i));
+            }
+            let logits: Vec<Vec<f32>> = rows.iter().map(|_| random_row(r, vocab)).collect();
+            let mut masks: Vec<Option<Vec<u32>>> = Vec::new();
+            for &l in &rows {
+                let words = vocab.div_ceil(32);
+                let mask = (live[l].spec.stages.first() == Some(&StageSpec::Mask)
+                    && r.random_bool(0.7))
+                .then(|| {
+                    (0..words)
+                        .map(|_| r.random::<u32>() & r.random::<u32>())
+                        .collect::<Vec<u32>>()
+                });
+                if let Some(m) = &mask {
+                    batch.set_mask(live[l].id, Some(m)).expect("mask");
+                }
+                masks.push(mask);
+            }
+            let ids: Vec<RequestId> = rows.iter().map(|&l| live[l].id).collect();
+            let flat: Vec<f32> = logits.concat();
+            let t = Tensor::<2>::from_data(TensorData::new(flat, [rows.len(), vocab]), device);
+            let mode = r.random_range(0..20);
+            log.push(format!(
+                "step {step}: rows {ids:?} masks {masks:?} logits {logits:?} mode {mode}"
+            ));
+            let t0 = Instant::now();
+            let out = match mode {
+                0..=9 => Some(batch.step(&ids, t).expect("step")),
+                10..=16 => {
+                    let p = batch.submit(&ids, t).expect("submit");
+                    Some(batch.finish(p).expect("finish"))
+                }
+                _ => {
+                    let p = batch.submit(&ids, t).expect("submit");
+                    batch.cancel(p).expect("cancel");
+                    None
+                }
+            };
+            steps += 1;
+            if t0.elapsed() > step_limit {
+                failures.push(Failure {
+                    kind: "slow",
+                    index,
+                    reproducer: log.join("\n"),
+                    detail: format!("step {step} took {:?}", t0.elapsed()),
+                });
+            }
+            let Some(out) = out else {
+                continue; // cancelled: nothing recorded, the masks gone
+            };
+            for (j, &l) in rows.iter().enumerate() {
+                compared += 1;
+                let req = &mut live[l];
+                let mut oracle = req.oracle.clone();
+                if let Some(m) = &masks[j] {
+                    oracle.set_token_mask(Some(std::sync::Arc::from(m.as_slice())));
+                }
+                let want = match &req.spec.logprobs {
+                    Some(lp) => oracle
+                        .sample_logprobs(&logits[j], lp)
+                        .map(|(t, l)| (t, Some(l))),
+                    None => oracle.sample_logits(&logits[j]).map(|t| (t, None)),
+                };
+                oracle.set_token_mask(None);
+                let got = out.tokens[j].clone().map(|t| (t, out.logprobs[j].clone()));
+                let diverged = |detail: String| Failure {
+                    kind: "divergence",
+                    index,
+                    reproducer: format!("{}\n(row {j}, request {:?})", log.join("\n"), req.id),
+                    detail,
+                };
+                match (&got, &want) {
+                    (Ok((g, glp)), Ok((w, wlp))) if g == w => {
+                        // Processed logprobs depend on the final set: a cut
+                        // within float rounding of its boundary (a uniform
+                        // row at top_p = k / N) may keep one candidate more.
+                        if let Some(d) = logprobs_differ(glp, wlp) {
+                            let tie = conformance::boundary_reason_after(
+                                &req.spec,
+                                &logits[j],
+                                &req.prompt,
+                                &req.outputs,
+                            );
+                            if tie.is_some() {
+                                ties += 1;
+                            } else {
+                                failures.push(diverged(d));
+                            }
+                        }
+                        req.oracle = oracle;
+                        req.outputs.push(*g);
+                    }
+                    (Ok((g, _)), Ok((w, _))) => {
+                        let tie = conformance::boundary_reason_after(
+                            &req.spec,
+                            &logits[j],
+                            &req.prompt,
+                            &req.outputs,
+                        );
+                        if tie.is_some() {
+                            ties += 1;
+                        } else {
+                            failures.push(diverged(format!("token {g} vs CPU {w}")));
+                        }
+                        // Follow the batch: the request accepted its token.
+                        req.oracle.commit(*g);
+                        req.outputs.push(*g);
+                    }
+                    (Err(g), Err(w)) if g == w => {}
+                    _ => failures.push(diverged(format!("{got:?} vs CPU {want:?}"))),
+                }
+            }
+        }
+    }));
+    report.ties += ties;
+    report.steps += steps;
+    report.rows += compared;
+    if let Err(p) = outcome {
+        failures.push(Failure {
+            kind: "panic",
+            index,
+            reproducer: log.join("\n"),
+            detail: panic_message(&*p),
+        });
+    }
+    // One failure per input is enough to replay it.
+    if let Some(f) = failures.into_iter().next() {
+        report.fail(f);
+    }
+}
+
 // ----------------------------------------------------------------- files ---
 
 fn npy_bytes(r: &mut ChaCha8Rng) -> Vec<u8> {
@@ -998,26 +1330,42 @@ impl Models {
     }
 }
 
-/// Run `inputs` inputs of `surface` from `seed`, starting at input `start`.
+/// Run `inputs` inputs of `surface` from `seed`, starting at input `start`,
+/// on `flex` (the executor and batch surfaces' device; a batch step over
+/// one second is a failure).
 pub fn run(surface: Surface, inputs: u64, seed: u64, start: u64) -> Report {
+    match sampler_backend::parse_device("flex") {
+        Ok(d) => run_on(surface, inputs, seed, start, &d, SLOW),
+        Err(_) => Report::default(),
+    }
+}
+
+/// [`run`] with the executor and batch surfaces on `device`, a batch step
+/// over `step_limit` being a failure (a GPU compiles each kernel shape the
+/// first time it runs: seconds on a software driver).
+pub fn run_on(
+    surface: Surface,
+    inputs: u64,
+    seed: u64,
+    start: u64,
+    device: &Device,
+    step_limit: Duration,
+) -> Report {
     // Panics are caught and counted; keep the default hook from printing a
     // backtrace for each one.
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let t0 = Instant::now();
     let mut report = Report::default();
-    let device = sampler_backend::parse_device("flex").ok();
     let models = Models::load();
     for index in start..start.saturating_add(inputs) {
         let mut r = rng_for(seed ^ (surface as u64) << 56, index);
         match surface {
             Surface::Config => run_config_one(&mut r, &mut report, index),
             Surface::Cpu => run_cpu_one(&mut r, &mut report, index),
-            Surface::Executor => match &device {
-                Some(d) => run_executor_one(&mut r, d, &mut report, index),
-                None => break,
-            },
+            Surface::Executor => run_executor_one(&mut r, device, &mut report, index),
             Surface::Files => run_files_one(&mut r, &mut report, index, &models),
+            Surface::Batch => run_batch_one(&mut r, device, step_limit, &mut report, index),
         }
         report.inputs += 1;
     }
