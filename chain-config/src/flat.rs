@@ -435,12 +435,8 @@ pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 34] = [
         FieldKind::Float,
         "a number in [0, 1] (above 0.5 disables)",
     ),
-    ("dynatemp_range", FieldKind::Float, "a finite number >= 0"),
-    (
-        "dynatemp_exponent",
-        FieldKind::Float,
-        "a finite number >= 0",
-    ),
+    ("dynatemp_range", FieldKind::Float, "a number in [0, 100]"),
+    ("dynatemp_exponent", FieldKind::Float, "a number in [0, 10]"),
     (
         "repetition_penalty",
         FieldKind::Float,
@@ -836,13 +832,13 @@ impl SamplingParams {
         check_f(
             "dynatemp_range",
             self.dynatemp_range,
-            finite_ge0,
+            |x| (0.0..=sampler_core::DYNATEMP_RANGE_MAX).contains(&x),
             range_of("dynatemp_range"),
         )?;
         check_f(
             "dynatemp_exponent",
             self.dynatemp_exponent,
-            finite_ge0,
+            |x| (0.0..=sampler_core::DYNATEMP_EXPONENT_MAX).contains(&x),
             range_of("dynatemp_exponent"),
         )?;
         check_f(

@@ -20,6 +20,14 @@ fn unit() -> impl Strategy<Value = f32> {
 fn nonneg() -> impl Strategy<Value = f32> {
     f::POSITIVE | f::ZERO | f::NORMAL | f::SUBNORMAL
 }
+/// `[0, 100]`, the edges included.
+fn dynatemp_range() -> impl Strategy<Value = f32> {
+    prop_oneof![Just(0.0f32), Just(100.0f32), 0.0f32..=100.0]
+}
+/// `[0, 10]`, the edges included.
+fn dynatemp_exponent() -> impl Strategy<Value = f32> {
+    prop_oneof![Just(0.0f32), Just(10.0f32), 0.0f32..=10.0]
+}
 fn finite() -> impl Strategy<Value = f32> {
     f::POSITIVE | f::NEGATIVE | f::ZERO | f::NORMAL | f::SUBNORMAL
 }
@@ -53,13 +61,15 @@ fn stage() -> impl Strategy<Value = StageSpec> {
         (unit(), 0usize..100).prop_map(|(p, min_keep)| StageSpec::TopP { p, min_keep }),
         (nonneg(), 0usize..100).prop_map(|(p, min_keep)| StageSpec::MinP { p, min_keep }),
         (unit(), 0usize..100).prop_map(|(p, min_keep)| StageSpec::Typical { p, min_keep }),
-        (nonneg(), nonneg(), nonneg()).prop_map(|(t, dynatemp_range, dynatemp_exponent)| {
-            StageSpec::Temperature {
-                t,
-                dynatemp_range,
-                dynatemp_exponent,
+        (nonneg(), dynatemp_range(), dynatemp_exponent()).prop_map(
+            |(t, dynatemp_range, dynatemp_exponent)| {
+                StageSpec::Temperature {
+                    t,
+                    dynatemp_range,
+                    dynatemp_exponent,
+                }
             }
-        }),
+        ),
         (unit(), unit(), 0usize..10).prop_map(|(probability, threshold, min_keep)| {
             StageSpec::Xtc {
                 probability,

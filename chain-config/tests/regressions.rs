@@ -506,3 +506,39 @@ fn every_stage_with_every_parameter_set_round_trips_through_serde() {
         }
     }
 }
+
+/// Dynamic temperature is refused outside `[0, 100]` (range) and `[0, 10]`
+/// (exponent) in Rust, TOML and flat parameters: at `1e30` the
+/// entropy-derived temperature jumped between its ends on the last bit of
+/// the entropy, and the CPU and a device drew different tokens.
+#[test]
+fn dynamic_temperature_beyond_its_range_is_refused() {
+    use sampler_core::StageSpec;
+    let temp = |r: f32, e: f32| StageSpec::Temperature {
+        t: 0.7,
+        dynatemp_range: r,
+        dynatemp_exponent: e,
+    };
+    let e = temp(1e30, 1.0).validate().unwrap_err().to_string();
+    assert!(
+        e.contains("temperature.dynatemp_range = ") && e.contains("[0, 100]"),
+        "{e}"
+    );
+    let e = temp(1.5, 11.0).validate().unwrap_err().to_string();
+    assert!(
+        e.contains("dynatemp_exponent") && e.contains("[0, 10]"),
+        "{e}"
+    );
+    assert!(temp(100.0, 10.0).validate().is_ok());
+    let toml = "samplers = \"temperature;dist\"\n[temperature]\nt = 0.7\ndynatemp_range = 1e30\n";
+    let e = ChainConfig::from_toml_str(toml).unwrap_err().to_string();
+    assert!(
+        e.contains("dynatemp_range") && e.contains("[0, 100]"),
+        "{e}"
+    );
+    let e = flat_err(r#"{"temperature": 0.7, "dynatemp_exponent": 1e30}"#).to_string();
+    assert!(
+        e.contains("dynatemp_exponent") && e.contains("[0, 10]"),
+        "{e}"
+    );
+}

@@ -37,7 +37,7 @@ pub use meta::{
     DeviceEffects, Effects, ParamField, ParamKind, ParamMeta, ParamValue, SetParamError, StageMeta,
 };
 pub use plan::{DeviceRefusal, HostReason, OffloadPolicy, Plan, PlanStage, Readback};
-pub use registry::StageKind;
+pub use registry::{DYNATEMP_EXPONENT_MAX, DYNATEMP_RANGE_MAX, StageKind};
 pub use rng::RowRng;
 pub use sampler::{Sampler, StageContext, TokenOrigin};
 pub use spec::{ChainSpec, GREEDY_TEMPERATURE, HistoryScope, StageSpec};

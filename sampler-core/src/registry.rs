@@ -33,6 +33,18 @@ fn any<T>(_: &T) -> Result<(), String> {
     Ok(())
 }
 
+/// The largest dynamic-temperature half range. llama.cpp takes any; beyond
+/// this the temperature is so high that the row is flat anyway, and the
+/// entropy-derived `t` (computed in another order on a device) gets
+/// ill-conditioned: with a range and exponent of `1e30` the last bit of the
+/// entropy flipped tokens between the CPU and the device.
+pub const DYNATEMP_RANGE_MAX: f32 = 100.0;
+
+/// The largest dynamic-temperature exponent (same reason as
+/// [`DYNATEMP_RANGE_MAX`]: `(H / H_max)^e` jumps from 0 to 1 at `H = H_max`
+/// for a huge `e`).
+pub const DYNATEMP_EXPONENT_MAX: f32 = 10.0;
+
 fn finite_ge0(x: &f32) -> Result<(), String> {
     num(x, x.is_finite() && *x >= 0.0)
 }
@@ -504,16 +516,18 @@ define_stages! {
                 range: "a finite number >= 0 (t < 1e-5 means greedy)",
                 doc: "divide logits by t",
             },
-            /// Dynamic-temperature half range, `>= 0`.
+            /// Dynamic-temperature half range, `[0, 100]`.
             dynatemp_range: f32 = 0.0 => {
-                aliases: [], required: false, min: Some(0.0), max: None, valid: finite_ge0,
-                range: "a finite number >= 0",
+                aliases: [], required: false, min: Some(0.0), max: Some(100.0),
+                valid: |r: &f32| num(r, (0.0..=DYNATEMP_RANGE_MAX).contains(r)),
+                range: "a number in [0, 100]",
                 doc: "dynamic temperature: t varies in [t - range, t + range] with the entropy",
             },
-            /// Dynamic-temperature exponent, `>= 0`.
+            /// Dynamic-temperature exponent, `[0, 10]`.
             dynatemp_exponent: f32 = 1.0 => {
-                aliases: [], required: false, min: Some(0.0), max: None, valid: finite_ge0,
-                range: "a finite number >= 0",
+                aliases: [], required: false, min: Some(0.0), max: Some(10.0),
+                valid: |e: &f32| num(e, (0.0..=DYNATEMP_EXPONENT_MAX).contains(e)),
+                range: "a number in [0, 10]",
                 doc: "dynamic temperature exponent on the normalised entropy",
             },
         ],

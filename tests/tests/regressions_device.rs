@@ -133,15 +133,18 @@ fn stages_after_the_selecting_stage_are_ignored(d: &Device, dev: &str) {
     }
 }
 
-/// A dynamic temperature whose range overflows f32 (`t = range = exponent =
-/// 3e38`) falls back to `t` on the device as on the CPU, instead of NaN
-/// logits (which answered AllMasked).
+/// A dynamic temperature at the edge of f32 (`t = 3e38`, the largest range
+/// and exponent validation takes; once `range = exponent = 3e38`, which
+/// overflowed) gives the CPU's tokens on the device, instead of NaN logits
+/// (which answered AllMasked).
 fn overflowing_dynamic_temperature_falls_back_to_t(d: &Device, dev: &str) {
     let stages = vec![
+        // The largest range and exponent validation takes
+        // (`DYNATEMP_RANGE_MAX`, `DYNATEMP_EXPONENT_MAX`).
         S::Temperature {
             t: 3e38,
-            dynatemp_range: 3e38,
-            dynatemp_exponent: 3e38,
+            dynatemp_range: sampler_core::DYNATEMP_RANGE_MAX,
+            dynatemp_exponent: sampler_core::DYNATEMP_EXPONENT_MAX,
         },
         S::Dist,
     ];
