@@ -1112,45 +1112,42 @@ fn run_batch_one(
                     reproducer: format!("{}\n(row {j}, request {:?})", log.join("\n"), req.id),
                     detail,
                 };
+                // A difference within float rounding of a boundary (a top_p
+                // or dist cut) is a tie exception, not a failure.
+                let mut tie_or_fail = |detail: String| {
+                    let tie = conformance::boundary_reason_after(
+                        &req.spec,
+                        &logits[j],
+                        &req.prompt,
+                        &req.outputs,
+                    );
+                    match tie {
+                        Some(_) => ties += 1,
+                        None => failures.push(diverged(detail)),
+                    }
+                };
                 match (&got, &want) {
                     (Ok((g, glp)), Ok((w, wlp))) if g == w => {
                         // Processed logprobs depend on the final set: a cut
-                        // within float rounding of its boundary (a uniform
-                        // row at top_p = k / N) may keep one candidate more.
+                        // at its boundary (a uniform row at top_p = k / N)
+                        // may keep one candidate more.
                         if let Some(d) = logprobs_differ(glp, wlp) {
-                            let tie = conformance::boundary_reason_after(
-                                &req.spec,
-                                &logits[j],
-                                &req.prompt,
-                                &req.outputs,
-                            );
-                            if tie.is_some() {
-                                ties += 1;
-                            } else {
-                                failures.push(diverged(d));
-                            }
+                            tie_or_fail(d);
                         }
                         req.oracle = oracle;
                         req.outputs.push(*g);
                     }
                     (Ok((g, _)), Ok((w, _))) => {
-                        let tie = conformance::boundary_reason_after(
-                            &req.spec,
-                            &logits[j],
-                            &req.prompt,
-                            &req.outputs,
-                        );
-                        if tie.is_some() {
-                            ties += 1;
-                        } else {
-                            failures.push(diverged(format!("token {g} vs CPU {w}")));
-                        }
+                        tie_or_fail(format!("token {g} vs CPU {w}"));
                         // Follow the batch: the request accepted its token.
                         req.oracle.commit(*g);
                         req.outputs.push(*g);
                     }
                     (Err(g), Err(w)) if g == w => {}
-                    _ => failures.push(diverged(format!("{got:?} vs CPU {want:?}"))),
+                    _ => {
+                        let detail = format!("{got:?} vs CPU {want:?}");
+                        failures.push(diverged(detail));
+                    }
                 }
             }
         }
