@@ -31,9 +31,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use burn_tensor::{
-    Bool, DType, Device, FloatDType, Int, IntDType, Tensor, TensorData, Transaction,
-};
+use burn_tensor::{DType, Device, FloatDType, Int, IntDType, Tensor, TensorData, Transaction};
 use rayon::prelude::*;
 use sampler_core::plan::{self, HostReason, OffloadPolicy, Plan, PlanStage, Readback};
 use sampler_core::{
@@ -1765,17 +1763,18 @@ fn log_softmax(l: &Tensor<2>) -> Tensor<2> {
 /// The positions `[B, k]` (`k = min(n, N)`) of the canonical top `n` by
 /// `logits` `[B, N]`, in the canonical order (logit descending, ties to the
 /// lowest `order` id; ranked by the logits, as the CPU does, not by their
-/// rounded logprobs), and which of them are live.
+/// rounded logprobs). Every row takes `k`, so every position is a
+/// candidate (no padding inside `k`).
 fn top_positions(
     logits: &Tensor<2>,
     order: &Tensor<2, Int>,
     n: usize,
     d: &Device,
-) -> (Tensor<2, Int>, Tensor<2, Bool>) {
+) -> Tensor<2, Int> {
     let [b, w] = logits.dims();
     let k = n.min(w);
     let n_row = ops::col_int(&vec![k as i64; b], d);
-    let (_, pos, live) = ops::canonical_topk_positions(logits, order, &n_row, k);
+    let (_, pos, _) = ops::canonical_topk_positions(logits, order, &n_row, k);
     // burn's `topk` leaves equal logits in any order: rank the `k` chosen
     // (pairwise, `k <= 20`) and put each at its rank.
     let chosen = logits.clone().gather(1, pos.clone());
@@ -1784,13 +1783,7 @@ fn top_positions(
         &order.clone().gather(1, pos.clone()),
         &chosen.zeros_like(),
     );
-    let pos = Tensor::<2, Int>::zeros([b, k], d).scatter(
-        1,
-        rank,
-        pos,
-        burn_tensor::IndexingUpdateOp::Add,
-    );
-    (pos, live)
+    Tensor::<2, Int>::zeros([b, k], d).scatter(1, rank, pos, burn_tensor::IndexingUpdateOp::Add)
 }
 
 /// `(ids, values)` `[B, k]` padded to `[B, n]` with id `-1` / `-inf`.
@@ -1823,8 +1816,8 @@ fn lp_top(
     n: usize,
     d: &Device,
 ) -> (Tensor<2, Int>, Tensor<2>) {
-    let (pos, live) = top_positions(logits, order, n, d);
-    let vals = ops::mask_logits(lp.clone().gather(1, pos.clone()), live);
+    let pos = top_positions(logits, order, n, d);
+    let vals = lp.clone().gather(1, pos.clone());
     let ids = match gather_ids {
         Some(g) => g.clone().gather(1, pos),
         None => pos,
@@ -1847,21 +1840,16 @@ fn full_row_entries(
     d: &Device,
 ) -> Vec<(Tensor<2, Int>, Tensor<2>)> {
     let top = (n > 0).then(|| top_positions(logits, pos, n, d));
-    let k = top.as_ref().map_or(0, |(p, _)| p.dims()[1]);
-    let index: Vec<Tensor<2, Int>> = top
-        .iter()
-        .map(|(p, _)| p.clone())
-        .chain(want.cloned())
-        .collect();
+    let k = top.as_ref().map_or(0, |p| p.dims()[1]);
+    let index: Vec<Tensor<2, Int>> = top.iter().cloned().chain(want.cloned()).collect();
     if index.is_empty() {
         return Vec::new();
     }
     let vals = lp.clone().gather(1, Tensor::cat(index, 1));
     let [b, width] = vals.dims();
     let mut out = Vec::with_capacity(2);
-    if let Some((p, live)) = top {
-        let top_vals = ops::mask_logits(vals.clone().slice([0..b, 0..k]), live);
-        out.push(pad_entries(p, top_vals, n, d));
+    if let Some(p) = top {
+        out.push(pad_entries(p, vals.clone().slice([0..b, 0..k]), n, d));
     }
     if let Some(w) = want {
         out.push((w.clone(), vals.slice([0..b, k..width])));

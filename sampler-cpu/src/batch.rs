@@ -26,13 +26,13 @@ fn check_shape(
     Ok(())
 }
 
-/// Run `f` on every row (row logits `[vocab]`, its chain), in parallel with
-/// rayon when `batch > 1`. Results are in row order.
+/// Run `f` on every row (its index, row logits `[vocab]`, its chain), in
+/// parallel with rayon when `batch > 1`. Results are in row order.
 fn per_row<T: Send>(
     logits: &[f32],
     vocab: usize,
     chains: &mut [Chain],
-    f: impl Fn(&[f32], &mut Chain) -> Result<T, SampleError> + Sync + Send,
+    f: impl Fn(usize, &[f32], &mut Chain) -> Result<T, SampleError> + Sync + Send,
 ) -> Vec<Result<T, SampleError>> {
     if vocab == 0 {
         // `chunks(0)` is not allowed; every row is empty.
@@ -42,13 +42,15 @@ fn per_row<T: Send>(
         return chains
             .iter_mut()
             .zip(logits.chunks_exact(vocab))
-            .map(|(chain, row)| f(row, chain))
+            .enumerate()
+            .map(|(i, (chain, row))| f(i, row, chain))
             .collect();
     }
     chains
         .par_iter_mut()
         .zip(logits.par_chunks_exact(vocab))
-        .map(|(chain, row)| f(row, chain))
+        .enumerate()
+        .map(|(i, (chain, row))| f(i, row, chain))
         .collect()
 }
 
@@ -76,7 +78,9 @@ pub fn sample_batch(
     check_shape(logits, batch, vocab, chains.len())?;
     // Same result as `Chain::sample` on `Candidates::from_logits(row)`, via
     // the fast paths (crate::fast).
-    Ok(per_row(logits, vocab, chains, crate::fast::sample_row))
+    Ok(per_row(logits, vocab, chains, |_, row, chain| {
+        crate::fast::sample_row(row, chain)
+    }))
 }
 
 /// One row of [`sample_batch_logprobs`]: its token and, when asked for, the
@@ -112,25 +116,15 @@ pub fn sample_batch_logprobs(
             batch,
         });
     }
-    if vocab == 0 {
-        return Ok(chains.iter().map(|_| Err(SampleError::EmptyRow)).collect());
-    }
-    let one = |(chain, (row, lp)): (&mut Chain, (&[f32], &Option<LogprobsSpec>))| match lp {
-        Some(lp) => chain.sample_logprobs(row, lp).map(|(t, l)| (t, Some(l))),
-        None => crate::fast::sample_row(row, chain).map(|t| (t, None)),
-    };
-    if batch <= 1 {
-        return Ok(chains
-            .iter_mut()
-            .zip(logits.chunks_exact(vocab).zip(logprobs))
-            .map(one)
-            .collect());
-    }
-    Ok(chains
-        .par_iter_mut()
-        .zip(logits.par_chunks_exact(vocab).zip(logprobs.par_iter()))
-        .map(one)
-        .collect())
+    Ok(per_row(
+        logits,
+        vocab,
+        chains,
+        |i, row, chain| match &logprobs[i] {
+            Some(lp) => chain.sample_logprobs(row, lp).map(|(t, l)| (t, Some(l))),
+            None => crate::fast::sample_row(row, chain).map(|t| (t, None)),
+        },
+    ))
 }
 
 /// Apply every stage of `chains[row]` to each row of `logits`
@@ -151,5 +145,7 @@ pub fn apply_batch(
     check_shape(logits, batch, vocab, chains.len())?;
     // Same result as `Chain::apply` on `Candidates::from_logits(row)`, via
     // the fast paths (crate::fast).
-    Ok(per_row(logits, vocab, chains, crate::fast::apply_row))
+    Ok(per_row(logits, vocab, chains, |_, row, chain| {
+        crate::fast::apply_row(row, chain)
+    }))
 }
