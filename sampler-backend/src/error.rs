@@ -137,7 +137,7 @@ pub enum BackendError {
     #[error("step {} was submitted to another batch: take it back from the error and finish it there", step.serial())]
     ForeignStep {
         /// The step, given back.
-        step: crate::batch::ReturnedStep,
+        step: crate::batch::pending::ReturnedStep,
     },
     /// A token mask of the wrong length (`ceil(vocab / 32)` `u32` words).
     #[error(

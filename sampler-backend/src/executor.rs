@@ -6,7 +6,8 @@ use sampler_core::plan::{OffloadPolicy, Plan};
 use sampler_core::{Chain, ChainSpec, TokenId};
 
 use crate::BackendError;
-use crate::batch::{RequestId, SamplingBatch};
+use crate::batch::SamplingBatch;
+use crate::batch::request::RequestId;
 
 /// The result of one [`Executor::step`]: one entry per row, and the bytes read back.
 pub type StepOutput = crate::batch::BatchStep;

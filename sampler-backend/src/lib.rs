@@ -45,23 +45,26 @@ mod batch;
 mod device;
 mod error;
 mod executor;
+mod fusion;
 #[cfg(feature = "cubecl-kernels")]
 pub mod kernels;
 pub mod launches;
+mod logprobs;
 pub mod ops;
+mod planner;
 pub mod readback;
 mod stage;
 pub mod stages;
+mod step;
 
-pub use batch::{
-    BatchFilter, BatchStep, PendingStep, RequestId, ReturnedStep, SamplingBatch, is_cpu_device,
-};
+pub use batch::pending::{PendingStep, ReturnedStep};
+pub use batch::request::RequestId;
+pub use batch::{BatchFilter, BatchStep, SamplingBatch, is_cpu_device};
 pub use burn_tensor;
 pub use burn_tensor::{Device, Tensor, TensorData};
 pub use device::{compiled_devices, parse_device, probe_device, resolve_device, usable_devices};
 pub use error::BackendError;
 pub use executor::{Executor, FilterOutput, StepOutput};
 pub use stage::{
-    DeviceStage, HistoryPenalties, InitContext, PendingCut, PendingNucleus, RowState, StepData,
-    build_device_stage,
+    DeviceStage, Fusable, HistoryPenalties, InitContext, RowState, StepData, build_device_stage,
 };

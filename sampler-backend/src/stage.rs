@@ -38,12 +38,14 @@ pub struct RowState {
 ///
 /// Masked candidates are `-inf` logits; filters never change the width
 /// except `top_k`, which narrows it to the batch's largest `k` and sets `ids`.
+/// Stages see sanitised rows (invalid rows zeroed) unless the step's fusion
+/// rules let a validating kernel take them as they are; what a step hands
+/// on between stages (pending penalties, a pending cut, validation keys)
+/// is the fusion rules' own state, not part of this value.
 #[derive(Debug, Clone)]
 pub struct StepData {
     /// Logits `[B, N]` (f32, natural-log units).
     pub logits: Tensor<2>,
-    /// Probabilities `[B, N]`, when a stage computed them (unused by the built-in stages).
-    pub probs: Option<Tensor<2>>,
     /// Position -> token id `[B, N]`; `None` means position == token id.
     /// Always inside the vocabulary (safe to gather and scatter with); at
     /// padding positions (past a row's own `top_k`) it repeats a real id.
@@ -54,39 +56,6 @@ pub struct StepData {
     pub order_ids: Option<Tensor<2, Int>>,
     /// The selected token id per row `[B]`, set by a selecting stage.
     pub sampled: Option<Tensor<1, Int>>,
-    /// Whether `sampled` already holds what a fully offloaded step reads
-    /// back: each invalid row's status code in place of its token (a
-    /// selecting kernel that wrote them from [`StepData::first_bad`] or its
-    /// own validation), so the step writes no codes of its own.
-    pub sampled_codes: bool,
-    /// Per-row invalid mask `[B, 1]` (NaN / `+inf` in the input row). Stages
-    /// see sanitised logits (zeros) on invalid rows and need not look at it.
-    /// `None` when the first stage takes the rows unsanitised
-    /// ([`DeviceStage::takes_unsanitised_rows`]) and validates them in its
-    /// own pass: then the stages see the input rows as they are, that stage
-    /// sets [`StepData::first_bad`], and every output of an invalid row is
-    /// replaced by its status code.
-    pub invalid: Option<Tensor<2, Bool>>,
-    /// Validation keys `[B, 1]` (int) set by a first stage that validated
-    /// the unsanitised rows itself (`invalid` is `None`): `2i` for a NaN at
-    /// position `i`, `2i + 1` for a `+inf`, `2V` for a valid row. When no
-    /// stage sets it, the step validates the input rows after the stages.
-    pub first_bad: Option<Tensor<2, Int>>,
-    /// History penalties handed on by a `penalties` stage and not applied
-    /// yet ([`DeviceStage::defers_to_next`]): the next stage applies them
-    /// inside its own kernel when it can ([`DeviceStage::applies_penalties`]),
-    /// else the step penalises the logits before that stage runs
-    /// (`stages::penalties::apply_history_penalties`).
-    pub penalties: Option<HistoryPenalties>,
-    /// A full-vocabulary `top_p` or `min_p` handed on and not applied yet
-    /// (the logits are still the rows it would filter): a following
-    /// `temperature` adds its `t` and `dist` runs all three as one kernel
-    /// (`kernels::cut_dist_full`: about three reads of the row for
-    /// `top_p`, where three kernels read it fifteen times, two for
-    /// `min_p`). Any other stage, and the end of the device prefix, get the
-    /// filtered (and scaled) logits first
-    /// ([`DeviceStage::takes_pending_nucleus`]).
-    pub nucleus: Option<PendingNucleus>,
     /// Step row -> slot `[B]`: the slot (row of the stage's own per-row
     /// tensors, `[S, ..]`) of each step row; `None` when step row `r` is
     /// slot `r`. Stages read per-row tensors through [`StepData::per_row`].
@@ -101,10 +70,11 @@ pub struct StepData {
     pub device: Device,
 }
 
-/// Pending repetition / frequency / presence penalties of one step (the
-/// CPU `penalties` rule), per step row: each row's distinct history tokens
-/// and their counts in its window (`count 0` marks padding, at a token
-/// outside the window).
+/// Repetition / frequency / presence penalties of one step (the CPU
+/// `penalties` rule), per step row: each row's distinct history tokens and
+/// their counts in its window (`count 0` marks padding, at a token outside
+/// the window). What a `penalties` stage hands the fusion rules; the
+/// top-k kernel takes it ([`crate::kernels::top_k`]).
 #[derive(Debug, Clone)]
 pub struct HistoryPenalties {
     /// History token ids `[B, H]` (inside the vocabulary).
@@ -119,26 +89,74 @@ pub struct HistoryPenalties {
     pub presence: Tensor<2>,
 }
 
-/// A pending full-vocabulary `top_p` or `min_p` (and the `temperature`
-/// after it), or a full-row `temperature` alone, of one step, per step row ([`StepData::nucleus`]).
+/// What a stage offers the step's fusion rules: its per-slot parameters
+/// (`[S, 1]` tensors, read per step row through [`StepData::per_row`]) in
+/// the form the fused and validating kernels take. The rules (which stage
+/// sequences become which kernel, which kernel validates the rows and which
+/// writes the status codes) live in one place, the step's fusion module;
+/// a stage only says what it is. [`Fusable::Alone`]: the stage always runs
+/// its own [`DeviceStage::apply`].
 #[derive(Debug, Clone)]
-pub struct PendingNucleus {
-    /// The cut.
-    pub cut: PendingCut,
-    /// The temperature `[B, 1]` of a `temperature` stage that followed
-    /// (no dynamic range), or `None`.
-    pub t: Option<Tensor<2>>,
+pub enum Fusable<'a> {
+    /// Runs alone (the default).
+    Alone,
+    /// `penalties`: each slot's history and parameters, `[S, H]` and
+    /// `[S, 1]` ([`HistoryPenalties`] per slot; `None` before the history is
+    /// uploaded). Handed on to the stage after it.
+    Penalties(Option<&'a HistoryPenalties>),
+    /// `top_k`: each slot's `k` `[S, 1]` (clamped to the width) and the
+    /// width it narrows to.
+    TopK {
+        /// Per-slot `k` `[S, 1]`.
+        k_row: &'a Tensor<2, Int>,
+        /// The largest `k` (the width after the stage, before clamping).
+        k_max: usize,
+    },
+    /// `top_p`: `p` `[S, 1]` (`+inf` on no-op slots) and the largest
+    /// `min_keep`.
+    TopP {
+        /// Per-slot `p`, `+inf` where the stage is a no-op.
+        p: &'a Tensor<2>,
+        /// The largest `min_keep` (at least 1).
+        keep_max: usize,
+    },
+    /// `min_p`: `ln p` `[S, 1]` (`-inf` on no-op slots) and the largest
+    /// `min_keep`.
+    MinP {
+        /// Per-slot `ln p`, `-inf` where the stage is a no-op.
+        log_p: &'a Tensor<2>,
+        /// The largest `min_keep` (at least 1).
+        keep_max: usize,
+    },
+    /// `temperature`: `t` `[S, 1]`, and whether any slot has a dynamic range
+    /// (then it always runs alone).
+    Temperature {
+        /// Per-slot `t`.
+        t: &'a Tensor<2>,
+        /// Some slot has `dynatemp_range > 0`.
+        dynamic: bool,
+    },
+    /// `dist`: this step's uniforms `[B, 1]` (per step row, contract 7).
+    Dist {
+        /// One uniform per step row.
+        u: &'a Tensor<2>,
+    },
+    /// `greedy`.
+    Greedy,
 }
 
-/// The cut of a [`PendingNucleus`] (`min_keep <= 1`).
-#[derive(Debug, Clone)]
-pub enum PendingCut {
-    /// `top_p`: `p` `[B, 1]`, `+inf` on rows where it is a no-op.
-    TopP(Tensor<2>),
-    /// `min_p`: `ln p` `[B, 1]`, `-inf` on rows where it is a no-op.
-    MinP(Tensor<2>),
-    /// No cut: a full-row `temperature` handed on alone.
-    All,
+impl HistoryPenalties {
+    /// Per-slot penalties (`[S, H]`, `[S, 1]`) seen per step row
+    /// ([`StepData::per_row`]).
+    pub fn per_row(&self, data: &StepData) -> Self {
+        Self {
+            ids: data.per_row(&self.ids),
+            counts: data.per_row(&self.counts),
+            repeat: data.per_row(&self.repeat),
+            frequency: data.per_row(&self.frequency),
+            presence: data.per_row(&self.presence),
+        }
+    }
 }
 
 impl StepData {
@@ -208,36 +226,15 @@ pub trait DeviceStage: Send {
     /// Upload per-step host data (uniforms, history deltas) before `apply`;
     /// `rows` are the step's rows, in step order.
     fn set_input(&mut self, _rows: &[RowState]) {}
-    /// Append this stage's tensor ops to the step.
+    /// Append this stage's tensor ops to the step: its generic burn-op
+    /// recipe (and kernels that need nothing from the rest of the step).
+    /// The fusion rules may run the stage's work inside a fused or
+    /// validating kernel instead ([`DeviceStage::fusable`]).
     fn apply(&self, data: &mut StepData);
-    /// Whether, as the first device stage of a step over `[batch, width]`
-    /// logits on `device`, this stage's `apply` can take the input rows
-    /// unsanitised: each row's outputs depend on that row alone and nothing
-    /// fails on a NaN or `+inf` (the outputs of invalid rows are replaced by
-    /// their status codes). Then the step skips the `[B, V]` copy that zeroes
-    /// invalid rows and leaves [`StepData::invalid`] `None`; the stage may
-    /// validate the rows in its own pass ([`StepData::first_bad`]). Default:
-    /// no (the custom cubecl kernels say yes).
-    fn takes_unsanitised_rows(&self, _batch: usize, _width: usize, _device: &Device) -> bool {
-        false
-    }
-    /// Whether `apply` leaves the logits as they are and hands its work to
-    /// the next stage ([`StepData::penalties`]); such a stage never decides
-    /// how the step treats invalid rows: the next one does. Default: no.
-    fn defers_to_next(&self) -> bool {
-        false
-    }
-    /// Whether `apply` takes pending [`StepData::penalties`] itself (inside
-    /// its kernel, or by applying them first); otherwise the step applies
-    /// them before this stage runs. Default: no.
-    fn applies_penalties(&self) -> bool {
-        false
-    }
-    /// Whether `apply` takes a pending full-vocabulary `top_p`
-    /// ([`StepData::nucleus`]) as it is (`temperature` adds its `t`, `dist`
-    /// draws through it); otherwise the step applies it first. Default: no.
-    fn takes_pending_nucleus(&self) -> bool {
-        false
+    /// What the step's fusion rules may take from this stage instead of
+    /// calling `apply` ([`Fusable`]). Default: [`Fusable::Alone`].
+    fn fusable(&self) -> Fusable<'_> {
+        Fusable::Alone
     }
     /// Width after this stage given the width before (only `top_k` narrows).
     fn out_width(&self, width: usize) -> usize {
@@ -275,7 +272,7 @@ macro_rules! device_builder {
         /// Build the device stage for chain position `stage_index` from the
         /// per-row specs (`specs[row]`; rows whose spec is of another kind
         /// are no-op rows). `None` when the kind has no device recipe (its
-        /// metadata's `device_hook` is false: typical, xtc, mirostat, dry,
+        /// metadata's `device_hook` is false: xtc, top_n_sigma, mirostat, dry,
         /// ...). Generated from the stage registry.
         pub fn build_device_stage(
             stage_index: usize,

@@ -10,11 +10,11 @@
 //! * full rows: a two-level prefix sum over blocks of `DIST_BLOCK` tokens
 //!   (block sums, a short cumsum over blocks, then a short cumsum inside
 //!   the crossing block). Wide rows with `ids` are first scattered back to
-//!   vocabulary order. On a cubecl device, rows of the whole vocabulary run
-//!   one custom kernel instead (`kernels::cut_dist_full` without a cut:
-//!   the same rule with fixed-point weights, two reads of the row), with a
-//!   pending `top_p` / `min_p` / `temperature` ([`StepData::nucleus`])
-//!   applied inside it.
+//!   vocabulary order. On a cubecl device the step's fusion rules run a
+//!   kernel instead: narrow rows `kernels::dist`, rows of the whole
+//!   vocabulary `kernels::cut_dist_full` (the same rule with fixed-point
+//!   weights, two reads of the row), with a full-row `top_p` / `min_p` /
+//!   `temperature` before it applied inside it.
 //!
 //! Sums run in f32 in a different order than the CPU's sequential walk: a
 //! token can differ only when `u * S` lies within rounding of a cumulative
@@ -24,11 +24,11 @@
 use burn_tensor::{Int, Tensor};
 use sampler_core::{StageSpec, rng};
 
-use crate::ops::{self, DIST_BLOCK, PAIRWISE_MAX, wide};
-use crate::readback::CODE_ALL_MASKED;
 use sampler_core::DeviceRefusal;
 
-use crate::stage::{DeviceStage, InitContext, RowState, StepData};
+use crate::ops::{self, DIST_BLOCK, PAIRWISE_MAX, wide};
+use crate::readback::CODE_ALL_MASKED;
+use crate::stage::{DeviceStage, Fusable, InitContext, RowState, StepData};
 
 /// Device `dist` (contract-7 uniforms, canonical ascending-id order).
 #[derive(Debug)]
@@ -66,25 +66,14 @@ impl DeviceStage for Dist {
             .collect();
         self.uniforms = Some(ops::col_f32(&u, device));
     }
-    fn takes_pending_nucleus(&self) -> bool {
-        true
+    fn fusable(&self) -> Fusable<'_> {
+        match &self.uniforms {
+            Some(u) => Fusable::Dist { u },
+            None => Fusable::Alone,
+        }
     }
     fn apply(&self, data: &mut StepData) {
         let Some(u) = &self.uniforms else { return };
-        if data.nucleus.is_some()
-            && let Some((tok, codes)) = kernel_nucleus_dist(data, u)
-        {
-            data.nucleus = None;
-            data.sampled = Some(tok);
-            data.sampled_codes = codes;
-            return;
-        }
-        crate::stages::top_p::materialize_nucleus(data);
-        if let Some((tok, codes)) = kernel_dist(data, u) {
-            data.sampled = Some(tok);
-            data.sampled_codes = codes;
-            return;
-        }
         let tok = if data.width <= PAIRWISE_MAX {
             let ids = data.token_ids();
             pairwise(&data.logits, &ids, u)
@@ -104,76 +93,6 @@ impl DeviceStage for Dist {
         };
         data.sampled = Some(tok.reshape([data.batch]));
     }
-}
-
-/// The narrow-row or full-row kernel on a cubecl device (same rule as
-/// [`pairwise`] / [`blocked`]), and whether it wrote the rows' status codes
-/// too (it does when an earlier kernel validated the unsanitised rows:
-/// [`StepData::first_bad`]); `None` elsewhere.
-#[cfg(feature = "cubecl-kernels")]
-fn kernel_dist(data: &StepData, u: &Tensor<2>) -> Option<(Tensor<1, Int>, bool)> {
-    use crate::kernels::TokenCodes;
-    let codes = match (&data.invalid, &data.first_bad) {
-        (None, Some(keys)) => TokenCodes::Keys(keys, data.vocab),
-        _ => TokenCodes::Tokens,
-    };
-    let wrote = !matches!(codes, TokenCodes::Tokens);
-    let tok = if data.width > crate::kernels::TOP_K_MAX {
-        if data.ids.is_some() || data.order_ids.is_some() {
-            return None;
-        }
-        use crate::kernels::{FullCut, cut_dist_full};
-        let greedy_below = sampler_core::GREEDY_TEMPERATURE;
-        cut_dist_full(&data.logits, FullCut::All, None, u, greedy_below, codes)?.0
-    } else {
-        crate::kernels::dist(&data.logits, &data.token_ids(), u, codes)?
-    };
-    Some((tok, wrote))
-}
-
-/// A pending full-vocabulary `top_p` or `min_p` ([`StepData::nucleus`]),
-/// its temperature and this draw as one kernel on a cubecl device
-/// (`kernels::cut_dist_full`), and whether it wrote the rows' status
-/// codes (it validates unsanitised rows itself and sets
-/// [`StepData::first_bad`]); `None` elsewhere.
-#[cfg(feature = "cubecl-kernels")]
-fn kernel_nucleus_dist(data: &mut StepData, u: &Tensor<2>) -> Option<(Tensor<1, Int>, bool)> {
-    use crate::kernels::TokenCodes;
-    let nucleus = data.nucleus.as_ref()?;
-    let codes = match (&data.invalid, &data.first_bad) {
-        (None, Some(keys)) => TokenCodes::Keys(keys, data.vocab),
-        (None, None) => TokenCodes::OwnKeys,
-        _ => TokenCodes::Tokens,
-    };
-    let wrote = !matches!(codes, TokenCodes::Tokens);
-    let own = matches!(codes, TokenCodes::OwnKeys);
-    let cut = match &nucleus.cut {
-        crate::stage::PendingCut::TopP(p) => crate::kernels::FullCut::TopP(p),
-        crate::stage::PendingCut::MinP(log_p) => crate::kernels::FullCut::MinP(log_p),
-        crate::stage::PendingCut::All => crate::kernels::FullCut::All,
-    };
-    let (tok, first_bad) = crate::kernels::cut_dist_full(
-        &data.logits,
-        cut,
-        nucleus.t.as_ref(),
-        u,
-        sampler_core::GREEDY_TEMPERATURE,
-        codes,
-    )?;
-    if own {
-        data.first_bad = Some(first_bad);
-    }
-    Some((tok, wrote))
-}
-
-#[cfg(not(feature = "cubecl-kernels"))]
-fn kernel_nucleus_dist(_data: &mut StepData, _u: &Tensor<2>) -> Option<(Tensor<1, Int>, bool)> {
-    None
-}
-
-#[cfg(not(feature = "cubecl-kernels"))]
-fn kernel_dist(_data: &StepData, _u: &Tensor<2>) -> Option<(Tensor<1, Int>, bool)> {
-    None
 }
 
 /// Exact id-ordered cumulative sums by pairwise comparison; `[B, 1]` token ids.

@@ -109,7 +109,6 @@ impl ProbCut {
         };
         keep = keep.bool_or(data.logits.clone().greater_equal(wide(kth, n)));
         data.logits = ops::mask_logits(data.logits.clone(), keep);
-        data.probs = None;
     }
 }
 

@@ -85,6 +85,5 @@ impl DeviceStage for LogitBias {
             None => dense.clone(),
         };
         data.logits = data.logits.clone().add(bias).clamp_max(f32::MAX);
-        data.probs = None;
     }
 }

@@ -65,6 +65,5 @@ impl DeviceStage for Mask {
         let bit = tok.remainder_scalar(32);
         let allowed = word.bitwise_right_shift(bit).bitwise_and_scalar(1).equal_elem(1);
         data.logits = ops::mask_logits(data.logits.clone(), allowed);
-        data.probs = None;
     }
 }

@@ -3,19 +3,19 @@
 //! `max(1, min_keep)` candidates. Order and width are unchanged; dropped
 //! candidates become `-inf`. `p <= 0` rows are no-ops.
 //!
-//! On a cubecl device with `min_keep <= 1`: one kernel (`kernels::min_p`:
-//! the first maximum in canonical order, then the mask; two reads of the
-//! row); on a full row it is handed on instead ([`StepData::nucleus`]), so
+//! On a cubecl device with `min_keep <= 1` the step's fusion rules run one
+//! kernel instead (`kernels::min_p`: the first maximum in canonical order,
+//! then the mask; two reads of the row); on a full row they hand it on, so
 //! that a following `[temperature] -> dist` draws through it in one kernel
 //! (`kernels::cut_dist_full`, about two reads).
 
 use burn_tensor::{Bool, Int, Tensor};
 use sampler_core::StageSpec;
 
-use crate::ops::{self, wide};
 use sampler_core::DeviceRefusal;
 
-use crate::stage::{DeviceStage, InitContext, PendingCut, PendingNucleus, StepData};
+use crate::ops::{self, wide};
+use crate::stage::{DeviceStage, Fusable, InitContext, StepData};
 
 /// Device min-p with per-row `p` and `min_keep`.
 #[derive(Debug)]
@@ -80,40 +80,16 @@ impl DeviceStage for MinP {
         self.keep_row = Some(ops::col_int(&keep, &ctx.device));
         ops::top_mask_allowed(self.keep_max, ctx.width, &ctx.device)
     }
-    fn takes_unsanitised_rows(&self, batch: usize, width: usize, device: &burn_tensor::Device) -> bool {
-        self.keep_max <= 1
-            && self.log_p_or_all.is_some()
-            && crate::stages::top_p::full_row_kernel_applies(batch, width, device)
+    fn fusable(&self) -> Fusable<'_> {
+        match &self.log_p_or_all {
+            Some(log_p) => Fusable::MinP {
+                log_p,
+                keep_max: self.keep_max,
+            },
+            None => Fusable::Alone,
+        }
     }
     fn apply(&self, data: &mut StepData) {
-        crate::stages::top_p::materialize_nucleus(data);
-        if self.keep_max <= 1
-            && let Some(log_p) = &self.log_p_or_all
-        {
-            let log_p = data.per_row(log_p);
-            let full_row = data.ids.is_none() && data.order_ids.is_none();
-            if full_row
-                && crate::stages::top_p::full_row_kernel_applies(data.batch, data.width, &data.device)
-            {
-                // Handed on: `dist` draws through it in one kernel; any
-                // other stage gets the filtered rows first.
-                data.nucleus = Some(PendingNucleus {
-                    cut: PendingCut::MinP(log_p),
-                    t: None,
-                });
-                data.probs = None;
-                return;
-            }
-            let order = data.order_ids.clone().or(data.ids.clone());
-            if let Some((out, first_bad)) = kernel_min_p(&data.logits, order.as_ref(), &log_p) {
-                if full_row && data.invalid.is_none() && data.first_bad.is_none() {
-                    data.first_bad = Some(first_bad);
-                }
-                data.logits = out;
-                data.probs = None;
-                return;
-            }
-        }
         let (Some(log_p), Some(noop), Some(keep_row)) = (&self.log_p, &self.noop, &self.keep_row)
         else {
             return;
@@ -144,30 +120,5 @@ impl DeviceStage for MinP {
             keep = keep.bool_or(ids.equal(wide(best, n)));
         }
         data.logits = ops::mask_logits(data.logits.clone(), keep);
-        data.probs = None;
     }
-}
-
-/// The min_p kernel on a cubecl device (`min_keep <= 1`; `log_p` `[B, 1]`,
-/// `-inf` on no-op rows; ties among the maxima to the lowest of `ids`):
-/// the masked logits and the rows' validation keys; `None` elsewhere.
-#[cfg(feature = "cubecl-kernels")]
-pub(crate) fn kernel_min_p(
-    logits: &Tensor<2>,
-    ids: Option<&Tensor<2, Int>>,
-    log_p: &Tensor<2>,
-) -> Option<(Tensor<2>, Tensor<2, Int>)> {
-    if crate::is_cpu_device(&logits.device()) {
-        return None;
-    }
-    crate::kernels::min_p(logits, ids, log_p)
-}
-
-#[cfg(not(feature = "cubecl-kernels"))]
-pub(crate) fn kernel_min_p(
-    _logits: &Tensor<2>,
-    _ids: Option<&Tensor<2, Int>>,
-    _log_p: &Tensor<2>,
-) -> Option<(Tensor<2>, Tensor<2, Int>)> {
-    None
 }

@@ -101,7 +101,6 @@ impl DeviceStage for MinTokens {
             .mul(wide(data.per_row(active), n))
             .greater_elem(0);
         data.logits = data.logits.clone().mask_fill(ban, f32::NEG_INFINITY);
-        data.probs = None;
     }
     fn accept(&mut self, tokens: &[Option<TokenId>]) {
         for (slot, t) in self.slots.iter_mut().zip(tokens) {

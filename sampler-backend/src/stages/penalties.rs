@@ -5,11 +5,11 @@
 //! step uploads them as `[S, H]` ids and counts (`H`: the most distinct
 //! tokens of any row; a row's padding has count 0 at a token outside its
 //! window), a few bytes per history token instead of a `[S, V]` count
-//! table. `apply` does not touch the logits: it hands the step
-//! [`StepData::penalties`], which a device `top_k` kernel applies inside its
+//! table. The step's fusion rules hand them on ([`Fusable::Penalties`]) to
+//! the stage after it: a device `top_k` kernel applies them inside its
 //! selection (no `[B, V]` pass or copy); any other stage first gets the
-//! logits penalised by [`apply_history_penalties`] (a gather, the rule on
-//! `[B, H]`, and a scatter back). The rule, for a token with count
+//! logits penalised by [`penalise`] (a gather, the rule on `[B, H]`, and a
+//! scatter back). The rule, for a token with count
 //! `c > 0`: `l <= 0 ? l * repeat : l / repeat`, then `l -= c * frequency +
 //! presence`, saturated at `±f32::MAX`, `-inf` kept (llama.cpp;
 //! transformers #2302 for the sign rule).
@@ -19,10 +19,10 @@ use std::collections::{BTreeMap, VecDeque};
 use burn_tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
 use sampler_core::{HistoryScope, StageSpec, TokenId, TokenOrigin};
 
-use crate::ops::{self, wide};
 use sampler_core::DeviceRefusal;
 
-use crate::stage::{DeviceStage, HistoryPenalties, InitContext, RowState, StepData};
+use crate::ops::{self, wide};
+use crate::stage::{DeviceStage, Fusable, HistoryPenalties, InitContext, RowState, StepData};
 
 #[derive(Debug, Clone)]
 struct Row {
@@ -43,7 +43,8 @@ pub struct Penalties {
     rows: Vec<Row>,
     vocab: usize,
     device: Option<Device>,
-    history: Option<(Tensor<2, Int>, Tensor<2>)>,
+    /// The history uploaded for this step with the parameters, per slot.
+    uploaded: Option<HistoryPenalties>,
     repeat: Option<Tensor<2>>,
     frequency: Option<Tensor<2>>,
     presence: Option<Tensor<2>>,
@@ -78,7 +79,7 @@ impl Penalties {
             rows,
             vocab: 0,
             device: None,
-            history: None,
+            uploaded: None,
             repeat: None,
             frequency: None,
             presence: None,
@@ -147,24 +148,29 @@ impl Penalties {
                 }
             }
         }
-        self.history = Some((
-            Tensor::<2, Int>::from_data(TensorData::new(ids, [s, h]), device),
-            Tensor::<2>::from_data(TensorData::new(counts, [s, h]), device),
-        ));
+        let (Some(repeat), Some(frequency), Some(presence)) =
+            (&self.repeat, &self.frequency, &self.presence)
+        else {
+            return;
+        };
+        self.uploaded = Some(HistoryPenalties {
+            ids: Tensor::<2, Int>::from_data(TensorData::new(ids, [s, h]), device),
+            counts: Tensor::<2>::from_data(TensorData::new(counts, [s, h]), device),
+            repeat: repeat.clone(),
+            frequency: frequency.clone(),
+            presence: presence.clone(),
+        });
     }
 }
 
-/// Penalise `data.logits` with the step's pending history penalties
-/// ([`StepData::penalties`], taken): the generic recipe, for every stage
-/// that does not apply them inside its own kernel. Full rows: the logits
-/// at the history ids are gathered, penalised (`[B, H]`) and scattered
-/// back; after a device `top_k` (`ids [B, N]`) each candidate's count is
-/// looked up among the row's `H` history ids.
-pub fn apply_history_penalties(data: &mut StepData) {
-    let Some(pen) = data.penalties.take() else {
-        return;
-    };
-    let penalise = |l: Tensor<2>, c: Tensor<2>, n: usize| {
+/// Penalise `data.logits` with history penalties `pen` (per step row):
+/// the generic recipe, wherever no kernel applies them inside its
+/// selection. Full rows: the logits at the history ids are gathered,
+/// penalised (`[B, H]`) and scattered back; after a device `top_k`
+/// (`ids [B, N]`) each candidate's count is looked up among the row's `H`
+/// history ids.
+pub(crate) fn penalise(data: &mut StepData, pen: &HistoryPenalties) {
+    let rule = |l: Tensor<2>, c: Tensor<2>, n: usize| {
         let active = c.clone().greater_elem(0.0);
         let r = wide(pen.repeat.clone(), n);
         let rep = l
@@ -184,7 +190,7 @@ pub fn apply_history_penalties(data: &mut StepData) {
     data.logits = match &data.ids {
         None => {
             let at = data.logits.clone().gather(1, pen.ids.clone());
-            let vals = penalise(at, pen.counts.clone(), h);
+            let vals = rule(at, pen.counts.clone(), h);
             data.logits
                 .clone()
                 .scatter(1, pen.ids.clone(), vals, IndexingUpdateOp::Assign)
@@ -200,10 +206,9 @@ pub fn apply_history_penalties(data: &mut StepData) {
                 .mul(pen.counts.clone().reshape([b, 1, h]))
                 .sum_dim(2)
                 .reshape([b, n]);
-            penalise(data.logits.clone(), c, n)
+            rule(data.logits.clone(), c, n)
         }
     };
-    data.probs = None;
 }
 
 impl DeviceStage for Penalties {
@@ -220,30 +225,22 @@ impl DeviceStage for Penalties {
         self.presence = Some(ops::col_f32(&col(|r| r.presence), d));
         // History recorded before init, counted against this vocabulary.
         self.recount();
-        self.history = None;
+        self.uploaded = None;
         Ok(())
     }
     fn set_input(&mut self, _rows: &[RowState]) {
         self.upload();
     }
-    fn defers_to_next(&self) -> bool {
-        true
+    fn fusable(&self) -> Fusable<'_> {
+        Fusable::Penalties(self.uploaded.as_ref())
     }
+    /// On its own (the fusion rules hand the penalties on instead): the
+    /// recipe, now.
     fn apply(&self, data: &mut StepData) {
-        let (Some((ids, counts)), Some(r), Some(f), Some(p)) =
-            (&self.history, &self.repeat, &self.frequency, &self.presence)
-        else {
-            return;
-        };
-        // A second penalties stage in one step: the first one's goes first.
-        apply_history_penalties(data);
-        data.penalties = Some(HistoryPenalties {
-            ids: data.per_row(ids),
-            counts: data.per_row(counts),
-            repeat: data.per_row(r),
-            frequency: data.per_row(f),
-            presence: data.per_row(p),
-        });
+        if let Some(pen) = &self.uploaded {
+            let per_row = pen.per_row(data);
+            penalise(data, &per_row);
+        }
     }
     fn accept(&mut self, tokens: &[Option<TokenId>]) {
         let vocab = self.vocab;
@@ -289,6 +286,6 @@ impl DeviceStage for Penalties {
             row.window.clear();
             row.counts.clear();
         }
-        self.history = None;
+        self.uploaded = None;
     }
 }

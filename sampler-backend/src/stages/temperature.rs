@@ -14,10 +14,10 @@
 use burn_tensor::{Bool, Tensor};
 use sampler_core::{GREEDY_TEMPERATURE, StageSpec};
 
-use crate::ops::{self, wide};
 use sampler_core::DeviceRefusal;
 
-use crate::stage::{DeviceStage, InitContext, StepData};
+use crate::ops::{self, wide};
+use crate::stage::{DeviceStage, Fusable, InitContext, StepData};
 
 #[derive(Debug, Clone, Copy)]
 struct Params {
@@ -95,44 +95,16 @@ impl DeviceStage for Temperature {
         self.dynamic = Some(ops::col_bool(&dynamic, d));
         Ok(())
     }
-    fn takes_pending_nucleus(&self) -> bool {
-        !self.any_dynamic
-    }
-    fn takes_unsanitised_rows(&self, batch: usize, width: usize, device: &burn_tensor::Device) -> bool {
-        // Handed on (a full row, no dynamic range): the kernel that takes it
-        // validates the rows (the fused draw, or `first_bad` before scaling).
-        self.t.is_some()
-            && !self.any_dynamic
-            && crate::stages::top_p::full_row_kernel_applies(batch, width, device)
+    fn fusable(&self) -> Fusable<'_> {
+        match &self.t {
+            Some(t) => Fusable::Temperature {
+                t,
+                dynamic: self.any_dynamic,
+            },
+            None => Fusable::Alone,
+        }
     }
     fn apply(&self, data: &mut StepData) {
-        if let (Some(t), Some(nucleus)) = (&self.t, &mut data.nucleus)
-            && nucleus.t.is_none()
-            && !self.any_dynamic
-        {
-            // Handed on with the pending top_p: `dist` scales in its kernel.
-            nucleus.t = Some(match &data.slots {
-                Some(slots) => t.clone().select(0, slots.clone()),
-                None => t.clone(),
-            });
-            return;
-        }
-        crate::stages::top_p::materialize_nucleus(data);
-        if let Some(t) = &self.t
-            && !self.any_dynamic
-            && data.ids.is_none()
-            && data.order_ids.is_none()
-            && crate::stages::top_p::full_row_kernel_applies(data.batch, data.width, &data.device)
-        {
-            // A full row: handed on, so that a `dist` after it scales and
-            // draws in one kernel; anything else gets the scaled rows first.
-            data.nucleus = Some(crate::stage::PendingNucleus {
-                cut: crate::stage::PendingCut::All,
-                t: Some(data.per_row(t)),
-            });
-            data.probs = None;
-            return;
-        }
         let (Some(t), Some(t_min), Some(t_span), Some(ex), Some(dynamic)) = (
             &self.t,
             &self.t_min,
@@ -205,7 +177,6 @@ impl DeviceStage for Temperature {
         let best = ops::argmax_lowest_id(&l, &ids);
         let argmax_only = ops::mask_logits(l, ids.equal(wide(best, n)));
         data.logits = scaled.mask_where(wide(greedy, n), argmax_only);
-        data.probs = None;
     }
 }
 
@@ -213,10 +184,10 @@ impl DeviceStage for Temperature {
 /// saturated at `±f32::MAX` (`-inf` kept), or on rows with `t` below
 /// [`GREEDY_TEMPERATURE`] only the lowest id among the maxima kept. The
 /// kernel on a cubecl device, the generic recipe elsewhere.
-pub fn scale_rows(data: &mut StepData, t: &Tensor<2>) {
+pub(crate) fn scale_rows(data: &mut StepData, t: &Tensor<2>) {
     let l = data.logits.clone();
-    data.probs = None;
-    if let Some(out) = kernel_temperature(&l, data.order_ids.as_ref().or(data.ids.as_ref()), t) {
+    let ids = data.order_ids.as_ref().or(data.ids.as_ref());
+    if let Some(out) = crate::kernels::temperature(&l, ids, t, GREEDY_TEMPERATURE) {
         data.logits = out;
         return;
     }
@@ -232,24 +203,4 @@ pub fn scale_rows(data: &mut StepData, t: &Tensor<2>) {
     let best = ops::argmax_lowest_id(&l, &ids);
     let argmax_only = ops::mask_logits(l, ids.equal(wide(best, n)));
     data.logits = scaled.mask_where(wide(greedy, n), argmax_only);
-}
-
-/// The temperature kernel on a cubecl device (rows without a dynamic
-/// range; same rule as the recipe above); `None` elsewhere.
-#[cfg(feature = "cubecl-kernels")]
-fn kernel_temperature(
-    logits: &Tensor<2>,
-    ids: Option<&Tensor<2, burn_tensor::Int>>,
-    t: &Tensor<2>,
-) -> Option<Tensor<2>> {
-    crate::kernels::temperature(logits, ids, t, GREEDY_TEMPERATURE)
-}
-
-#[cfg(not(feature = "cubecl-kernels"))]
-fn kernel_temperature(
-    _logits: &Tensor<2>,
-    _ids: Option<&Tensor<2, burn_tensor::Int>>,
-    _t: &Tensor<2>,
-) -> Option<Tensor<2>> {
-    None
 }

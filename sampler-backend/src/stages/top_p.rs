@@ -15,19 +15,19 @@
 //!   then kept in ascending id order while the mass before them is `< p * S`,
 //!   with the id cut found by an integer bisection over counts. On a cubecl
 //!   device, rows of the whole vocabulary with `min_keep <= 1` are handed on
-//!   ([`StepData::nucleus`]): a following `[temperature] -> dist` draws
+//!   by the step's fusion rules: a following `[temperature] -> dist` draws
 //!   through the cut in one kernel (`kernels::cut_dist_full`, about three
 //!   reads of the row), anything else gets the rows filtered by
-//!   [`materialize_nucleus`] (`kernels::top_p_full`: a weighted radix
-//!   search, same rule).
+//!   `kernels::top_p_full` (a weighted radix search, same rule).
 
 use burn_tensor::{Bool, Int, Tensor};
 use sampler_core::StageSpec;
 
-use crate::ops::{self, PAIRWISE_MAX, wide};
 use sampler_core::DeviceRefusal;
 
-use crate::stage::{DeviceStage, InitContext, PendingCut, PendingNucleus, StepData};
+use crate::kernels;
+use crate::ops::{self, PAIRWISE_MAX, wide};
+use crate::stage::{DeviceStage, Fusable, InitContext, StepData};
 
 /// Iterations of the value bisection on full rows. Each halves the range of
 /// logits still in question; 64 resolves any two distinct f32 logits of
@@ -93,11 +93,16 @@ impl DeviceStage for TopP {
         self.keep_row = Some(ops::col_int(&keep, &ctx.device));
         ops::top_mask_allowed(self.keep_max, ctx.width, &ctx.device)
     }
-    fn takes_unsanitised_rows(&self, batch: usize, width: usize, device: &burn_tensor::Device) -> bool {
-        self.keep_max <= 1 && self.p_or_all.is_some() && full_row_kernel_applies(batch, width, device)
+    fn fusable(&self) -> Fusable<'_> {
+        match &self.p_or_all {
+            Some(p) => Fusable::TopP {
+                p,
+                keep_max: self.keep_max,
+            },
+            None => Fusable::Alone,
+        }
     }
     fn apply(&self, data: &mut StepData) {
-        materialize_nucleus(data);
         let (Some(p), Some(noop), Some(keep_row)) = (&self.p, &self.noop, &self.keep_row) else {
             return;
         };
@@ -110,25 +115,9 @@ impl DeviceStage for TopP {
         let n = data.width;
         let ids = data.token_ids();
         if let Some(p_or_all) = &self.p_or_all
-            && let Some(out) = kernel_top_p(&data.logits, &ids, &data.per_row(p_or_all), keep_row)
+            && let Some(out) = kernels::top_p(&data.logits, &ids, &data.per_row(p_or_all), keep_row)
         {
             data.logits = out;
-            data.probs = None;
-            return;
-        }
-        let full_row = data.ids.is_none() && data.order_ids.is_none();
-        if full_row
-            && self.keep_max <= 1
-            && let Some(p_or_all) = &self.p_or_all
-            && full_row_kernel_applies(data.batch, n, &data.device)
-        {
-            // Handed on: `dist` draws through it in one kernel; any other
-            // stage gets the filtered rows first (`materialize_nucleus`).
-            data.nucleus = Some(PendingNucleus {
-                cut: PendingCut::TopP(data.per_row(p_or_all)),
-                t: None,
-            });
-            data.probs = None;
             return;
         }
         let (e, _) = ops::exps(&data.logits);
@@ -151,117 +140,11 @@ impl DeviceStage for TopP {
         };
         let keep = keep.bool_or(wide(noop.clone(), n));
         data.logits = ops::mask_logits(data.logits.clone(), keep);
-        data.probs = None;
     }
-}
-
-/// Apply a pending full-vocabulary `top_p` or `min_p`
-/// ([`StepData::nucleus`]) and the temperature handed on with it: the
-/// full-row kernels on a cubecl device (the rows' validation keys from the
-/// cut's kernel when the rows came in unsanitised), the generic recipes
-/// elsewhere. Nothing when none is pending.
-pub fn materialize_nucleus(data: &mut StepData) {
-    let Some(nucleus) = data.nucleus.take() else {
-        return;
-    };
-    let kernel = match &nucleus.cut {
-        PendingCut::TopP(p) => kernel_top_p_full(&data.logits, p),
-        PendingCut::MinP(log_p) => crate::stages::min_p::kernel_min_p(&data.logits, None, log_p),
-        PendingCut::All => None,
-    };
-    if let Some((out, first_bad)) = kernel {
-        if data.invalid.is_none() && data.first_bad.is_none() {
-            data.first_bad = Some(first_bad);
-        }
-        data.logits = out;
-    } else if matches!(nucleus.cut, PendingCut::All) {
-        // A temperature alone, on rows that may be unsanitised: validate
-        // them before scaling (a `+inf` becomes `f32::MAX`).
-        if data.invalid.is_none() && data.first_bad.is_none() {
-            data.first_bad = crate::batch::kernel_first_bad(&data.logits);
-        }
-    } else {
-        let n = data.width;
-        let keep = match &nucleus.cut {
-            PendingCut::TopP(p) => {
-                let ids = data.token_ids();
-                let (e, _) = ops::exps(&data.logits);
-                let noop = p.clone().greater_elem(1.0);
-                let target = p.clone().clamp_max(1.0).mul(e.clone().sum_dim(1));
-                Some(
-                    full_row_nucleus(&data.logits, &ids, &e, &target, data.vocab)
-                        .bool_or(wide(noop, n)),
-                )
-            }
-            PendingCut::MinP(log_p) => {
-                let thr = data.logits.clone().max_dim(1).add(log_p.clone());
-                Some(data.logits.clone().greater_equal(wide(thr, n)))
-            }
-            PendingCut::All => None,
-        };
-        if let Some(keep) = keep {
-            let ids = data.token_ids();
-            let best = ops::argmax_lowest_id(&data.logits, &ids);
-            let keep = keep.bool_or(ids.equal(wide(best, n)));
-            data.logits = ops::mask_logits(data.logits.clone(), keep);
-        }
-    }
-    data.probs = None;
-    if let Some(t) = &nucleus.t {
-        crate::stages::temperature::scale_rows(data, t);
-    }
-}
-
-/// The narrow-row kernel on a cubecl device (same rule as the pairwise
-/// recipe); `None` elsewhere.
-#[cfg(feature = "cubecl-kernels")]
-fn kernel_top_p(
-    logits: &Tensor<2>,
-    ids: &Tensor<2, Int>,
-    p: &Tensor<2>,
-    keep: &Tensor<2, Int>,
-) -> Option<Tensor<2>> {
-    crate::kernels::top_p(logits, ids, p, keep)
-}
-
-#[cfg(not(feature = "cubecl-kernels"))]
-fn kernel_top_p(
-    _logits: &Tensor<2>,
-    _ids: &Tensor<2, Int>,
-    _p: &Tensor<2>,
-    _keep: &Tensor<2, Int>,
-) -> Option<Tensor<2>> {
-    None
-}
-
-/// The full-row kernel on a cubecl device (rows of the whole vocabulary,
-/// `min_keep <= 1`); `None` elsewhere.
-#[cfg(feature = "cubecl-kernels")]
-fn kernel_top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<(Tensor<2>, Tensor<2, Int>)> {
-    crate::kernels::top_p_full(logits, p)
-}
-
-#[cfg(not(feature = "cubecl-kernels"))]
-fn kernel_top_p_full(_logits: &Tensor<2>, _p: &Tensor<2>) -> Option<(Tensor<2>, Tensor<2, Int>)> {
-    None
-}
-
-/// Whether the full-row kernel serves a first `top_p` over `[b, n]` rows
-/// on `device` (then it takes them unsanitised and validates them).
-#[cfg(feature = "cubecl-kernels")]
-pub(crate) fn full_row_kernel_applies(b: usize, n: usize, device: &burn_tensor::Device) -> bool {
-    n > crate::kernels::TOP_K_MAX
-        && !crate::is_cpu_device(device)
-        && crate::kernels::argmax_applies(b, n)
-}
-
-#[cfg(not(feature = "cubecl-kernels"))]
-pub(crate) fn full_row_kernel_applies(_b: usize, _n: usize, _device: &burn_tensor::Device) -> bool {
-    false
 }
 
 /// The nucleus mask `[B, N]` of full rows by reductions only.
-fn full_row_nucleus(
+pub(crate) fn full_row_nucleus(
     logits: &Tensor<2>,
     ids: &Tensor<2, Int>,
     e: &Tensor<2>,

@@ -1,0 +1,159 @@
+//! Device groups: requests whose device prefixes match share one set of
+//! device stages, one slot per member (join, leave, per-slot uploads).
+
+use std::collections::{BTreeMap, HashMap};
+
+use burn_tensor::{Device, Int, Tensor, TensorData};
+use sampler_core::plan::Readback;
+use sampler_core::{LogprobsMode, StageKind};
+
+use crate::batch::request::{Request, RequestId};
+use crate::stage::{DeviceStage, InitContext, build_device_stage};
+
+/// The device prefix a request runs: `(chain position, kind, survivors)` of
+/// each device stage, and the readback. Requests with equal keys share a group.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct GroupKey {
+    pub(crate) device: Vec<(usize, StageKind, Option<usize>)>,
+    pub(crate) readback: Readback,
+    /// Logprobs the device computes: mode, top `n`, `m` requested ids.
+    pub(crate) logprobs: Option<(LogprobsMode, usize, usize)>,
+}
+
+/// One group: its members (slot -> request) and their device stages.
+#[derive(Default)]
+pub(crate) struct Group {
+    /// Slot -> request.
+    pub(crate) members: Vec<RequestId>,
+    /// The device stages for `members`, `None` until (re)built.
+    pub(crate) stages: Option<Vec<Box<dyn DeviceStage>>>,
+    /// The members' requested logprob token ids `[S, m]`, with the stages.
+    pub(crate) lp_ids: Option<Tensor<2, Int>>,
+}
+
+/// The live groups by key.
+#[derive(Default)]
+pub(crate) struct Groups(HashMap<GroupKey, Group>);
+
+impl Groups {
+    /// Live groups.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// A live group.
+    pub(crate) fn get(&self, key: &GroupKey) -> Option<&Group> {
+        self.0.get(key)
+    }
+
+    /// A live group, to run or update.
+    pub(crate) fn get_mut(&mut self, key: &GroupKey) -> Option<&mut Group> {
+        self.0.get_mut(key)
+    }
+
+    /// Request `id` joins the group of `key` (a host-only key has none);
+    /// the group's stages are rebuilt before its next step.
+    pub(crate) fn join(&mut self, id: RequestId, key: &GroupKey) {
+        if key.device.is_empty() {
+            return;
+        }
+        let g = self.0.entry(key.clone()).or_default();
+        g.members.push(id);
+        g.stages = None;
+    }
+
+    /// Request `id` leaves the group of `key`; an empty group is dropped.
+    pub(crate) fn leave(&mut self, id: RequestId, key: &GroupKey) {
+        if let Some(g) = self.0.get_mut(key) {
+            g.members.retain(|&m| m != id);
+            g.stages = None;
+            if g.members.is_empty() {
+                self.0.remove(key);
+            }
+        }
+    }
+
+    /// A member's parameters or history changed: the group's stages are
+    /// rebuilt before its next step.
+    pub(crate) fn dirty(&mut self, key: &GroupKey) {
+        if let Some(g) = self.0.get_mut(key) {
+            g.stages = None;
+        }
+    }
+
+    /// (Re)build a group's device stages for its members (`requests`: every
+    /// live request), unless they are built.
+    pub(crate) fn build(
+        &mut self,
+        key: &GroupKey,
+        requests: &BTreeMap<RequestId, Request>,
+        vocab: usize,
+        device: &Device,
+    ) {
+        let Some(g) = self.0.get_mut(key) else {
+            return;
+        };
+        if g.stages.is_some() {
+            return;
+        }
+        let slots = g.members.len();
+        let mut stages = Vec::with_capacity(key.device.len());
+        let mut width = vocab;
+        let mut has_ids = false;
+        for &(i, _, _) in &key.device {
+            let specs: Vec<_> = g
+                .members
+                .iter()
+                .map(|m| requests[m].spec.stages[i].clone())
+                .collect();
+            let Some(mut st) = build_device_stage(i, &specs) else {
+                break;
+            };
+            if st.needs_history() {
+                for (slot, m) in g.members.iter().enumerate() {
+                    st.restore(slot, &requests[m].history);
+                }
+            }
+            let ctx = InitContext {
+                batch: slots,
+                vocab,
+                width,
+                has_ids,
+                device: device.clone(),
+            };
+            if st.init(&ctx).is_err() {
+                // Every member's own plan was accepted at one slot; at this
+                // group size a table would be too large. The group's rows
+                // then run on the host (full rows), still exact.
+                stages.clear();
+                break;
+            }
+            let w = st.out_width(width);
+            has_ids |= w != width;
+            width = w;
+            stages.push(st);
+        }
+        if stages.len() != key.device.len() {
+            stages.clear();
+        }
+        g.lp_ids = match key.logprobs {
+            Some((_, _, m)) if m > 0 => {
+                let ids: Vec<i32> = g
+                    .members
+                    .iter()
+                    .flat_map(|mem| {
+                        let lp = requests[mem].spec.logprobs.as_ref();
+                        lp.map(|l| l.token_ids.clone()).unwrap_or_default()
+                    })
+                    .map(|t| t as i32)
+                    .collect();
+                Some(Tensor::<2, Int>::from_data(
+                    TensorData::new(ids, [slots, m]),
+                    device,
+                ))
+            }
+            _ => None,
+        };
+        g.stages = Some(stages);
+    }
+}
