@@ -45,7 +45,6 @@ mod batch;
 mod device;
 mod error;
 mod executor;
-#[cfg(feature = "cubecl-kernels")]
 pub mod kernels;
 pub mod launches;
 pub mod ops;

@@ -22,12 +22,12 @@ use burn_cubecl::cubecl::{Compiler, CubeKernel};
 use cubecl_llvm::nvptx::ptx_version::PtxVersion;
 use cubecl_llvm::{LlvmTarget, PlironArtifact, PlironCompiler, PlironOptions};
 
-use super::nucleus::{min_p_dist_full_rows, min_p_rows, top_p_dist_full_rows};
-use super::{
-    CODES_GIVEN, CODES_NONE, CODES_OWN, FULL_ROW_UNITS, HISTORY_MAX, TOP_K_MAX, UNITS, argmax_rows,
-    dist_rows, first_bad_rows, temperature_rows, token_codes_rows, top_p_full_rows, top_p_rows,
-    topk_rows,
+use super::launch::{
+    CODES_GIVEN, CODES_NONE, CODES_OWN, FULL_ROW_UNITS, UNITS, argmax_rows, dist_rows,
+    first_bad_rows, min_p_dist_full_rows, min_p_rows, temperature_rows, token_codes_rows,
+    top_p_dist_full_rows, top_p_full_rows, top_p_rows, topk_rows,
 };
+use super::{HISTORY_MAX, TOP_K_MAX};
 
 /// What an NVIDIA GPU reports to cubecl that matters to code generation:
 /// 32-lane warps, 1024 threads and 48 KiB of shared memory per block.

@@ -49,14 +49,6 @@
 
 use super::*;
 
-/// Histogram bins of `max - l`: 64 a nat over `[0, 16)` nats, the last bin
-/// also holds everything deeper.
-pub const NUC_BINS: u32 = 1024;
-
-/// Logits of the crossing bin resolved in shared memory; a crossing bin
-/// with more is resolved over the row (more reads).
-pub const NUC_GATHER: u32 = 1024;
-
 /// Fixed-point mass of a weight `w` in `[0, 1]`: `round(w · 2^31)`.
 #[cube]
 fn fixed_weight(w: f32) -> u32 {
@@ -386,7 +378,7 @@ fn write_token(
 }
 
 #[cube(launch_unchecked)]
-pub(super) fn top_p_dist_full_rows(
+pub(in crate::kernels) fn top_p_dist_full_rows(
     logits: &[f32],
     p: &[f32],
     t: &[f32],
@@ -776,7 +768,7 @@ pub(super) fn top_p_dist_full_rows(
 }
 
 #[cube(launch_unchecked)]
-pub(super) fn min_p_dist_full_rows(
+pub(in crate::kernels) fn min_p_dist_full_rows(
     logits: &[f32],
     log_p: &[f32],
     t: &[f32],
@@ -882,7 +874,7 @@ pub(super) fn min_p_dist_full_rows(
 }
 
 #[cube(launch_unchecked)]
-pub(super) fn min_p_rows(
+pub(in crate::kernels) fn min_p_rows(
     logits: &[f32],
     ids: &[i32],
     log_p: &[f32],
@@ -963,22 +955,13 @@ pub(super) fn min_p_rows(
     }
 }
 
-/// `min_p` over `logits [B, N]` (`min_keep <= 1`), the device recipe's rule
-/// in one kernel: keep `l >= max + ln p` (`log_p` `[B, 1]`, `-inf` on no-op
-/// rows) and the first candidate in canonical order (logit descending, ties
-/// to the lowest of `ids` `[B, N]`, or of the positions without); the
-/// others become `-inf`. Also returns the rows' validation keys `[B, 1]`
-/// from its first pass (as [`first_bad`]; meaningful on full rows). Two
-/// reads of the row. `None` off the cubecl devices.
-pub fn min_p(
+/// [`super::super::min_p`] on rows it takes.
+pub(in crate::kernels) fn min_p(
     logits: &Tensor<2>,
     ids: Option<&Tensor<2, Int>>,
     log_p: &Tensor<2>,
 ) -> Option<(Tensor<2>, Tensor<2, Int>)> {
     let [b, n] = logits.dims();
-    if !argmax_applies(b, n) || i32::try_from(2 * n).is_err() {
-        return None;
-    }
     let (l, fusion) = resolve_float(logits)?;
     let log_p = resolve_float(log_p)?.0;
     let ids = match ids {
@@ -1023,29 +1006,8 @@ pub fn min_p(
     ))
 }
 
-/// The cut a full-row draw kernel applies before its `dist`.
-#[derive(Debug, Clone, Copy)]
-pub enum FullCut<'a> {
-    /// `top_p` with `p` `[B, 1]` (`+inf` keeps the whole row).
-    TopP(&'a Tensor<2>),
-    /// `min_p` with `ln p` `[B, 1]` (`-inf` keeps the whole row).
-    MinP(&'a Tensor<2>),
-    /// No cut: the whole row (`[temperature] -> dist` alone).
-    All,
-}
-
-/// Full-vocabulary `cut -> [temperature(t)] -> dist(u)` over `logits
-/// [B, V]` (positions are token ids, `min_keep <= 1`) in one kernel: `[B]`
-/// token ids (or with `codes` the status code of an invalid row,
-/// [`TokenCodes`]; `-1` for a row without a finite logit) and the rows'
-/// validation keys `[B, 1]` (as [`first_bad`]). `t` `[B, 1]` (`None`: no
-/// temperature; rows with `t < greedy_below` take the first maximum), `u`
-/// `[B, 1]` in `[0, 1)`. A `top_p` cut reads the row about three times
-/// (the module doc says how), a `min_p` cut about twice (the maximum, then
-/// the kept weights in chunks; `All` the same without a cut), and the drawn
-/// chunk twice more (`2 / units`
-/// of a row). `None` off the cubecl devices.
-pub fn cut_dist_full(
+/// [`super::super::cut_dist_full`] on rows it takes.
+pub(in crate::kernels) fn cut_dist_full(
     logits: &Tensor<2>,
     cut: FullCut<'_>,
     t: Option<&Tensor<2>>,
@@ -1054,9 +1016,6 @@ pub fn cut_dist_full(
     codes: TokenCodes<'_>,
 ) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
     let [b, n] = logits.dims();
-    if !argmax_applies(b, n) || i32::try_from(2 * n).is_err() {
-        return None;
-    }
     let (l, fusion) = resolve_float(logits)?;
     let u = resolve_float(u)?.0;
     // `All` never reads its parameter: any f32 buffer of `B` will do.
@@ -1151,17 +1110,4 @@ pub fn cut_dist_full(
         Tensor::<1, Int>::from_primitive::<Cube>(register(out, &fusion)),
         Tensor::<2, Int>::from_primitive::<Cube>(register(bad, &fusion)),
     ))
-}
-
-/// [`cut_dist_full`] with a `top_p` cut (`p` `[B, 1]`, `+inf` keeps the
-/// whole row).
-pub fn top_p_dist_full(
-    logits: &Tensor<2>,
-    p: &Tensor<2>,
-    t: Option<&Tensor<2>>,
-    u: &Tensor<2>,
-    greedy_below: f32,
-    codes: TokenCodes<'_>,
-) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
-    cut_dist_full(logits, FullCut::TopP(p), t, u, greedy_below, codes)
 }
