@@ -43,9 +43,14 @@
 //! burn's fusion stream like uploaded data, so later ops use them as any
 //! other tensor.
 //!
-//! This file is the interface (the switch, the limits, which shapes each
-//! kernel takes, the docs); `launch/` (with the `cubecl-kernels` feature)
-//! holds the kernels and their launches.
+//! Layout: this file is the interface (the switch, the limits, which
+//! shapes each kernel takes, the docs). With the `cubecl-kernels` feature,
+//! `cube/` holds the `#[cube]` device code, one file per kernel (and
+//! `cube/common.rs` the helpers several kernels share), and `launch/` the
+//! host code that resolves burn's tensors, launches a kernel and registers
+//! its outputs, one file per kernel under the same name (and
+//! `launch/mod.rs` the glue they share). `ptx_offline.rs` (a test, `cuda`
+//! feature) compiles every kernel to PTX without a GPU.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -53,6 +58,8 @@ use burn_tensor::{Int, Tensor};
 
 use crate::HistoryPenalties;
 
+#[cfg(feature = "cubecl-kernels")]
+mod cube;
 #[cfg(feature = "cubecl-kernels")]
 mod launch;
 #[cfg(all(test, feature = "cuda"))]
@@ -371,7 +378,7 @@ pub fn min_p(
 /// validation keys `[B, 1]` (as [`first_bad`]). `t` `[B, 1]` (`None`: no
 /// temperature; rows with `t < greedy_below` take the first maximum), `u`
 /// `[B, 1]` in `[0, 1)`. A `top_p` cut reads the row about three times
-/// (`launch/nucleus.rs` says how), a `min_p` cut about twice (the
+/// (`cube/cut_dist/mod.rs` says how), a `min_p` cut about twice (the
 /// maximum, then the kept weights in chunks; `All` the same without a
 /// cut), and the drawn chunk twice more (`2 / units` of a row). `None` off
 /// the cubecl devices.
