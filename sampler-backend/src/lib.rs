@@ -46,7 +46,6 @@ mod device;
 mod error;
 mod executor;
 mod fusion;
-#[cfg(feature = "cubecl-kernels")]
 pub mod kernels;
 pub mod launches;
 mod logprobs;

@@ -2,7 +2,7 @@
 //!
 //! burn's `cuda` backend compiles cubecl kernels through LLVM to PTX
 //! (cubecl-llvm's NVPTX target) when a kernel is first launched. That
-//! compiler needs no device: here each kernel of this module is built with
+//! compiler needs no device: here each kernel of `cube/` is built with
 //! the compile-time arguments its launch passes and compiled for the
 //! compute capabilities we care about (Ampere sm_80, Hopper sm_90), so a
 //! codegen error shows in CI on a machine without a GPU instead of at the
@@ -22,12 +22,13 @@ use burn_cubecl::cubecl::{Compiler, CubeKernel};
 use cubecl_llvm::nvptx::ptx_version::PtxVersion;
 use cubecl_llvm::{LlvmTarget, PlironArtifact, PlironCompiler, PlironOptions};
 
-use super::nucleus::{min_p_dist_full_rows, min_p_rows, top_p_dist_full_rows};
-use super::{
-    CODES_GIVEN, CODES_NONE, CODES_OWN, FULL_ROW_UNITS, HISTORY_MAX, TOP_K_MAX, UNITS, argmax_rows,
-    dist_rows, first_bad_rows, temperature_rows, token_codes_rows, top_p_full_rows, top_p_rows,
-    topk_rows,
+use super::cube::{
+    CODES_GIVEN, CODES_NONE, CODES_OWN, argmax_rows, dist_rows, first_bad_rows,
+    min_p_dist_full_rows, min_p_rows, temperature_rows, token_codes_rows, top_p_dist_full_rows,
+    top_p_full_rows, top_p_rows, topk_rows,
 };
+use super::launch::{FULL_ROW_UNITS, UNITS};
+use super::{HISTORY_MAX, TOP_K_MAX};
 
 /// What an NVIDIA GPU reports to cubecl that matters to code generation:
 /// 32-lane warps, 1024 threads and 48 KiB of shared memory per block.

@@ -1,0 +1,153 @@
+//! `#[cube]` helpers several kernels share: the order-preserving key of a
+//! logit, row validation (first NaN / `+inf`), the shared-memory minimum,
+//! the row maximum with its validation, the saturating temperature divide,
+//! and what a selecting kernel writes (token or status code).
+
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+
+/// A selecting kernel writes tokens only ([`code_key`]).
+pub(crate) const CODES_NONE: u32 = 0;
+/// ... or status codes from its own validation pass.
+pub(crate) const CODES_OWN: u32 = 1;
+/// ... or status codes from validation keys an earlier kernel wrote.
+pub(crate) const CODES_GIVEN: u32 = 2;
+
+/// The key of `-inf`: every row whose best key is this has no finite logit.
+pub(crate) const NEG_INF_KEY: u32 = 0x007F_FFFF;
+
+/// Order-preserving key of a logit: `a > b` as floats iff `key(a) > key(b)`
+/// (for non-NaN values; `-0.0` is keyed as `0.0`).
+#[cube]
+pub(crate) fn order_key(x: f32) -> u32 {
+    // Bit tests only (no float compare): a device that flushes subnormals
+    // must not merge them with zero.
+    let raw = u32::reinterpret(x);
+    let bits = select(raw == 0x8000_0000u32, 0u32, raw);
+    select(
+        (bits & 0x8000_0000u32) != 0u32,
+        bits ^ 0xFFFF_FFFFu32,
+        bits | 0x8000_0000u32,
+    )
+}
+
+/// The validation key of position `i`: `2i` for a NaN, `2i + 1` for a
+/// `+inf`, `none` otherwise (bit tests: fast-math cannot fold them).
+#[cube]
+pub(crate) fn bad_key(x: f32, i: u32, none: u32) -> u32 {
+    let bits = u32::reinterpret(x);
+    let nan = (bits & 0x7FFF_FFFFu32) > 0x7F80_0000u32;
+    let inf = bits == 0x7F80_0000u32;
+    select(nan, 2u32 * i, select(inf, 2u32 * i + 1u32, none))
+}
+
+/// Minimum of `buf[0..CUBE_DIM]` into `buf[0]` (a tree; every thread calls).
+#[cube]
+pub(crate) fn shared_min(buf: &mut Shared<[u32]>) {
+    sync_cube();
+    let tid = UNIT_POS;
+    let mut half = CUBE_DIM / 2u32;
+    while half > 0u32 {
+        if tid < half {
+            let other = buf[(tid + half) as usize];
+            if other < buf[tid as usize] {
+                buf[tid as usize] = other;
+            }
+        }
+        sync_cube();
+        half /= 2u32;
+    }
+}
+
+/// Read 1 of the full-row kernels: the row's largest key into
+/// `best_key[0]`, its lowest position into `best_pos[0]` and the row's
+/// validation key (first NaN `2i` / `+inf` `2i + 1`, else `2·width`) into
+/// `bads[0]`. Every thread calls; all see the results.
+#[cube]
+pub(crate) fn row_max_and_validation(
+    logits: &[f32],
+    base: u32,
+    width: u32,
+    best_key: &mut Shared<[u32]>,
+    best_pos: &mut Shared<[u32]>,
+    bads: &mut Shared<[u32]>,
+) {
+    let tid = UNIT_POS;
+    let none_pos = 2u32 * width;
+    let mut bad = none_pos;
+    let mut bk = 0u32;
+    let mut bp = width;
+    let mut i = tid;
+    while i < width {
+        let x = logits[(base + i) as usize];
+        let key = order_key(x);
+        if key > bk {
+            bk = key;
+            bp = i;
+        }
+        if bad == none_pos && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
+            bad = bad_key(x, i, none_pos);
+        }
+        i += CUBE_DIM;
+    }
+    bads[tid as usize] = bad;
+    shared_min(bads);
+    best_key[tid as usize] = bk;
+    best_pos[tid as usize] = bp;
+    sync_cube();
+    let mut half = CUBE_DIM / 2u32;
+    while half > 0u32 {
+        if tid < half {
+            let k2 = best_key[(tid + half) as usize];
+            let p2 = best_pos[(tid + half) as usize];
+            let k1 = best_key[tid as usize];
+            if k2 > k1 || (k2 == k1 && p2 < best_pos[tid as usize]) {
+                best_key[tid as usize] = k2;
+                best_pos[tid as usize] = p2;
+            }
+        }
+        sync_cube();
+        half /= 2u32;
+    }
+}
+
+/// `l / t` saturated at `±f32::MAX` (`-inf` stays `-inf`), as the
+/// temperature kernel writes it.
+#[cube]
+pub(crate) fn scaled(l: f32, t: f32) -> f32 {
+    let max = f32::reinterpret(0x7F7F_FFFFu32);
+    let q = l / t;
+    let q = select(q > max, max, q);
+    let q = select(q < -max, -max, q);
+    select(u32::reinterpret(l) == 0xFF80_0000u32, l, q)
+}
+
+/// What a selecting kernel writes for a row: its token, or the row's
+/// status code (`-key - 2`, `crate::readback`) when its validation `key`
+/// says it is invalid (`key < none`).
+#[cube]
+pub(crate) fn with_code(tok: i32, key: u32, none: u32) -> i32 {
+    select(key < none, 0i32 - i32::cast_from(key) - 2i32, tok)
+}
+
+/// The validation key a selecting kernel's codes come from
+/// (`CODES_NONE`: none, the token is written as it is; `CODES_OWN`: the
+/// kernel's own pass, `own`; `CODES_GIVEN`: an earlier kernel's,
+/// `given[row]`).
+#[cube]
+pub(crate) fn code_key(
+    given: &[i32],
+    own: u32,
+    row: u32,
+    none: u32,
+    #[comptime] codes: u32,
+) -> u32 {
+    let mut key = none;
+    if comptime!(codes == CODES_OWN) {
+        key = own;
+    }
+    if comptime!(codes == CODES_GIVEN) {
+        key = u32::cast_from(given[row as usize]);
+    }
+    key
+}

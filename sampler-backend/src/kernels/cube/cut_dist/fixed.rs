@@ -1,0 +1,61 @@
+//! Fixed-point weights and 64-bit sums `(hi, lo)` of the full-row draws,
+//! the histogram bin of a logit, and a key's logit.
+
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+
+/// Fixed-point mass of a weight `w` in `[0, 1]`: `round(w · 2^31)`.
+#[cube]
+pub(crate) fn fixed_weight(w: f32) -> u32 {
+    u32::cast_from(w * 2_147_483_648.0f32 + 0.5f32)
+}
+
+/// The histogram bin of a logit `l` below the row maximum `m`.
+#[cube]
+pub(crate) fn nucleus_bin(l: f32, m: f32) -> u32 {
+    // Clamped as a float before the cast: converting a float beyond the
+    // u32 range (the infinite depth of a `-inf` logit) or a NaN is
+    // undefined on some backends.
+    let d = (m - l) * 64.0f32;
+    let d = select(d < 1023.0f32, d, 1023.0f32);
+    u32::cast_from(select(d > 0.0f32, d, 0.0f32))
+}
+
+/// A 64-bit sum `(hi, lo)` as f32.
+#[cube]
+pub(crate) fn wide_f32(hi: u32, lo: u32) -> f32 {
+    f32::cast_from(hi) * 4_294_967_296.0f32 + f32::cast_from(lo)
+}
+
+/// `(hi, lo) >= (hi2, lo2)` as 64-bit integers.
+#[cube]
+pub(crate) fn wide_ge(hi: u32, lo: u32, hi2: u32, lo2: u32) -> bool {
+    hi > hi2 || (hi == hi2 && lo >= lo2)
+}
+
+/// The high word of `x · (hi, lo)` for `x` in `[0, 1]`, rounded down
+/// through f32 (with [`frac_lo`], the fixed-point goal `p·S` or draw `u·W`).
+#[cube]
+pub(crate) fn frac_hi(x: f32, hi: u32, lo: u32) -> u32 {
+    let v = x * wide_f32(hi, lo);
+    u32::cast_from(v / 4_294_967_296.0f32)
+}
+
+/// The low word of `x · (hi, lo)` (see [`frac_hi`]).
+#[cube]
+pub(crate) fn frac_lo(x: f32, hi: u32, lo: u32) -> u32 {
+    let v = x * wide_f32(hi, lo);
+    let h = u32::cast_from(v / 4_294_967_296.0f32);
+    u32::cast_from(v - f32::cast_from(h) * 4_294_967_296.0f32)
+}
+
+/// The logit of an order-preserving key (`order_key`'s inverse).
+#[cube]
+pub(crate) fn key_logit(key: u32) -> f32 {
+    let bits = select(
+        (key & 0x8000_0000u32) != 0u32,
+        key & 0x7FFF_FFFFu32,
+        key ^ 0xFFFF_FFFFu32,
+    );
+    f32::reinterpret(bits)
+}

@@ -1,0 +1,77 @@
+//! Full-vocabulary `top_p -> [temperature] -> dist` as one kernel that
+//! reads each row three times (plus a small part of it for the walk).
+//!
+//! The separate kernels ([`crate::kernels::top_p_full`],
+//! [`crate::kernels::temperature`] and
+//! a full-row `dist`) read the row about fifteen times: eight weighted
+//! radix passes over the whole row find the crossing logit, the masked row
+//! is written out, scaled, and read three more times to draw. Here:
+//!
+//! 1. **max**: the row maximum `m`, its lowest position (always kept) and
+//!    the row's validation key (first NaN / `+inf`);
+//! 2. **histogram**: the mass of `w = exp(l - m)` in [`NUC_BINS`](crate::kernels::NUC_BINS) bins of
+//!    `m - l` (1/64 nat each over `[0, 16)` nats, deeper logits in the last
+//!    bin), summed in fixed point ([`fixed_weight`]: `round(w · 2^31)`, 64-bit
+//!    sums from `u32` shared atomics), so the sums are exact and do not
+//!    depend on the order threads add them in. Scanning the bins from the
+//!    top gives the crossing bin: the one where the mass from the maximum
+//!    down first reaches `p·S`;
+//! 3. **chunks**: each thread owns a contiguous chunk of positions and sums
+//!    the `dist` weights `exp(sat(l / t) - sat(m / t))` (fixed point) of
+//!    its logits in bins above the crossing bin (all kept); the crossing
+//!    bin's logits are gathered into shared memory (up to [`NUC_GATHER`](crate::kernels::NUC_GATHER)).
+//!
+//! The crossing bin is then resolved exactly where it was gathered: a
+//! weighted radix search over its order-preserving keys gives the crossing
+//! key `T`, and its ties are kept in ascending position while the mass
+//! before them is `< p·S` (as many as `ceil((p·S - above) / w_T)`, at
+//! least one). The kept crossing logits join their chunks' sums, the chunk
+//! holding `u·W` is found from the chunks' prefix, and that one chunk is
+//! walked (read twice: `2/units` of a row). A crossing bin with more than
+//! [`NUC_GATHER`](crate::kernels::NUC_GATHER) logits (near-flat rows, long runs of ties) is resolved
+//! over the row instead: eight radix passes, a binary search over the
+//! positions of the crossing key's ties (up to `log2 V + 1` passes) and the
+//! chunks' crossing logits, each a read of the row (about 30 reads at
+//! V = 151936 in the worst case).
+//!
+//! The rule is the device recipe's (and the CPU's, up to rounding): keep a
+//! candidate iff the mass before it in canonical order (logit descending,
+//! ties to the lowest position) is `< p·S`, always the first maximum; then
+//! `dist` over the kept candidates in ascending id: the first with a
+//! positive weight whose cumulative weight reaches `u·W`. Weights below
+//! `2^-32` of the maximum's (logits more than 22 nats below it at `t = 1`)
+//! count as zero mass: for `p <= 0.999` and vocabularies up to a million
+//! such logits are never inside the nucleus (their total mass is below
+//! `1e6 · e^-22 < 3e-4` of the maximum's), so the tokens are the CPU's.
+//!
+//! Files: `top_p.rs` and `min_p.rs` hold the two kernels
+//! (`top_p_dist_full_rows`; `min_p_dist_full_rows`, which also draws
+//! without a cut), `draw.rs` the draw both end with, `fixed.rs` the
+//! fixed-point sums and the histogram's bins.
+
+// cubecl's frontend wants a variable declared before the branches that
+// assign it (the radix and tie passes read shared memory or the row).
+#![allow(unused_assignments)]
+
+mod draw;
+mod fixed;
+mod min_p;
+mod top_p;
+
+pub(crate) use min_p::min_p_dist_full_rows;
+pub(crate) use top_p::top_p_dist_full_rows;
+
+// Slots of the kernels' shared scalars (`sel`).
+pub(crate) const S_CB: usize = 0;
+pub(crate) const S_ABOVE_HI: usize = 1;
+pub(crate) const S_ABOVE_LO: usize = 2;
+pub(crate) const S_GOAL_HI: usize = 3;
+pub(crate) const S_GOAL_LO: usize = 4;
+pub(crate) const S_BIN: usize = 5;
+pub(crate) const S_CHUNK: usize = 6;
+pub(crate) const S_BEFORE_HI: usize = 7;
+pub(crate) const S_BEFORE_LO: usize = 8;
+pub(crate) const S_TARGET_HI: usize = 9;
+pub(crate) const S_TARGET_LO: usize = 10;
+pub(crate) const S_TOTAL_ZERO: usize = 11;
+pub(crate) const S_LEN: usize = 12;

@@ -1,0 +1,401 @@
+//! Full-vocabulary `top_p -> [temperature] -> dist` in one kernel
+//! (`top_p_dist_full_rows`); the design is in this folder's `mod.rs`.
+
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+
+use super::super::common::{NEG_INF_KEY, order_key, row_max_and_validation, scaled};
+use super::draw::{draw_position, write_token};
+use super::fixed::{fixed_weight, frac_hi, frac_lo, key_logit, nucleus_bin, wide_f32, wide_ge};
+use super::{S_ABOVE_HI, S_ABOVE_LO, S_BIN, S_CB, S_GOAL_HI, S_GOAL_LO, S_LEN};
+use crate::kernels::NUC_GATHER;
+
+#[cube(launch_unchecked)]
+pub(crate) fn top_p_dist_full_rows(
+    logits: &[f32],
+    p: &[f32],
+    t: &[f32],
+    u: &[f32],
+    bad_in: &[i32],
+    out: &mut [i32],
+    out_bad: &mut [i32],
+    width: u32,
+    none: u32,
+    greedy_below: f32,
+    #[comptime] units: usize,
+    #[comptime] has_t: bool,
+    #[comptime] codes: u32,
+) {
+    let row = CUBE_POS_X;
+    let tid = UNIT_POS;
+    let base = row * width;
+    let mut best_key = Shared::<[u32]>::new_slice(units);
+    let mut best_pos = Shared::<[u32]>::new_slice(units);
+    let mut bads = Shared::<[u32]>::new_slice(units);
+    let mut part_hi = Shared::<[u32]>::new_slice(units);
+    let mut part_lo = Shared::<[u32]>::new_slice(units);
+    let mut chunk_hi = Shared::<[u32]>::new_slice(units);
+    let mut chunk_lo = Shared::<[u32]>::new_slice(units);
+    let pool = Shared::<[Atomic<u32>]>::new_slice(2usize * 1024usize);
+    let rbin = Shared::<[Atomic<u32>]>::new_slice(32usize);
+    let counter = Shared::<[Atomic<u32>]>::new_slice(1usize);
+    let mut sel = Shared::<[u32]>::new_slice(S_LEN);
+
+    // Read 1: the maximum and its lowest position, the row's validation.
+    row_max_and_validation(logits, base, width, &mut best_key, &mut best_pos, &mut bads);
+    let own_bad = bads[0];
+    let first = best_pos[0];
+    let dead = best_key[0] <= NEG_INF_KEY;
+    let m_raw = logits[(base + select(first < width, first, 0u32)) as usize];
+    let m = select(dead, 0.0f32, m_raw);
+    let mut tr = 1.0f32;
+    if comptime!(has_t) {
+        tr = t[row as usize];
+    }
+    let qm = scaled(m, tr);
+    let all = p[row as usize] > f32::reinterpret(0x7F7F_FFFFu32);
+
+    // Read 2: the fixed-point mass histogram of `m - l`.
+    let mut z = tid;
+    while z < 2048u32 {
+        pool[z as usize].store(0u32);
+        z += CUBE_DIM;
+    }
+    sync_cube();
+    let mut j2 = tid;
+    while j2 < width {
+        let l = logits[(base + j2) as usize];
+        let q = fixed_weight(f32::exp(l - m));
+        if q > 0u32 {
+            let b = nucleus_bin(l, m);
+            let old = pool[(2u32 * b) as usize].fetch_add(q);
+            if old > 0xFFFF_FFFFu32 - q {
+                pool[(2u32 * b + 1u32) as usize].fetch_add(1u32);
+            }
+        }
+        j2 += CUBE_DIM;
+    }
+    sync_cube();
+    // Each thread sums a group of consecutive bins.
+    let per = (1024u32 + CUBE_DIM - 1u32) / CUBE_DIM;
+    let mut gh = 0u32;
+    let mut gl = 0u32;
+    for k in 0..per {
+        let b = tid * per + k;
+        if b < 1024u32 {
+            let lo = pool[(2u32 * b) as usize].load();
+            let hi = pool[(2u32 * b + 1u32) as usize].load();
+            let nl = gl + lo;
+            gh += hi + select(nl < gl, 1u32, 0u32);
+            gl = nl;
+        }
+    }
+    part_hi[tid as usize] = gh;
+    part_lo[tid as usize] = gl;
+    sync_cube();
+    if tid == 0u32 {
+        // S, the goal p·S, then the crossing group and bin from the top.
+        let mut sh = 0u32;
+        let mut sl = 0u32;
+        for g in 0..CUBE_DIM {
+            let nl = sl + part_lo[g as usize];
+            sh += part_hi[g as usize] + select(nl < sl, 1u32, 0u32);
+            sl = nl;
+        }
+        let pr = select(all, 1.0f32, p[row as usize]);
+        let mut goal_hi = frac_hi(pr, sh, sl);
+        let mut goal_lo = frac_lo(pr, sh, sl);
+        if !wide_ge(sh, sl, goal_hi, goal_lo) {
+            goal_hi = sh;
+            goal_lo = sl;
+        }
+        let mut ch = 0u32;
+        let mut cl = 0u32;
+        let mut found = false;
+        let mut cb = 1024u32;
+        let mut ah = 0u32;
+        let mut al = 0u32;
+        for g in 0..CUBE_DIM {
+            let ph = part_hi[g as usize];
+            let pl = part_lo[g as usize];
+            let nl = cl + pl;
+            let nh = ch + ph + select(nl < cl, 1u32, 0u32);
+            if !found && (ph > 0u32 || pl > 0u32) && wide_ge(nh, nl, goal_hi, goal_lo) {
+                found = true;
+                // The bin inside this group.
+                let mut bh = ch;
+                let mut bl = cl;
+                let mut inner = false;
+                for k in 0..per {
+                    let b = g * per + k;
+                    if b < 1024u32 && !inner {
+                        let lo = pool[(2u32 * b) as usize].load();
+                        let hi = pool[(2u32 * b + 1u32) as usize].load();
+                        let xl = bl + lo;
+                        let xh = bh + hi + select(xl < bl, 1u32, 0u32);
+                        if (hi > 0u32 || lo > 0u32) && wide_ge(xh, xl, goal_hi, goal_lo) {
+                            inner = true;
+                            cb = b;
+                            ah = bh;
+                            al = bl;
+                        }
+                        bh = xh;
+                        bl = xl;
+                    }
+                }
+            }
+            ch = nh;
+            cl = nl;
+        }
+        // No bin (an empty row, or the whole row kept): everything is above.
+        if all || (sh == 0u32 && sl == 0u32) {
+            cb = 1024u32;
+        }
+        sel[S_CB] = cb;
+        sel[S_ABOVE_HI] = ah;
+        sel[S_ABOVE_LO] = al;
+        sel[S_GOAL_HI] = goal_hi;
+        sel[S_GOAL_LO] = goal_lo;
+        counter[0].store(0u32);
+    }
+    sync_cube();
+    let cb = sel[S_CB];
+    let goal_hi = sel[S_GOAL_HI];
+    let goal_lo = sel[S_GOAL_LO];
+
+    // Read 3: each thread's contiguous chunk: dist weights of the logits
+    // above the crossing bin; the crossing bin's logits gathered.
+    let chunk = (width + CUBE_DIM - 1u32) / CUBE_DIM;
+    let start = select(tid * chunk < width, tid * chunk, width);
+    let end = select(start + chunk < width, start + chunk, width);
+    let mut wh = 0u32;
+    let mut wl = 0u32;
+    for j in start..end {
+        let l = logits[(base + j) as usize];
+        let b = nucleus_bin(l, m);
+        if b < cb {
+            let q = fixed_weight(f32::exp(scaled(l, tr) - qm));
+            let nl = wl + q;
+            wh += select(nl < wl, 1u32, 0u32);
+            wl = nl;
+        } else if b == cb && fixed_weight(f32::exp(l - m)) > 0u32 {
+            let at = counter[0].fetch_add(1u32);
+            if at < NUC_GATHER {
+                pool[(2u32 * at) as usize].store(u32::reinterpret(l));
+                pool[(2u32 * at + 1u32) as usize].store(j);
+            }
+        }
+    }
+    sync_cube();
+
+    // The crossing bin, resolved: T (its crossing key), `above` (the mass
+    // strictly above T) and P (the last kept position among T's ties).
+    let gathered = counter[0].load();
+    let overflow = gathered > NUC_GATHER;
+    let n_src = select(overflow, width, gathered);
+    let resolve = cb < 1024u32;
+    let mut prefix = 0u32;
+    let mut mask = 0u32;
+    let mut ah = sel[S_ABOVE_HI];
+    let mut al = sel[S_ABOVE_LO];
+    let mut last_pos = width;
+    if resolve {
+        for pass in 0..8u32 {
+            let shift = 28u32 - pass * 4u32;
+            if tid < 32u32 {
+                rbin[tid as usize].store(0u32);
+            }
+            sync_cube();
+            let mut j = tid;
+            while j < n_src {
+                let mut bits = 0u32;
+                if overflow {
+                    bits = u32::reinterpret(logits[(base + j) as usize]);
+                } else {
+                    bits = pool[(2u32 * j) as usize].load();
+                }
+                let l = f32::reinterpret(bits);
+                let q = fixed_weight(f32::exp(l - m));
+                let key = order_key(l);
+                if nucleus_bin(l, m) == cb && q > 0u32 && (key & mask) == prefix {
+                    let slot = 2u32 * ((key >> shift) & 15u32);
+                    let old = rbin[slot as usize].fetch_add(q);
+                    if old > 0xFFFF_FFFFu32 - q {
+                        rbin[(slot + 1u32) as usize].fetch_add(1u32);
+                    }
+                }
+                j += CUBE_DIM;
+            }
+            sync_cube();
+            if tid == 0u32 {
+                // From the top bin down: the first non-empty one where the
+                // mass reaches the goal (the histogram's sums are the same
+                // integers, so one does).
+                let mut ch = ah;
+                let mut cl = al;
+                let mut done = false;
+                let mut chosen = 0u32;
+                let mut ch_hi = ah;
+                let mut ch_lo = al;
+                for r in 0..16u32 {
+                    let b = 15u32 - r;
+                    let lo = rbin[(2u32 * b) as usize].load();
+                    let hi = rbin[(2u32 * b + 1u32) as usize].load();
+                    if !done && (hi > 0u32 || lo > 0u32) {
+                        let xl = cl + lo;
+                        let xh = ch + hi + select(xl < cl, 1u32, 0u32);
+                        // The lowest non-empty bin, if rounding never reaches.
+                        chosen = b;
+                        ch_hi = ch;
+                        ch_lo = cl;
+                        if wide_ge(xh, xl, goal_hi, goal_lo) {
+                            done = true;
+                        }
+                        ch = xh;
+                        cl = xl;
+                    }
+                }
+                sel[S_BIN] = chosen;
+                sel[S_ABOVE_HI] = ch_hi;
+                sel[S_ABOVE_LO] = ch_lo;
+            }
+            sync_cube();
+            prefix |= sel[S_BIN] << shift;
+            mask |= 15u32 << shift;
+            ah = sel[S_ABOVE_HI];
+            al = sel[S_ABOVE_LO];
+            sync_cube();
+        }
+        // T's ties: how many there are, how many the goal keeps.
+        let wt = fixed_weight(f32::exp(key_logit(prefix) - m));
+        let lacking = wide_f32(goal_hi, goal_lo) - wide_f32(ah, al);
+        let need_f = f32::ceil(lacking / f32::cast_from(select(wt > 0u32, wt, 1u32)));
+        let need_f = select(need_f > 4.0e9f32, 4.0e9f32, need_f);
+        let need = select(need_f >= 1.0f32, u32::cast_from(need_f), 1u32);
+        // The smallest position P with `need` ties at or before it (every
+        // tie when there are no more than `need`).
+        let mut lo_p = 0u32;
+        let mut hi_p = width;
+        let mut searching = true;
+        while searching {
+            let mid = select(hi_p == width, width - 1u32, (lo_p + hi_p) / 2u32);
+            if tid == 0u32 {
+                counter[0].store(0u32);
+            }
+            sync_cube();
+            let mut mine = 0u32;
+            let mut j = tid;
+            while j < n_src {
+                let mut bits = 0u32;
+                let mut pos = 0u32;
+                if overflow {
+                    bits = u32::reinterpret(logits[(base + j) as usize]);
+                    pos = j;
+                } else {
+                    bits = pool[(2u32 * j) as usize].load();
+                    pos = pool[(2u32 * j + 1u32) as usize].load();
+                }
+                if order_key(f32::reinterpret(bits)) == prefix && pos <= mid {
+                    mine += 1u32;
+                }
+                j += CUBE_DIM;
+            }
+            if mine > 0u32 {
+                counter[0].fetch_add(mine);
+            }
+            sync_cube();
+            let cnt = counter[0].load();
+            sync_cube();
+            if hi_p == width {
+                // The first round counts every tie.
+                if cnt <= need {
+                    lo_p = width - 1u32;
+                    hi_p = width - 1u32;
+                } else {
+                    hi_p = width - 1u32;
+                }
+            } else if cnt >= need {
+                hi_p = mid;
+            } else {
+                lo_p = mid + 1u32;
+            }
+            searching = lo_p < hi_p;
+        }
+        last_pos = lo_p;
+
+        // The kept crossing logits join their chunks' sums.
+        if overflow {
+            for j in start..end {
+                let l = logits[(base + j) as usize];
+                let key = order_key(l);
+                let q = fixed_weight(f32::exp(l - m));
+                if nucleus_bin(l, m) == cb
+                    && q > 0u32
+                    && (key > prefix || (key == prefix && j <= last_pos))
+                {
+                    let e = fixed_weight(f32::exp(scaled(l, tr) - qm));
+                    let nl = wl + e;
+                    wh += select(nl < wl, 1u32, 0u32);
+                    wl = nl;
+                }
+            }
+        } else {
+            for k in 0..gathered {
+                let pos = pool[(2u32 * k + 1u32) as usize].load();
+                if pos >= start && pos < end {
+                    let l = f32::reinterpret(pool[(2u32 * k) as usize].load());
+                    let key = order_key(l);
+                    if key > prefix || (key == prefix && pos <= last_pos) {
+                        let e = fixed_weight(f32::exp(scaled(l, tr) - qm));
+                        let nl = wl + e;
+                        wh += select(nl < wl, 1u32, 0u32);
+                        wl = nl;
+                    }
+                }
+            }
+        }
+    }
+    chunk_hi[tid as usize] = wh;
+    chunk_lo[tid as usize] = wl;
+    sync_cube();
+
+    // The draw.
+    draw_position(
+        logits,
+        base,
+        width,
+        chunk,
+        u[row as usize],
+        tr,
+        qm,
+        m,
+        cb,
+        prefix,
+        last_pos,
+        0.0f32,
+        first,
+        &mut chunk_hi,
+        &mut chunk_lo,
+        &mut part_hi,
+        &mut part_lo,
+        &mut bads,
+        &mut sel,
+        false,
+    );
+    write_token(
+        out,
+        out_bad,
+        bad_in,
+        row,
+        width,
+        none,
+        tr,
+        greedy_below,
+        first,
+        dead,
+        own_bad,
+        &bads,
+        &sel,
+        codes,
+    );
+}

@@ -1,0 +1,34 @@
+//! The kernels' device code: `#[cube]` functions that cubecl compiles for
+//! each device (WGSL / SPIR-V / PTX), one file per kernel, named as the
+//! public function that launches it (`launch/`, same file names).
+//! `common.rs` holds the helpers several kernels share; `cut_dist/` the
+//! fused full-row `cut -> [temperature] -> dist` kernels.
+//!
+//! Every kernel runs one workgroup (cube) per row (`CUBE_POS_X`), its
+//! threads (`UNIT_POS` of `CUBE_DIM`) striding over the row.
+
+// `(a + b - 1) / b` inside `#[cube]` functions: cubecl's frontend has no
+// `div_ceil` for runtime values.
+#![allow(clippy::manual_div_ceil)]
+
+mod argmax;
+mod common;
+mod cut_dist;
+mod first_bad;
+mod min_p;
+mod narrow;
+mod temperature;
+mod token_codes;
+mod top_k;
+mod top_p_full;
+
+pub(crate) use argmax::argmax_rows;
+pub(crate) use common::{CODES_GIVEN, CODES_NONE, CODES_OWN};
+pub(crate) use cut_dist::{min_p_dist_full_rows, top_p_dist_full_rows};
+pub(crate) use first_bad::first_bad_rows;
+pub(crate) use min_p::min_p_rows;
+pub(crate) use narrow::{dist_rows, top_p_rows};
+pub(crate) use temperature::temperature_rows;
+pub(crate) use token_codes::token_codes_rows;
+pub(crate) use top_k::topk_rows;
+pub(crate) use top_p_full::top_p_full_rows;

@@ -1,0 +1,86 @@
+//! The temperature kernel (`temperature_rows`): `l / t` saturated, or at a
+//! greedy temperature the lowest id among the maxima.
+
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+
+use super::common::order_key;
+
+#[cube(launch_unchecked)]
+pub(crate) fn temperature_rows(
+    logits: &[f32],
+    ids: &[i32],
+    t: &[f32],
+    out: &mut [f32],
+    width: u32,
+    greedy_below: f32,
+    #[comptime] has_ids: bool,
+    #[comptime] units: usize,
+) {
+    let row = CUBE_POS_X;
+    let tid = UNIT_POS;
+    let base = row * width;
+    let tr = t[row as usize];
+    let neg_inf = f32::reinterpret(0xFF80_0000u32);
+    if tr < greedy_below {
+        // Greedy temperature: only the lowest id among the maxima stays.
+        let mut best_key = Shared::<[u32]>::new_slice(units);
+        let mut best_id = Shared::<[i32]>::new_slice(units);
+        let mut bk = 0u32;
+        let mut bid = i32::cast_from(0x7FFF_FFFFu32);
+        let mut i = tid;
+        while i < width {
+            let key = order_key(logits[(base + i) as usize]);
+            let mut id = i32::cast_from(i);
+            if comptime!(has_ids) {
+                id = ids[(base + i) as usize];
+            }
+            if key > bk || (key == bk && id < bid) {
+                bk = key;
+                bid = id;
+            }
+            i += CUBE_DIM;
+        }
+        best_key[tid as usize] = bk;
+        best_id[tid as usize] = bid;
+        sync_cube();
+        let mut half = CUBE_DIM / 2u32;
+        while half > 0u32 {
+            if tid < half {
+                let k2 = best_key[(tid + half) as usize];
+                let d2 = best_id[(tid + half) as usize];
+                let k1 = best_key[tid as usize];
+                if k2 > k1 || (k2 == k1 && d2 < best_id[tid as usize]) {
+                    best_key[tid as usize] = k2;
+                    best_id[tid as usize] = d2;
+                }
+            }
+            sync_cube();
+            half /= 2u32;
+        }
+        let winner = best_id[0];
+        let mut j = tid;
+        while j < width {
+            let mut id = i32::cast_from(j);
+            if comptime!(has_ids) {
+                id = ids[(base + j) as usize];
+            }
+            let l = logits[(base + j) as usize];
+            out[(base + j) as usize] = select(id == winner, l, neg_inf);
+            j += CUBE_DIM;
+        }
+    } else {
+        // l / t, finite results saturated at ±f32::MAX, -inf kept.
+        let max = f32::reinterpret(0x7F7F_FFFFu32);
+        let mut j = tid;
+        while j < width {
+            let l = logits[(base + j) as usize];
+            let q = l / tr;
+            let q = select(q > max, max, q);
+            let q = select(q < -max, -max, q);
+            let dead = u32::reinterpret(l) == 0xFF80_0000u32;
+            out[(base + j) as usize] = select(dead, neg_inf, q);
+            j += CUBE_DIM;
+        }
+    }
+}

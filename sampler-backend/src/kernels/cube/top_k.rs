@@ -1,0 +1,391 @@
+//! The top-k kernel (`topk_rows`): a floor from a sample of the row, one
+//! pass that compacts the logits above it (and validates the row), a radix
+//! select when too many tie above the floor, the rank pass; history
+//! penalties applied inside the selection.
+
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+
+use super::common::{NEG_INF_KEY, bad_key, order_key, shared_min};
+
+/// Bins of one radix pass (8 bits).
+const BINS: usize = 256;
+
+#[cube(launch_unchecked)]
+pub(crate) fn topk_rows(
+    logits: &[f32],
+    k_row: &[i32],
+    hist_ids: &[i32],
+    hist_counts: &[f32],
+    repeat: &[f32],
+    frequency: &[f32],
+    presence: &[f32],
+    out_vals: &mut [f32],
+    out_pos: &mut [i32],
+    out_order: &mut [i32],
+    out_bad: &mut [i32],
+    width: u32,
+    sample_end: u32,
+    k: u32,
+    k_out: u32,
+    h: u32,
+    pad_base: u32,
+    #[comptime] units: usize,
+    #[comptime] k_cap: usize,
+    #[comptime] pen: bool,
+    #[comptime] h_cap: usize,
+) {
+    let row = CUBE_POS_X;
+    let tid = UNIT_POS;
+    let base = row * width;
+
+    // History penalties (`pen`): the row's `h` history tokens, penalised
+    // (the CPU rule), with their keys (0 for padding: below every logit's
+    // key). The selection below then runs on the raw logits with `k` =
+    // `k_out + h`: at most `h` of those are history tokens, so the rest hold
+    // the top `k_out` of the tokens the penalties leave alone; the history
+    // tokens among them are dropped and the penalised ones join the ranking.
+    let mut hkey = Shared::<[u32]>::new_slice(h_cap);
+    let mut hpos = Shared::<[u32]>::new_slice(h_cap);
+    let mut hval = Shared::<[f32]>::new_slice(h_cap);
+    let tally = Shared::<[Atomic<u32>]>::new_slice(2usize);
+    if comptime!(pen) {
+        if tid == 0u32 {
+            tally[0].store(0u32);
+            tally[1].store(0u32);
+        }
+        sync_cube();
+        let mut j = tid;
+        while j < h {
+            let at = row * h + j;
+            let c = hist_counts[at as usize];
+            let id = u32::cast_from(hist_ids[at as usize]);
+            let orig = logits[(base + id) as usize];
+            let r = repeat[row as usize];
+            let scaled = select(orig <= 0.0f32, orig * r, orig / r);
+            let l = scaled - (c * frequency[row as usize] + presence[row as usize]);
+            // A finite logit saturates at ±f32::MAX; -inf stays -inf.
+            let lb = u32::reinterpret(l);
+            let sat = select(
+                (lb & 0x8000_0000u32) != 0u32,
+                f32::reinterpret(0xFF7F_FFFFu32),
+                f32::reinterpret(0x7F7F_FFFFu32),
+            );
+            let l = select((lb & 0x7FFF_FFFFu32) == 0x7F80_0000u32, sat, l);
+            let v = select(u32::reinterpret(orig) == 0xFF80_0000u32, orig, l);
+            let live = c > 0.0f32;
+            hkey[j as usize] = select(live, order_key(v), 0u32);
+            hpos[j as usize] = id;
+            hval[j as usize] = v;
+            if live {
+                tally[1].fetch_add(1u32);
+            }
+            j += CUBE_DIM;
+        }
+    }
+
+    let hist = Shared::<[Atomic<u32>]>::new_slice(BINS);
+    let mut sel = Shared::<[u32]>::new_slice(2usize);
+    let mut cnt_gt = Shared::<[u32]>::new_slice(units);
+    let mut cnt_eq = Shared::<[u32]>::new_slice(units);
+    let mut cand_key = Shared::<[u32]>::new_slice(k_cap);
+    let mut cand_pos = Shared::<[u32]>::new_slice(k_cap);
+    let mut tmax = Shared::<[u32]>::new_slice(units);
+    let mut floor = Shared::<[u32]>::new_slice(1usize);
+    let counter = Shared::<[Atomic<u32>]>::new_slice(1usize);
+    let mut bads = Shared::<[u32]>::new_slice(units);
+
+    // A floor under the k-th largest key: the k-th largest of the threads'
+    // own maxima (k distinct elements at or above it). Keys below it are
+    // never among the top k, so the histograms skip them (few atomics).
+    let none = 2u32 * width;
+    let mut bad = none;
+    // Float compares here (cheaper than keys): any element of the thread is
+    // a valid stand-in for its maximum, so a device that flushes subnormals
+    // only lowers the floor. A thread without elements offers -inf, the
+    // lowest non-NaN key, which keeps the floor at or below every element.
+    // The maxima come from a sample (a prefix of the row, `sample_end`
+    // long, chosen by the host: `floor_sample`): any k distinct elements
+    // give a valid floor, and a short sample keeps this pass a small part
+    // of a read of the row.
+    let neg_inf = f32::reinterpret(0xFF80_0000u32);
+    let mut own_f = neg_inf;
+    let mut i0 = tid;
+    while i0 < sample_end {
+        let x = logits[(base + i0) as usize];
+        if x > own_f {
+            own_f = x;
+        }
+        i0 += CUBE_DIM;
+    }
+    let own = order_key(own_f);
+    tmax[tid as usize] = own;
+    if tid == 0u32 {
+        floor[0] = 0u32;
+    }
+    sync_cube();
+    if k <= CUBE_DIM {
+        let mut rank = 0u32;
+        for t in 0..CUBE_DIM {
+            let o = tmax[t as usize];
+            if o > own || (o == own && t < tid) {
+                rank += 1u32;
+            }
+        }
+        if rank == k - 1u32 {
+            floor[0] = own;
+        }
+    }
+    sync_cube();
+    let low = floor[0];
+
+    // Fast path: the keys at or above the floor, compacted into shared
+    // memory (any order); when they fit, ranking them gives the top k
+    // without the radix passes below (a uniform flag: the passes still
+    // meet every barrier, with nothing to do).
+    if tid == 0u32 {
+        counter[0].store(0u32);
+    }
+    sync_cube();
+    // The floor as a logit: `x >= low_f` keeps a superset of `key >= low`
+    // (flushed subnormals compare equal, never in the wrong order); the keys
+    // decide below.
+    let low_bits = select(
+        (low & 0x8000_0000u32) != 0u32,
+        low & 0x7FFF_FFFFu32,
+        low ^ 0xFFFF_FFFFu32,
+    );
+    // No floor (0) or one at -inf: every non-NaN logit passes.
+    let low_f = select(low <= NEG_INF_KEY, neg_inf, f32::reinterpret(low_bits));
+    // The same pass validates the row (first NaN / +inf, as `first_bad`).
+    let mut ic = tid;
+    while ic < width {
+        let x = logits[(base + ic) as usize];
+        // NaN and ±inf have every exponent bit set.
+        if bad == none && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
+            bad = bad_key(x, ic, none);
+        }
+        if x >= low_f {
+            let key = order_key(x);
+            if key >= low {
+                let at = counter[0].fetch_add(1u32);
+                if at < k_cap as u32 {
+                    cand_key[at as usize] = key;
+                    cand_pos[at as usize] = ic;
+                }
+            }
+        }
+        ic += CUBE_DIM;
+    }
+    bads[tid as usize] = bad;
+    shared_min(&mut bads);
+    if tid == 0u32 {
+        out_bad[row as usize] = i32::cast_from(bads[0]);
+    }
+    let compacted = counter[0].load();
+    let fast = compacted <= k_cap as u32;
+
+    // Radix select, most significant byte first: `prefix` holds the bytes
+    // of the k-th largest key found so far, `remaining` the rank still
+    // sought among the keys that share them.
+    let mut prefix = 0u32;
+    let mut mask = 0u32;
+    let mut remaining = k;
+    for pass in 0..4u32 {
+        let shift = 24u32 - pass * 8u32;
+        let mut b = tid;
+        while b < 256u32 {
+            hist[b as usize].store(0u32);
+            b += CUBE_DIM;
+        }
+        sync_cube();
+        let mut i = tid;
+        while i < width && !fast {
+            let key = order_key(logits[(base + i) as usize]);
+            if key >= low && (key & mask) == prefix {
+                hist[((key >> shift) & 255u32) as usize].fetch_add(1u32);
+            }
+            i += CUBE_DIM;
+        }
+        sync_cube();
+        if tid == 0u32 && !fast {
+            let mut above = 0u32;
+            let mut chosen = 0u32;
+            let mut need = remaining;
+            let mut done = false;
+            for j in 0..256u32 {
+                let bin = 255u32 - j;
+                let c = hist[bin as usize].load();
+                if !done {
+                    if above + c >= remaining {
+                        chosen = bin;
+                        need = remaining - above;
+                        done = true;
+                    } else {
+                        above += c;
+                    }
+                }
+            }
+            sel[0] = chosen;
+            sel[1] = need;
+        }
+        sync_cube();
+        prefix |= sel[0] << shift;
+        mask |= 255u32 << shift;
+        remaining = sel[1];
+        sync_cube();
+    }
+    // `prefix` is the k-th largest key; `remaining` of its ties are kept
+    // (the lowest positions), after the `k - remaining` larger keys.
+    let count_gt = k - remaining;
+
+    // Survivors in ascending position: each thread owns a contiguous chunk.
+    let chunk = (width + CUBE_DIM - 1u32) / CUBE_DIM;
+    let start = select(tid * chunk < width, tid * chunk, width);
+    let end = select(start + chunk < width, start + chunk, width);
+    let mut gt = 0u32;
+    let mut eq = 0u32;
+    if !fast {
+        for i in start..end {
+            let key = order_key(logits[(base + i) as usize]);
+            if key > prefix {
+                gt += 1u32;
+            } else if key == prefix {
+                eq += 1u32;
+            }
+        }
+    }
+    cnt_gt[tid as usize] = gt;
+    cnt_eq[tid as usize] = eq;
+    sync_cube();
+    if tid == 0u32 {
+        let mut run_gt = 0u32;
+        let mut run_eq = 0u32;
+        for t in 0..CUBE_DIM {
+            let g = cnt_gt[t as usize];
+            let e = cnt_eq[t as usize];
+            cnt_gt[t as usize] = run_gt;
+            cnt_eq[t as usize] = run_eq;
+            run_gt += g;
+            run_eq += e;
+        }
+    }
+    sync_cube();
+    let mut og = cnt_gt[tid as usize];
+    let mut oe = cnt_eq[tid as usize];
+    let collect_end = select(fast, start, end);
+    for i in start..collect_end {
+        let key = order_key(logits[(base + i) as usize]);
+        if key > prefix {
+            cand_key[og as usize] = key;
+            cand_pos[og as usize] = i;
+            og += 1u32;
+        } else if key == prefix {
+            if oe < remaining {
+                cand_key[(count_gt + oe) as usize] = key;
+                cand_pos[(count_gt + oe) as usize] = i;
+            }
+            oe += 1u32;
+        }
+    }
+    sync_cube();
+
+    // Canonical order: rank = larger keys + equal keys at lower positions,
+    // among the compacted keys (fast) or the k survivors; ranks below k are
+    // written.
+    let k_req = k_row[row as usize];
+    let k_own = select(k_req < 1i32, 1i32, k_req);
+    let held = select(fast, compacted, k);
+    let mut hn = 0u32;
+    if comptime!(pen) {
+        // History tokens among the held candidates give way to their
+        // penalised entries (key 0: never ranked, never written).
+        hn = h;
+        let mut c0 = tid;
+        while c0 < held {
+            let pc = cand_pos[c0 as usize];
+            let mut found = false;
+            for j in 0..h {
+                if hkey[j as usize] != 0u32 && hpos[j as usize] == pc {
+                    found = true;
+                }
+            }
+            if found {
+                cand_key[c0 as usize] = 0u32;
+                tally[0].fetch_add(1u32);
+            }
+            c0 += CUBE_DIM;
+        }
+        sync_cube();
+    }
+    let mut c = tid;
+    while c < held {
+        let kc = cand_key[c as usize];
+        let pc = cand_pos[c as usize];
+        let rank = ranked_above(kc, pc, &cand_key, &cand_pos, held)
+            + ranked_above(kc, pc, &hkey, &hpos, hn);
+        // Slots past the row's own k are padding: -inf, ordered after every
+        // real candidate (`pad_base + slot`).
+        let p = pc;
+        let live = i32::cast_from(rank) < k_own;
+        if rank < k_out && kc != 0u32 {
+            let slot = (row * k_out + rank) as usize;
+            out_vals[slot] = select(
+                live,
+                logits[(base + p) as usize],
+                f32::reinterpret(0xFF80_0000u32),
+            );
+            out_pos[slot] = i32::cast_from(p);
+            out_order[slot] = select(live, i32::cast_from(p), i32::cast_from(pad_base + rank));
+        }
+        c += CUBE_DIM;
+    }
+    // The penalised history tokens, ranked among the same candidates.
+    let mut hj = tid;
+    while hj < hn {
+        let kc = hkey[hj as usize];
+        let pc = hpos[hj as usize];
+        if kc != 0u32 {
+            let rank = ranked_above(kc, pc, &cand_key, &cand_pos, held)
+                + ranked_above(kc, pc, &hkey, &hpos, hn);
+            let live = i32::cast_from(rank) < k_own;
+            if rank < k_out {
+                let slot = (row * k_out + rank) as usize;
+                out_vals[slot] = select(live, hval[hj as usize], f32::reinterpret(0xFF80_0000u32));
+                out_pos[slot] = i32::cast_from(pc);
+                out_order[slot] = select(live, i32::cast_from(pc), i32::cast_from(pad_base + rank));
+            }
+        }
+        hj += CUBE_DIM;
+    }
+    // A row with fewer than k non-NaN logits (an invalid row: its outputs
+    // are replaced by its status code) still gets every slot written, as
+    // padding at position 0, so later stages never read stale memory.
+    let mut filled = held;
+    if comptime!(pen) {
+        filled = held - tally[0].load() + tally[1].load();
+    }
+    let mut slot = filled + tid;
+    while slot < k_out {
+        let at = (row * k_out + slot) as usize;
+        out_vals[at] = f32::reinterpret(0xFF80_0000u32);
+        out_pos[at] = 0i32;
+        out_order[at] = i32::cast_from(pad_base + slot);
+        slot += CUBE_DIM;
+    }
+}
+
+/// How many of the first `n` entries (`keys`, `pos`) rank before the
+/// candidate (`key`, `pos`): a larger key, or the same key at a lower
+/// position.
+#[cube]
+fn ranked_above(key: u32, at: u32, keys: &Shared<[u32]>, pos: &Shared<[u32]>, n: u32) -> u32 {
+    let mut rank = 0u32;
+    for j in 0..n {
+        let kj = keys[j as usize];
+        if kj > key || (kj == key && pos[j as usize] < at) {
+            rank += 1u32;
+        }
+    }
+    rank
+}

@@ -1,0 +1,193 @@
+//! Full-vocabulary `top_p` (`top_p_full_rows`): the maximum and the row's
+//! validation, a weighted radix search for the crossing key, its ties kept
+//! in position order.
+
+use burn_cubecl::cubecl;
+use burn_cubecl::cubecl::prelude::*;
+
+use super::common::{NEG_INF_KEY, bad_key, order_key, shared_min};
+
+/// Bits per pass of the weighted radix search (16 bins).
+const MASS_BITS: u32 = 4;
+
+#[cube(launch_unchecked)]
+pub(crate) fn top_p_full_rows(
+    logits: &[f32],
+    p: &[f32],
+    out: &mut [f32],
+    out_bad: &mut [i32],
+    width: u32,
+    #[comptime] units: usize,
+) {
+    let row = CUBE_POS_X;
+    let tid = UNIT_POS;
+    let base = row * width;
+    let neg_inf = f32::reinterpret(0xFF80_0000u32);
+    let mut best_key = Shared::<[u32]>::new_slice(units);
+    let mut best_pos = Shared::<[u32]>::new_slice(units);
+    let mut bins = Shared::<[f32]>::new_slice(units * 16usize);
+    let mut tot = Shared::<[f32]>::new_slice(16usize);
+    let mut sel = Shared::<[f32]>::new_slice(2usize);
+    let mut sel_bin = Shared::<[u32]>::new_slice(1usize);
+    let mut chunk_mass = Shared::<[f32]>::new_slice(units);
+    let mut bads = Shared::<[u32]>::new_slice(units);
+
+    // Pass 1: the maximum and its lowest position (rank 0, always kept),
+    // and the row's validation (first NaN / +inf).
+    let none = 2u32 * width;
+    let mut bad = none;
+    let mut bk = 0u32;
+    let mut bp = width;
+    let mut i = tid;
+    while i < width {
+        let x = logits[(base + i) as usize];
+        let key = order_key(x);
+        if key > bk {
+            bk = key;
+            bp = i;
+        }
+        // NaN and ±inf have every exponent bit set.
+        if bad == none && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
+            bad = bad_key(x, i, none);
+        }
+        i += CUBE_DIM;
+    }
+    bads[tid as usize] = bad;
+    shared_min(&mut bads);
+    if tid == 0u32 {
+        out_bad[row as usize] = i32::cast_from(bads[0]);
+    }
+    best_key[tid as usize] = bk;
+    best_pos[tid as usize] = bp;
+    sync_cube();
+    let mut half = CUBE_DIM / 2u32;
+    while half > 0u32 {
+        if tid < half {
+            let k2 = best_key[(tid + half) as usize];
+            let p2 = best_pos[(tid + half) as usize];
+            let k1 = best_key[tid as usize];
+            if k2 > k1 || (k2 == k1 && p2 < best_pos[tid as usize]) {
+                best_key[tid as usize] = k2;
+                best_pos[tid as usize] = p2;
+            }
+        }
+        sync_cube();
+        half /= 2u32;
+    }
+    let first = best_pos[0];
+    let m_raw = logits[(base + select(first < width, first, 0u32)) as usize];
+    let m = select(best_key[0] <= NEG_INF_KEY, 0.0f32, m_raw);
+
+    // Weighted radix search, 4 bits a pass: T = the largest key whose mass
+    // at or above it reaches p·S; `above` = the mass strictly above T.
+    let mut prefix = 0u32;
+    let mut mask = 0u32;
+    let mut above = 0.0f32;
+    let mut target = 0.0f32;
+    for pass in 0..8u32 {
+        let shift = 28u32 - pass * MASS_BITS;
+        for b in 0..16u32 {
+            bins[(tid * 16u32 + b) as usize] = 0.0f32;
+        }
+        let mut j = tid;
+        while j < width {
+            let l = logits[(base + j) as usize];
+            let key = order_key(l);
+            if (key & mask) == prefix {
+                let slot = (tid * 16u32 + ((key >> shift) & 15u32)) as usize;
+                bins[slot] += f32::exp(l - m);
+            }
+            j += CUBE_DIM;
+        }
+        sync_cube();
+        if tid < 16u32 {
+            let mut s = 0.0f32;
+            for t in 0..CUBE_DIM {
+                s += bins[(t * 16u32 + tid) as usize];
+            }
+            tot[tid as usize] = s;
+        }
+        sync_cube();
+        if tid == 0u32 {
+            if pass == 0u32 {
+                let mut s = 0.0f32;
+                for b in 0..16u32 {
+                    s += tot[b as usize];
+                }
+                sel[1] = p[row as usize] * s;
+            }
+            let goal = sel[1];
+            // From the top bin down: the first non-empty bin where the mass
+            // reaches the goal; rounding that never reaches it takes the
+            // lowest non-empty bin (every candidate kept).
+            let mut cum = above;
+            let mut chosen = 0u32;
+            let mut chosen_above = above;
+            let mut done = false;
+            let mut lowest = 16u32;
+            let mut lowest_above = above;
+            for r in 0..16u32 {
+                let b = 15u32 - r;
+                let mass = tot[b as usize];
+                if !done && mass > 0.0f32 {
+                    lowest = b;
+                    lowest_above = cum;
+                    if cum + mass >= goal {
+                        chosen = b;
+                        chosen_above = cum;
+                        done = true;
+                    }
+                    cum += mass;
+                }
+            }
+            if !done {
+                chosen = select(lowest < 16u32, lowest, 0u32);
+                chosen_above = lowest_above;
+            }
+            sel_bin[0] = chosen;
+            sel[0] = chosen_above;
+        }
+        sync_cube();
+        prefix |= sel_bin[0] << shift;
+        mask |= 15u32 << shift;
+        above = sel[0];
+        target = sel[1];
+        sync_cube();
+    }
+
+    // Ties at T in position order: each thread owns a contiguous chunk.
+    let chunk = (width + CUBE_DIM - 1u32) / CUBE_DIM;
+    let start = select(tid * chunk < width, tid * chunk, width);
+    let end = select(start + chunk < width, start + chunk, width);
+    let mut mine = 0.0f32;
+    for j in start..end {
+        let l = logits[(base + j) as usize];
+        if order_key(l) == prefix {
+            mine += f32::exp(l - m);
+        }
+    }
+    chunk_mass[tid as usize] = mine;
+    sync_cube();
+    if tid == 0u32 {
+        let mut run = 0.0f32;
+        for t in 0..CUBE_DIM {
+            let x = chunk_mass[t as usize];
+            chunk_mass[t as usize] = run;
+            run += x;
+        }
+    }
+    sync_cube();
+    let mut before = above + chunk_mass[tid as usize];
+    // p = +inf: a no-op row keeps everything.
+    let all = p[row as usize] > f32::reinterpret(0x7F7F_FFFFu32);
+    for j in start..end {
+        let l = logits[(base + j) as usize];
+        let key = order_key(l);
+        let mut kept = all || key > prefix || j == first;
+        if key == prefix {
+            kept = kept || before < target;
+            before += f32::exp(l - m);
+        }
+        out[(base + j) as usize] = select(kept, l, neg_inf);
+    }
+}

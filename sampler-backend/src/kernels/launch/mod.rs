@@ -1,0 +1,132 @@
+//! The host side of the kernels: each file launches one kernel (named as
+//! the public function, same names as in `cube/`); this file holds the glue
+//! they share: a burn tensor resolved to its contiguous cubecl tensor
+//! (pending ops run first), threads per row for a device, the status-code
+//! mode of a selecting kernel, and each output registered with burn's
+//! fusion stream (as uploaded data is), so later ops see an ordinary
+//! tensor.
+
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{Cube, CubeBackend};
+use burn_fusion::stream::StreamId;
+use burn_fusion::{FusionTensor, NoOp};
+use burn_ir::{BackendIr, InitOperationIr, OperationIr};
+use burn_tensor::{DType, Int, Shape, Tensor};
+
+use super::cube::{CODES_GIVEN, CODES_NONE, CODES_OWN};
+use super::{TokenCodes, enabled};
+
+mod argmax;
+mod cut_dist;
+mod first_bad;
+mod min_p;
+mod narrow;
+mod temperature;
+mod token_codes;
+mod top_k;
+mod top_p_full;
+
+pub(crate) use argmax::argmax;
+pub(crate) use cut_dist::cut_dist_full;
+pub(crate) use first_bad::first_bad;
+pub(crate) use min_p::min_p;
+pub(crate) use narrow::{dist, top_p};
+pub(crate) use temperature::temperature;
+pub(crate) use token_codes::token_codes;
+pub(crate) use top_k::top_k;
+pub(crate) use top_p_full::top_p_full;
+
+/// Threads per row (one workgroup per row). A power of two.
+pub(crate) const UNITS: u32 = 256;
+
+/// Threads per row of the full-row kernels (their per-thread bins live in
+/// shared memory: `16 · 4` bytes a thread).
+pub(crate) const FULL_ROW_UNITS: u32 = 128;
+
+type FusionRuntime = burn_cubecl::fusion::FusionCubeRuntime;
+type FusionClient = burn_fusion::Client<FusionRuntime>;
+
+/// The contiguous cubecl tensor under a float tensor, with its pending ops
+/// executed, and its fusion client; `None` off the cubecl backends.
+fn resolve_float(t: &Tensor<2>) -> Option<(CubeTensor, FusionClient)> {
+    if !enabled() {
+        return None;
+    }
+    let fused: FusionTensor<FusionRuntime> = t.clone().try_into_primitive::<Cube>().ok()?;
+    let client = fused.client.clone();
+    let cube = client.resolve_tensor_float::<CubeBackend>(fused);
+    Some((into_contiguous(cube), client))
+}
+
+/// The contiguous cubecl tensor under an int tensor, pending ops executed.
+fn resolve_int(t: &Tensor<2, Int>) -> Option<CubeTensor> {
+    let fused: FusionTensor<FusionRuntime> = t.clone().try_into_primitive::<Cube>().ok()?;
+    let client = fused.client.clone();
+    Some(into_contiguous(
+        client.resolve_tensor_int::<CubeBackend>(fused),
+    ))
+}
+
+/// Register a kernel's output with the fusion stream (as uploaded data is),
+/// so that later ops see an ordinary tensor.
+fn register(out: CubeTensor, client: &FusionClient) -> FusionTensor<FusionRuntime> {
+    let shape = out.meta.shape().clone();
+    let dtype = out.dtype;
+    let handle = <CubeBackend as BackendIr>::float_tensor_handle(out);
+    let desc = InitOperationIr::create(shape, dtype, || client.register_tensor_handle(handle));
+    let mut outs = client.register(
+        StreamId::current(),
+        OperationIr::Init(desc),
+        NoOp::<CubeBackend>::new(),
+    );
+    outs.remove(0)
+}
+
+/// Threads per row for this device: [`UNITS`], or the largest power of two
+/// its workgroups allow.
+fn units(cube: &CubeTensor) -> u32 {
+    let max = cube.client.properties().hardware.max_units_per_cube.max(1);
+    let cap = UNITS.min(max);
+    if cap.is_power_of_two() {
+        cap
+    } else {
+        cap.next_power_of_two() >> 1
+    }
+}
+
+/// Threads per row of the full-row kernels on this device.
+fn full_row_units(cube: &CubeTensor) -> u32 {
+    units(cube).min(FULL_ROW_UNITS)
+}
+
+impl TokenCodes<'_> {
+    /// The kernel's mode, the keys' buffer (an unread placeholder of `b`
+    /// entries without keys) and the "valid row" key `2·vocab`; `None` when
+    /// the keys are not on this cubecl device or `2·vocab` overflows i32.
+    fn resolve(&self, cube: &CubeTensor, b: usize, width: usize) -> Option<(u32, CubeTensor, u32)> {
+        let placeholder = || {
+            empty_device_contiguous_dtype(
+                cube.client.clone(),
+                cube.device.clone(),
+                Shape::new([b, 1]),
+                DType::I32,
+            )
+        };
+        let none = |v: usize| {
+            u32::try_from(2 * v)
+                .ok()
+                .filter(|n| i32::try_from(*n).is_ok())
+        };
+        match self {
+            Self::Tokens => Some((CODES_NONE, placeholder(), none(width)?)),
+            Self::OwnKeys => Some((CODES_OWN, placeholder(), none(width)?)),
+            Self::Keys(keys, vocab) => {
+                let keys = resolve_int(keys)?;
+                (keys.dtype == DType::I32 && keys.meta.shape().num_elements() == b).then_some(())?;
+                Some((CODES_GIVEN, keys, none(*vocab)?))
+            }
+        }
+    }
+}
