@@ -55,6 +55,18 @@ pub enum DeviceRefusal {
         /// The largest `k` given to the generic top-k on a GPU.
         limit: usize,
     },
+    /// The stage's device recipe compares the candidates pairwise
+    /// (`[B, N, N]`): it takes rows of at most `limit` candidates (after a
+    /// device `top_k`); a wider row runs it on the host.
+    #[error(
+        "its device recipe compares candidates pairwise, at most {limit} of them; the row has {width} (a device top_k before it narrows the row)"
+    )]
+    PairwiseTooWide {
+        /// The row's width.
+        width: usize,
+        /// The widest row the recipe takes.
+        limit: usize,
+    },
     /// A parameter names a token outside the vocabulary: the host reports it
     /// as that row's error.
     #[error("row {row}: token id {token} is outside the vocabulary of {vocab}")]
@@ -444,14 +456,7 @@ mod tests {
     #[test]
     fn host_only_stage_ends_prefix_and_top_k_reads_candidates() {
         let p = plan_specs(
-            &[
-                S::TopK { k: 40 },
-                S::Typical {
-                    p: 0.5,
-                    min_keep: 0,
-                },
-                S::Dist,
-            ],
+            &[S::TopK { k: 40 }, S::TopNSigma { n: 1.0 }, S::Dist],
             32000,
             OffloadPolicy::Auto,
         );

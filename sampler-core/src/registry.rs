@@ -496,7 +496,7 @@ define_stages! {
         ],
         effects: [candidates, probs],
         needs: [],
-        device: no [],
+        device: yes [masks_removed],
         noop: *p >= 1.0,
         noop_rule: "p >= 1",
         survivors: None,

@@ -115,6 +115,39 @@ pub fn boundary_reason_after(
                     return Some(format!("{} boundary: p {p} ~ cutoff {thr}", st.name()));
                 }
             }
+            StageSpec::Typical { p, .. } => {
+                // Scores `|-ln p - H|` in ascending order (ties canonical),
+                // the cut where the mass before a candidate passes `p`.
+                let probs: Vec<f64> = e.iter().map(|&x| x / s).collect();
+                let h: f64 = probs
+                    .iter()
+                    .filter(|&&q| q > 0.0)
+                    .map(|&q| -q * q.ln())
+                    .sum();
+                let score: Vec<f64> = probs.iter().map(|&q| (-q.ln() - h).abs()).collect();
+                let mut order: Vec<usize> = (0..ids.len()).collect();
+                order.sort_by(|&a, &b| {
+                    score[a]
+                        .total_cmp(&score[b])
+                        .then(desc_cmp(logits[a], ids[a], logits[b], ids[b]))
+                });
+                let mut cum = 0.0;
+                for (k, &j) in order.iter().enumerate() {
+                    if (cum - f64::from(*p)).abs() < TOL {
+                        return Some(format!("typical boundary: mass {cum} ~ p {p}"));
+                    }
+                    if let Some(&next) = order.get(k + 1)
+                        && score[j] != score[next]
+                        && (score[next] - score[j]).abs() < TOL * score[j].abs().max(1.0)
+                    {
+                        return Some(format!(
+                            "typical boundary: scores {} ~ {}",
+                            score[j], score[next]
+                        ));
+                    }
+                    cum += probs[j];
+                }
+            }
             StageSpec::Dist => {
                 let u = rng::uniform(spec.seed?, step, rng::lane(i, 0));
                 let target = u * s;

@@ -382,14 +382,7 @@ fn bytes_top_k_prefix_at_most_8k_per_row(d: &Device, _: &str) {
     let v = 500;
     let b = 2;
     let logits: Vec<f32> = (0..b * v).map(|i| ((i * 53) % 97) as f32 * 0.07).collect();
-    let stages = vec![
-        S::TopK { k: 40 },
-        S::Typical {
-            p: 0.9,
-            min_keep: 0,
-        },
-        S::Dist,
-    ];
+    let stages = vec![S::TopK { k: 40 }, S::TopNSigma { n: 1.0 }, S::Dist];
     let rows: Vec<_> = (0..b).map(|r| chain(stages.clone(), r as u64)).collect();
     let prompts = vec![vec![]; b];
     let (out, ex) = device_step(&rows, &logits, v, d, OffloadPolicy::Device, &prompts);
@@ -541,6 +534,42 @@ fn burn_topk_values_are_descending(d: &Device, _: &str) {
     }
 }
 
+/// `typical` runs on the device over narrow rows (after a device `top_k`,
+/// llama.cpp's default order) with the CPU's tokens, and refuses a full row
+/// wider than its pairwise recipe takes: the plan names the reason and the
+/// row comes back whole.
+fn typical_on_narrow_rows_refused_on_full_rows(d: &Device, _: &str) {
+    let v = 300;
+    let b = 3;
+    let logits: Vec<f32> = (0..b * v).map(|i| ((i * 37) % 101) as f32 * 0.05).collect();
+    let prompts = vec![vec![]; b];
+    let typical = |p, min_keep| S::Typical { p, min_keep };
+    let rows: Vec<_> = [(0.5, 0), (0.9, 3), (0.2, 0)]
+        .into_iter()
+        .enumerate()
+        .map(|(r, (p, k))| chain(vec![S::TopK { k: 40 }, typical(p, k), S::Dist], r as u64))
+        .collect();
+    let (out, ex) = device_step(&rows, &logits, v, d, OffloadPolicy::Device, &prompts);
+    assert_eq!(ex.plan().device, vec![0, 1, 2], "{}", ex.plan());
+    assert_eq!(out.bytes_read, 4 * b);
+    assert_eq!(out.tokens, cpu_step(&rows, &logits, v, &prompts));
+    let rows: Vec<_> = (0..b)
+        .map(|r| chain(vec![typical(0.9, 0), S::Dist], r as u64))
+        .collect();
+    let (out, ex) = device_step(&rows, &logits, v, d, OffloadPolicy::Device, &prompts);
+    assert!(ex.plan().device.is_empty(), "{}", ex.plan());
+    assert_eq!(
+        ex.plan().host_reason,
+        Some(sampler_core::HostReason::Refused(
+            sampler_core::DeviceRefusal::PairwiseTooWide {
+                width: v,
+                limit: 256
+            }
+        ))
+    );
+    assert_eq!(out.tokens, cpu_step(&rows, &logits, v, &prompts));
+}
+
 device_tests!(
     burn_topk_values_are_descending,
     bug12_top_k_then_greedy_returns_token_id,
@@ -560,4 +589,5 @@ device_tests!(
     wrong_shape_is_an_error,
     no_selecting_stage_is_a_row_error,
     penalties_counts_follow_the_window,
+    typical_on_narrow_rows_refused_on_full_rows,
 );

@@ -63,6 +63,10 @@ fn stage_for(kind: u8, r: &mut impl FnMut() -> u32, vocab: usize) -> S {
             epsilon: [0.0f32, 0.001, 0.02, 0.2, 0.9][(r() % 5) as usize],
             min_keep: [0usize, 0, 2][(r() % 3) as usize],
         },
+        7 => S::Typical {
+            p: [0.2f32, 0.5, 0.9, 0.95, 1.0][(r() % 5) as usize],
+            min_keep: [0usize, 0, 2][(r() % 3) as usize],
+        },
         _ => {
             let n = r() % 3;
             S::LogitBias {
@@ -91,7 +95,7 @@ fn case(few_shapes: bool) -> BoxedStrategy<Case> {
         (1usize..4, prop_oneof![4 => 2usize..40, 1 => 257usize..420]).boxed()
     };
     (
-        prop::collection::vec(0u8..8, 0..4),
+        prop::collection::vec(0u8..9, 0..4),
         0u8..3,
         shape,
         any::<u64>(),

@@ -71,16 +71,13 @@ fn large_vocab_top_k_temperature_dist(device: &Device, name: &str) {
 }
 
 fn large_vocab_top_k_prefix_then_host(device: &Device, name: &str) {
-    // typical has no device hook: top_k(40) runs on the device, 8·40 bytes come back.
+    // top_n_sigma has no device hook: top_k(40) runs on the device, 8·40 bytes come back.
     same_tokens_as_cpu(
         device,
         name,
         vec![
             StageSpec::TopK { k: 40 },
-            StageSpec::Typical {
-                p: 0.9,
-                min_keep: 1,
-            },
+            StageSpec::TopNSigma { n: 1.0 },
             StageSpec::Dist,
         ],
         8 * 40,

@@ -385,10 +385,7 @@ fn bans_after_a_masking_stage_stay_candidates(d: &Device, dev: &str) {
                     dynatemp_range: 0.0,
                     dynatemp_exponent: 1.0,
                 },
-                S::Typical {
-                    p: 0.5,
-                    min_keep: 0,
-                },
+                S::TopNSigma { n: 1.0 },
                 S::Dist,
             ],
             vec![1.0, 2.0, 0.5, 1.5, -1.0],
