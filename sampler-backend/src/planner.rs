@@ -5,10 +5,19 @@
 
 use burn_tensor::Device;
 use sampler_core::plan::{self, HostReason, OffloadPolicy, Plan, PlanStage, Readback};
-use sampler_core::{ChainSpec, DeviceRefusal, LogprobsMode};
+use sampler_core::{ChainSpec, DeviceRefusal, LogprobsMode, StageKind};
 
-use crate::batch::group::GroupKey;
 use crate::stage::{InitContext, build_device_stage};
+
+/// The device prefix a request runs: `(chain position, kind, survivors)` of
+/// each device stage, and the readback. Requests with equal keys share a group.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct GroupKey {
+    pub(crate) device: Vec<(usize, StageKind, Option<usize>)>,
+    pub(crate) readback: Readback,
+    /// Logprobs the device computes: mode, top `n`, `m` requested ids.
+    pub(crate) logprobs: Option<(LogprobsMode, usize, usize)>,
+}
 
 /// The largest vocabulary a device stage takes: device token ids are
 /// `i32` (ids `0..2^31`).

@@ -4,21 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use burn_tensor::{Device, Int, Tensor, TensorData};
-use sampler_core::plan::Readback;
-use sampler_core::{LogprobsMode, StageKind};
 
 use crate::batch::request::{Request, RequestId};
+use crate::planner::GroupKey;
 use crate::stage::{DeviceStage, InitContext, build_device_stage};
-
-/// The device prefix a request runs: `(chain position, kind, survivors)` of
-/// each device stage, and the readback. Requests with equal keys share a group.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct GroupKey {
-    pub(crate) device: Vec<(usize, StageKind, Option<usize>)>,
-    pub(crate) readback: Readback,
-    /// Logprobs the device computes: mode, top `n`, `m` requested ids.
-    pub(crate) logprobs: Option<(LogprobsMode, usize, usize)>,
-}
 
 /// One group: its members (slot -> request) and their device stages.
 #[derive(Default)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use sampler_core::{Chain, ChainSpec, Plan, StageKind, TokenId, TokenOrigin};
 
-use crate::batch::group::GroupKey;
+use crate::planner::GroupKey;
 
 /// A request of a [`SamplingBatch`](crate::SamplingBatch): returned by
 /// [`SamplingBatch::insert`](crate::SamplingBatch::insert), valid until

@@ -16,7 +16,7 @@ pub(crate) mod submit;
 use burn_tensor::{Int, Tensor};
 use sampler_core::{Candidates, Logprobs, SampleError, TokenId};
 
-use crate::batch::group::GroupKey;
+use crate::planner::GroupKey;
 
 /// Where a step's rows went, and where their outputs sit in the readback.
 #[derive(Debug, Default)]

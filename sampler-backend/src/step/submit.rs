@@ -11,11 +11,11 @@ use super::device::device_pass;
 use super::{GroupRun, Out, StepLayout};
 use crate::BackendError;
 use crate::batch::SamplingBatch;
-use crate::batch::group::GroupKey;
 use crate::batch::pending::{InFlight, NEXT_SERIAL, PendingStep, Readback_};
 use crate::batch::request::RequestId;
 use crate::logprobs::DeviceLogprobs;
 use crate::ops;
+use crate::planner::GroupKey;
 use crate::stage::RowState;
 
 impl SamplingBatch {
