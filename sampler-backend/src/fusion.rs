@@ -25,7 +25,7 @@ use sampler_core::GREEDY_TEMPERATURE;
 
 use crate::kernels::{self, FullCut, TokenCodes};
 use crate::ops::{self, wide};
-use crate::stage::{DeviceStage, Fusable, HistoryPenalties, StepData};
+use crate::stage::{CutRule, DeviceStage, Fusable, HistoryPenalties, StepData};
 use crate::stages::penalties::penalise;
 use crate::stages::temperature::scale_rows;
 use crate::stages::top_p::full_row_nucleus;
@@ -105,9 +105,7 @@ pub(crate) fn takes_unsanitised(
             !crate::is_cpu_device(d) && kernels::top_k_applies(b, v, k)
         }
         _ if handing_on > 0 => false,
-        Fusable::TopP { keep_max, .. } | Fusable::MinP { keep_max, .. } => {
-            keep_max <= 1 && full_row_kernels(b, v, d)
-        }
+        Fusable::Cut { keep_max, .. } => keep_max <= 1 && full_row_kernels(b, v, d),
         Fusable::Temperature { dynamic: false, .. } => full_row_kernels(b, v, d),
         Fusable::Greedy => !crate::is_cpu_device(d) && kernels::argmax_applies(b, v),
         _ => false,
@@ -162,14 +160,22 @@ impl Fusion {
                 self.penalties = Some(p.per_row(data));
             }
             Fusable::TopK { k_row, k_max } => self.top_k(st, data, k_row, k_max),
-            Fusable::TopP { p, keep_max } if keep_max <= 1 && full && fused => {
+            Fusable::Cut {
+                rule: CutRule::TopP,
+                column,
+                keep_max,
+            } if keep_max <= 1 && full && fused => {
                 self.nucleus = Some(PendingNucleus {
-                    cut: PendingCut::TopP(data.per_row(p)),
+                    cut: PendingCut::TopP(data.per_row(column)),
                     t: None,
                 });
             }
-            Fusable::MinP { log_p, keep_max } if keep_max <= 1 => {
-                let log_p = data.per_row(log_p);
+            Fusable::Cut {
+                rule: CutRule::MinP,
+                column,
+                keep_max,
+            } if keep_max <= 1 => {
+                let log_p = data.per_row(column);
                 if full && fused {
                     self.nucleus = Some(PendingNucleus {
                         cut: PendingCut::MinP(log_p),

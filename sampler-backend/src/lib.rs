@@ -52,6 +52,7 @@ mod logprobs;
 pub mod ops;
 mod planner;
 pub mod readback;
+mod recipes;
 mod stage;
 pub mod stages;
 mod step;
@@ -65,5 +66,6 @@ pub use device::{compiled_devices, parse_device, probe_device, resolve_device, u
 pub use error::BackendError;
 pub use executor::{Executor, FilterOutput, StepOutput};
 pub use stage::{
-    DeviceStage, Fusable, HistoryPenalties, InitContext, RowState, StepData, build_device_stage,
+    CutRule, DeviceStage, Fusable, HistoryPenalties, InitContext, RowState, StepData,
+    build_device_stage,
 };

@@ -112,20 +112,15 @@ pub enum Fusable<'a> {
         /// The largest `k` (the width after the stage, before clamping).
         k_max: usize,
     },
-    /// `top_p`: `p` `[S, 1]` (`+inf` on no-op slots) and the largest
-    /// `min_keep`.
-    TopP {
-        /// Per-slot `p`, `+inf` where the stage is a no-op.
-        p: &'a Tensor<2>,
-        /// The largest `min_keep` (at least 1).
-        keep_max: usize,
-    },
-    /// `min_p`: `ln p` `[S, 1]` (`-inf` on no-op slots) and the largest
-    /// `min_keep`.
-    MinP {
-        /// Per-slot `ln p`, `-inf` where the stage is a no-op.
-        log_p: &'a Tensor<2>,
-        /// The largest `min_keep` (at least 1).
+    /// `top_p` or `min_p`: the per-slot column a full-row kernel takes
+    /// `[S, 1]` ([`CutRule`]) and the largest `min_keep` (at least 1).
+    Cut {
+        /// Which cut.
+        rule: CutRule,
+        /// `p` (`+inf` on no-op slots) for `top_p`, `ln p` (`-inf` on
+        /// no-op slots) for `min_p`.
+        column: &'a Tensor<2>,
+        /// The largest `min_keep`.
         keep_max: usize,
     },
     /// `temperature`: `t` `[S, 1]`, and whether any slot has a dynamic range
@@ -143,6 +138,16 @@ pub enum Fusable<'a> {
     },
     /// `greedy`.
     Greedy,
+}
+
+/// The rule of a [`Fusable::Cut`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CutRule {
+    /// `top_p` (nucleus): the mass before a candidate in canonical order
+    /// below `p`.
+    TopP,
+    /// `min_p`: `l >= max + ln p`.
+    MinP,
 }
 
 impl HistoryPenalties {

@@ -9,23 +9,19 @@
 //! that a following `[temperature] -> dist` draws through it in one kernel
 //! (`kernels::cut_dist_full`, about two reads).
 
-use burn_tensor::{Bool, Int, Tensor};
+use burn_tensor::Tensor;
 use sampler_core::StageSpec;
 
 use sampler_core::DeviceRefusal;
 
 use crate::ops::{self, wide};
-use crate::stage::{DeviceStage, Fusable, InitContext, StepData};
+use crate::recipes::{KeepFilter, or_fill};
+use crate::stage::{CutRule, DeviceStage, Fusable, InitContext, StepData};
 
 /// Device min-p with per-row `p` and `min_keep`.
 #[derive(Debug)]
 pub struct MinP {
-    ps: Vec<f32>,
-    keeps: Vec<usize>,
-    log_p: Option<Tensor<2>>,
-    noop: Option<Tensor<2, Bool>>,
-    keep_row: Option<Tensor<2, Int>>,
-    keep_max: usize,
+    filter: KeepFilter,
     /// `ln p`, `-inf` on no-op rows: the kernels' column.
     log_p_or_all: Option<Tensor<2>>,
 }
@@ -33,23 +29,12 @@ pub struct MinP {
 impl MinP {
     /// From the per-row specs (`StageSpec::MinP`).
     pub fn new(_stage_index: usize, specs: &[StageSpec]) -> Self {
-        let mut ps = Vec::new();
-        let mut keeps = Vec::new();
-        for s in specs {
-            let (p, k) = match s {
-                StageSpec::MinP { p, min_keep } => (*p, *min_keep),
-                _ => (0.0, 0),
-            };
-            ps.push(p);
-            keeps.push(k);
-        }
+        let filter = KeepFilter::new(specs, 0.0, |s| match s {
+            StageSpec::MinP { p, min_keep } => Some((*p, *min_keep)),
+            _ => None,
+        });
         Self {
-            ps,
-            keeps,
-            log_p: None,
-            noop: None,
-            keep_row: None,
-            keep_max: 1,
+            filter,
             log_p_or_all: None,
         }
     }
@@ -60,45 +45,28 @@ impl DeviceStage for MinP {
         "min_p"
     }
     fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal> {
-        let n = ctx.width.max(1);
-        let log_p: Vec<f32> = self
-            .ps
-            .iter()
-            .map(|&p| if p > 0.0 { p.ln() } else { 0.0 })
-            .collect();
-        let noop: Vec<bool> = self.ps.iter().map(|&p| p.is_nan() || p <= 0.0).collect();
-        let keep: Vec<i64> = self.keeps.iter().map(|&k| k.clamp(1, n) as i64).collect();
-        self.keep_max = keep.iter().copied().max().unwrap_or(1) as usize;
-        let log_p_or_all: Vec<f32> = log_p
-            .iter()
-            .zip(&noop)
-            .map(|(&l, &all)| if all { f32::NEG_INFINITY } else { l })
-            .collect();
+        let ps = &self.filter.values;
+        let log_p: Vec<f32> = ps.iter().map(|&p| if p > 0.0 { p.ln() } else { 0.0 }).collect();
+        let noop: Vec<bool> = ps.iter().map(|&p| p.is_nan() || p <= 0.0).collect();
+        let log_p_or_all = or_fill(&log_p, &noop, f32::NEG_INFINITY);
         self.log_p_or_all = Some(ops::col_f32(&log_p_or_all, &ctx.device));
-        self.log_p = Some(ops::col_f32(&log_p, &ctx.device));
-        self.noop = Some(ops::col_bool(&noop, &ctx.device));
-        self.keep_row = Some(ops::col_int(&keep, &ctx.device));
-        ops::top_mask_allowed(self.keep_max, ctx.width, &ctx.device)
+        self.filter.upload(&log_p, &noop, ctx);
+        ops::top_mask_allowed(self.filter.keep_max, ctx.width, &ctx.device)
     }
     fn fusable(&self) -> Fusable<'_> {
         match &self.log_p_or_all {
-            Some(log_p) => Fusable::MinP {
-                log_p,
-                keep_max: self.keep_max,
+            Some(column) => Fusable::Cut {
+                rule: CutRule::MinP,
+                column,
+                keep_max: self.filter.keep_max,
             },
             None => Fusable::Alone,
         }
     }
     fn apply(&self, data: &mut StepData) {
-        let (Some(log_p), Some(noop), Some(keep_row)) = (&self.log_p, &self.noop, &self.keep_row)
-        else {
+        let Some((log_p, noop, keep_row)) = self.filter.per_row(data) else {
             return;
         };
-        let (log_p, noop, keep_row) = (
-            data.per_row(log_p),
-            data.per_row_bool(noop),
-            data.per_row(keep_row),
-        );
         let keep_row = &keep_row;
         let n = data.width;
         let m = data.logits.clone().max_dim(1);
@@ -108,9 +76,9 @@ impl DeviceStage for MinP {
             .clone()
             .greater_equal(wide(thr, n))
             .bool_or(wide(noop.clone(), n));
-        if self.keep_max > 1 {
+        if self.filter.keep_max > 1 {
             let ids = data.token_ids();
-            let top = ops::canonical_top_mask(&data.logits, &ids, keep_row, self.keep_max);
+            let top = ops::canonical_top_mask(&data.logits, &ids, keep_row, self.filter.keep_max);
             keep = keep.bool_or(top);
         } else {
             // The first candidate in canonical order always survives

@@ -167,16 +167,7 @@ impl DeviceStage for Temperature {
         let safe_t = t_eff
             .mask_fill(greedy.clone(), 1.0)
             .mask_fill(unchanged, 1.0);
-        // Saturate like the CPU: a finite logit never becomes +-inf.
-        let scaled = l
-            .clone()
-            .div(wide(safe_t, n))
-            .clamp(-f32::MAX, f32::MAX)
-            .mask_fill(l.clone().equal_elem(f32::NEG_INFINITY), f32::NEG_INFINITY);
-        let ids = data.token_ids();
-        let best = ops::argmax_lowest_id(&l, &ids);
-        let argmax_only = ops::mask_logits(l, ids.equal(wide(best, n)));
-        data.logits = scaled.mask_where(wide(greedy, n), argmax_only);
+        divide_or_argmax(data, &safe_t, greedy);
     }
 }
 
@@ -191,12 +182,19 @@ pub(crate) fn scale_rows(data: &mut StepData, t: &Tensor<2>) {
         data.logits = out;
         return;
     }
-    let n = data.width;
     let greedy = t.clone().lower_elem(GREEDY_TEMPERATURE);
     let safe_t = t.clone().mask_fill(greedy.clone(), 1.0);
+    divide_or_argmax(data, &safe_t, greedy);
+}
+
+/// `l / t` per row `[B, 1]`, saturated like the CPU (a finite logit never
+/// becomes `±inf`, `-inf` kept), or on `greedy` rows only the lowest id
+/// among the maxima kept.
+fn divide_or_argmax(data: &mut StepData, t: &Tensor<2>, greedy: Tensor<2, Bool>) {
+    let (l, n) = (data.logits.clone(), data.width);
     let scaled = l
         .clone()
-        .div(wide(safe_t, n))
+        .div(wide(t.clone(), n))
         .clamp(-f32::MAX, f32::MAX)
         .mask_fill(l.clone().equal_elem(f32::NEG_INFINITY), f32::NEG_INFINITY);
     let ids = data.token_ids();

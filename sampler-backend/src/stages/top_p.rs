@@ -27,7 +27,8 @@ use sampler_core::DeviceRefusal;
 
 use crate::kernels;
 use crate::ops::{self, PAIRWISE_MAX, wide};
-use crate::stage::{DeviceStage, Fusable, InitContext, StepData};
+use crate::recipes::{KeepFilter, or_fill};
+use crate::stage::{CutRule, DeviceStage, Fusable, InitContext, StepData};
 
 /// Iterations of the value bisection on full rows. Each halves the range of
 /// logits still in question; 64 resolves any two distinct f32 logits of
@@ -37,36 +38,20 @@ pub const BISECT_ITERS: usize = 64;
 /// Device top-p with per-row `p` and `min_keep`.
 #[derive(Debug)]
 pub struct TopP {
-    ps: Vec<f32>,
-    keeps: Vec<usize>,
-    p: Option<Tensor<2>>,
-    noop: Option<Tensor<2, Bool>>,
-    keep_row: Option<Tensor<2, Int>>,
-    keep_max: usize,
-    /// `p`, `+inf` on no-op rows: the narrow-row kernel's column.
+    filter: KeepFilter,
+    /// `p`, `+inf` on no-op rows: the kernels' column.
     p_or_all: Option<Tensor<2>>,
 }
 
 impl TopP {
     /// From the per-row specs (`StageSpec::TopP`).
     pub fn new(_stage_index: usize, specs: &[StageSpec]) -> Self {
-        let mut ps = Vec::new();
-        let mut keeps = Vec::new();
-        for s in specs {
-            let (p, k) = match s {
-                StageSpec::TopP { p, min_keep } => (*p, *min_keep),
-                _ => (1.0, 0),
-            };
-            ps.push(p);
-            keeps.push(k);
-        }
+        let filter = KeepFilter::new(specs, 1.0, |s| match s {
+            StageSpec::TopP { p, min_keep } => Some((*p, *min_keep)),
+            _ => None,
+        });
         Self {
-            ps,
-            keeps,
-            p: None,
-            noop: None,
-            keep_row: None,
-            keep_max: 1,
+            filter,
             p_or_all: None,
         }
     }
@@ -77,40 +62,27 @@ impl DeviceStage for TopP {
         "top_p"
     }
     fn init(&mut self, ctx: &InitContext) -> Result<(), DeviceRefusal> {
-        let n = ctx.width.max(1);
-        let p: Vec<f32> = self.ps.iter().map(|&p| p.clamp(0.0, 1.0)).collect();
-        let noop: Vec<bool> = self.ps.iter().map(|&p| p >= 1.0).collect();
-        let keep: Vec<i64> = self.keeps.iter().map(|&k| k.clamp(1, n) as i64).collect();
-        self.keep_max = keep.iter().copied().max().unwrap_or(1) as usize;
-        let p_or_all: Vec<f32> = p
-            .iter()
-            .zip(&noop)
-            .map(|(&p, &all)| if all { f32::INFINITY } else { p })
-            .collect();
-        self.p_or_all = Some(ops::col_f32(&p_or_all, &ctx.device));
-        self.p = Some(ops::col_f32(&p, &ctx.device));
-        self.noop = Some(ops::col_bool(&noop, &ctx.device));
-        self.keep_row = Some(ops::col_int(&keep, &ctx.device));
-        ops::top_mask_allowed(self.keep_max, ctx.width, &ctx.device)
+        let ps = &self.filter.values;
+        let p: Vec<f32> = ps.iter().map(|&p| p.clamp(0.0, 1.0)).collect();
+        let noop: Vec<bool> = ps.iter().map(|&p| p >= 1.0).collect();
+        self.p_or_all = Some(ops::col_f32(&or_fill(&p, &noop, f32::INFINITY), &ctx.device));
+        self.filter.upload(&p, &noop, ctx);
+        ops::top_mask_allowed(self.filter.keep_max, ctx.width, &ctx.device)
     }
     fn fusable(&self) -> Fusable<'_> {
         match &self.p_or_all {
-            Some(p) => Fusable::TopP {
-                p,
-                keep_max: self.keep_max,
+            Some(column) => Fusable::Cut {
+                rule: CutRule::TopP,
+                column,
+                keep_max: self.filter.keep_max,
             },
             None => Fusable::Alone,
         }
     }
     fn apply(&self, data: &mut StepData) {
-        let (Some(p), Some(noop), Some(keep_row)) = (&self.p, &self.noop, &self.keep_row) else {
+        let Some((p, noop, keep_row)) = self.filter.per_row(data) else {
             return;
         };
-        let (p, noop, keep_row) = (
-            data.per_row(p),
-            data.per_row_bool(noop),
-            data.per_row(keep_row),
-        );
         let keep_row = &keep_row;
         let n = data.width;
         let ids = data.token_ids();
@@ -130,8 +102,8 @@ impl DeviceStage for TopP {
                 .bool_or(rank.lower(wide(keep_row.clone(), n)))
         } else {
             let nucleus = full_row_nucleus(&data.logits, &ids, &e, &target, data.vocab);
-            let top = if self.keep_max > 1 {
-                ops::canonical_top_mask(&data.logits, &ids, keep_row, self.keep_max)
+            let top = if self.filter.keep_max > 1 {
+                ops::canonical_top_mask(&data.logits, &ids, keep_row, self.filter.keep_max)
             } else {
                 let best = ops::argmax_lowest_id(&data.logits, &ids);
                 ids.clone().equal(wide(best, n))

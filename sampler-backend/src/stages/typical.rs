@@ -19,39 +19,26 @@
 //! before lies within rounding of `p`, or two scores within rounding of
 //! each other; the equivalence tests report such rows as ties.
 
-use burn_tensor::{Bool, Int, Tensor};
 use sampler_core::{DeviceRefusal, StageSpec};
 
 use crate::ops::{self, PAIRWISE_MAX, wide};
+use crate::recipes::KeepFilter;
 use crate::stage::{DeviceStage, InitContext, StepData};
 
 /// Device typical sampling with per-row `p` and `min_keep`.
 #[derive(Debug)]
 pub struct Typical {
-    ps: Vec<f32>,
-    keeps: Vec<usize>,
-    p: Option<Tensor<2>>,
-    noop: Option<Tensor<2, Bool>>,
-    keep_row: Option<Tensor<2, Int>>,
+    filter: KeepFilter,
 }
 
 impl Typical {
     /// From the per-row specs (`StageSpec::Typical`; other kinds are no-op rows).
     pub fn new(_stage_index: usize, specs: &[StageSpec]) -> Self {
-        let (ps, keeps) = specs
-            .iter()
-            .map(|s| match s {
-                StageSpec::Typical { p, min_keep } => (*p, *min_keep),
-                _ => (1.0, 0),
-            })
-            .unzip();
-        Self {
-            ps,
-            keeps,
-            p: None,
-            noop: None,
-            keep_row: None,
-        }
+        let filter = KeepFilter::new(specs, 1.0, |s| match s {
+            StageSpec::Typical { p, min_keep } => Some((*p, *min_keep)),
+            _ => None,
+        });
+        Self { filter }
     }
 }
 
@@ -66,23 +53,15 @@ impl DeviceStage for Typical {
                 limit: PAIRWISE_MAX,
             });
         }
-        let d = &ctx.device;
-        let noop: Vec<bool> = self.ps.iter().map(|&p| p >= 1.0).collect();
-        let keep: Vec<i64> = self.keeps.iter().map(|&k| k.max(1) as i64).collect();
-        self.p = Some(ops::col_f32(&self.ps, d));
-        self.noop = Some(ops::col_bool(&noop, d));
-        self.keep_row = Some(ops::col_int(&keep, d));
+        let p = self.filter.values.clone();
+        let noop: Vec<bool> = p.iter().map(|&p| p >= 1.0).collect();
+        self.filter.upload(&p, &noop, ctx);
         Ok(())
     }
     fn apply(&self, data: &mut StepData) {
-        let (Some(p), Some(noop), Some(keep_row)) = (&self.p, &self.noop, &self.keep_row) else {
+        let Some((p, noop, keep_row)) = self.filter.per_row(data) else {
             return;
         };
-        let (p, noop, keep_row) = (
-            data.per_row(p),
-            data.per_row_bool(noop),
-            data.per_row(keep_row),
-        );
         let [b, n] = data.logits.dims();
         let (e, _) = ops::exps(&data.logits);
         let sum = e.clone().sum_dim(1).clamp_min(f32::MIN_POSITIVE);
