@@ -1,5 +1,6 @@
 //! [`ConfigError`] (what stops a chain from loading) and [`Diagnostic`]
-//! (what loaded, but deserves a word to the user).
+//! (what loaded, but deserves a word to the user); and the located
+//! [`ConfigError`] of a serde_json error, which every JSON reader shares.
 
 use std::fmt;
 
@@ -379,6 +380,48 @@ impl fmt::Display for Diagnostic {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
+        }
+    }
+}
+
+/// `line:column` of a serde_json error in `text`, the column in characters
+/// (serde_json counts bytes from 1 on the line; line 0 = no position).
+pub(crate) fn json_location(text: &str, e: &serde_json::Error) -> Option<Location> {
+    if e.line() == 0 {
+        return None;
+    }
+    let line_start = if e.line() == 1 {
+        0
+    } else {
+        text.match_indices('\n')
+            .nth(e.line() - 2)
+            .map_or(text.len(), |(i, _)| i + 1)
+    };
+    let offset = line_start + e.column().saturating_sub(1);
+    Some(Location::from_offset(text, offset.min(text.len())))
+}
+
+/// A serde_json error on `text` as a [`ConfigError`]: `Syntax` for text
+/// that is not JSON, `Schema` for JSON serde could not read; located, its
+/// message without serde_json's own position.
+pub(crate) fn schema_error(text: &str, e: &serde_json::Error) -> ConfigError {
+    // serde_json appends " at line L column C"; the location says it.
+    let msg = e.to_string();
+    let msg = msg
+        .rsplit_once(" at line ")
+        .map_or(msg.as_str(), |(m, _)| m)
+        .to_string();
+    if e.is_syntax() || e.is_eof() {
+        ConfigError::Syntax {
+            format: "JSON",
+            message: msg,
+            location: json_location(text, e),
+        }
+    } else {
+        ConfigError::Schema {
+            format: "JSON",
+            message: msg,
+            location: json_location(text, e),
         }
     }
 }

@@ -10,10 +10,13 @@ use sampler_core::{
 use sampler_core::{LogprobsMode, LogprobsSpec};
 use serde::{Deserialize, Serialize};
 
-use crate::convert::{At, TOKEN_RANGE, parse_float, parse_int, parse_seed, parse_token_seqs};
-use crate::error::{ConfigError, Diagnostic};
+use crate::error::{ConfigError, Diagnostic, schema_error};
 use crate::located::{Doc, Entry, Node, Value as LValue, parse_json};
 use crate::suggest::suggest;
+use crate::values::{
+    At, SEED_RANGE, TOKEN_RANGE, parse_float, parse_int, parse_seed, parse_token_ids,
+    parse_token_seqs,
+};
 use crate::{ChainConfig, DeviceConfig, LoadOptions};
 
 /// The window of the penalties stages built from flat parameters when
@@ -485,7 +488,7 @@ pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 34] = [
         FieldKind::Bias,
         "a finite number, or -inf to ban the token",
     ),
-    ("seed", FieldKind::Seed, crate::convert::SEED_RANGE),
+    ("seed", FieldKind::Seed, SEED_RANGE),
     ("do_sample", FieldKind::Bool, "a boolean (false = greedy)"),
     (
         "logprobs",
@@ -587,7 +590,7 @@ pub(crate) fn check_field_type(doc: Doc<'_>, entry: &Entry) -> Result<(), Config
             _ => parse_int(at, key, range, v).map(|_| ()),
         },
         FieldKind::Ids => match &v.value {
-            LValue::Array(_) => crate::convert::parse_token_ids(at, key, v).map(|_| ()),
+            LValue::Array(_) => parse_token_ids(at, key, v).map(|_| ()),
             _ => Err(wrong(doc.found(v), range)),
         },
         FieldKind::Word(words) => match v.as_str() {
@@ -762,7 +765,7 @@ impl SamplingParams {
             check_field_type(doc, e)?;
         }
         let params: SamplingParams =
-            serde_json::from_str(doc.text).map_err(|e| crate::json::schema_error(doc.text, &e))?;
+            serde_json::from_str(doc.text).map_err(|e| schema_error(doc.text, &e))?;
         params
             .check()
             .map_err(|e| locate_range_error(doc, &root, e))?;

@@ -2,10 +2,10 @@
 
 use std::path::Path;
 
-use crate::convert::{At, parse_float, parse_int, parse_token_ids};
 use crate::error::{ConfigError, Diagnostic};
 use crate::flat::{SamplingParams, StageKeys, locate_range_error, range_of, registered_keys};
 use crate::located::{Doc, Entry, Value as LValue, parse_json};
+use crate::values::{At, parse_float, parse_int, parse_token_ids};
 
 /// The sampling keys of a model's `generation_config.json` (transformers'
 /// `GenerationConfig`) that map onto this crate's stages. Only keys present

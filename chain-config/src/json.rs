@@ -5,49 +5,12 @@
 
 use sampler_core::ChainSpec;
 
-use crate::convert::{At, parse_seed, stage_entry};
+use crate::convert::stage_entry;
 use crate::error::{ConfigError, Location};
-use crate::located::{Value, parse_json};
+use crate::flat::range_of;
+use crate::located::{Doc, Entry, Value, parse_json};
 use crate::suggest::suggest;
-
-/// `line:column` of a serde_json error in `text`, the column in characters
-/// (serde_json counts bytes from 1 on the line; line 0 = no position).
-pub(crate) fn json_location(text: &str, e: &serde_json::Error) -> Option<Location> {
-    if e.line() == 0 {
-        return None;
-    }
-    let line_start = if e.line() == 1 {
-        0
-    } else {
-        text.match_indices('\n')
-            .nth(e.line() - 2)
-            .map_or(text.len(), |(i, _)| i + 1)
-    };
-    let offset = line_start + e.column().saturating_sub(1);
-    Some(Location::from_offset(text, offset.min(text.len())))
-}
-
-pub(crate) fn schema_error(text: &str, e: &serde_json::Error) -> ConfigError {
-    // serde_json appends " at line L column C"; the location says it.
-    let msg = e.to_string();
-    let msg = msg
-        .rsplit_once(" at line ")
-        .map_or(msg.as_str(), |(m, _)| m)
-        .to_string();
-    if e.is_syntax() || e.is_eof() {
-        ConfigError::Syntax {
-            format: "JSON",
-            message: msg,
-            location: json_location(text, e),
-        }
-    } else {
-        ConfigError::Schema {
-            format: "JSON",
-            message: msg,
-            location: json_location(text, e),
-        }
-    }
-}
+use crate::values::{At, parse_int, parse_seed, parse_token_ids};
 
 pub(crate) fn load(text: &str) -> Result<ChainSpec, ConfigError> {
     let (doc, root) = parse_json(text)?;
@@ -109,10 +72,7 @@ pub(crate) fn load(text: &str) -> Result<ChainSpec, ConfigError> {
 
 /// `"logprobs": {"top_n": 5, "token_ids": [1, 2], "mode": "processed"}`
 /// (the serde form of [`sampler_core::LogprobsSpec`]).
-fn logprobs_object(
-    doc: crate::located::Doc<'_>,
-    e: &crate::located::Entry,
-) -> Result<sampler_core::LogprobsSpec, ConfigError> {
+fn logprobs_object(doc: Doc<'_>, e: &Entry) -> Result<sampler_core::LogprobsSpec, ConfigError> {
     const KEYS: [&str; 3] = ["top_n", "token_ids", "mode"];
     let Some(items) = e.value.entries() else {
         return Err(ConfigError::WrongType {
@@ -128,21 +88,17 @@ fn logprobs_object(
         let at = At::entry(doc, item);
         match item.key.as_str() {
             "top_n" => {
-                let range = crate::flat::range_of("top_logprobs");
-                let n = crate::convert::parse_int(at, &path, range, &item.value)?;
+                let range = range_of("top_logprobs");
+                let n = parse_int(at, &path, range, &item.value)?;
                 spec.top_n = usize::try_from(n)
                     .ok()
                     .filter(|&n| n <= sampler_core::logprobs::MAX_TOP_LOGPROBS)
                     .ok_or_else(|| at.range(&path, &item.value, range))?;
             }
             "token_ids" => {
-                spec.token_ids = crate::convert::parse_token_ids(at, &path, &item.value)?;
+                spec.token_ids = parse_token_ids(at, &path, &item.value)?;
                 if spec.token_ids.len() > sampler_core::logprobs::MAX_LOGPROB_TOKEN_IDS {
-                    return Err(at.range(
-                        &path,
-                        &item.value,
-                        crate::flat::range_of("logprob_token_ids"),
-                    ));
+                    return Err(at.range(&path, &item.value, range_of("logprob_token_ids")));
                 }
             }
             "mode" => {

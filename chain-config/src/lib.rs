@@ -50,6 +50,7 @@ mod params;
 mod suggest;
 mod toml_in;
 mod toml_out;
+mod values;
 
 use std::path::Path;
 

@@ -13,7 +13,7 @@ use jsonc_parser::common::Ranged;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use crate::error::{ConfigError, Location};
+use crate::error::{ConfigError, Location, schema_error};
 
 /// Which syntax a document was written in: it decides the type words of
 /// messages (`integer` / `number`, `table` / `object`) and where an error
@@ -484,8 +484,7 @@ pub(crate) fn parse_json(text: &str) -> Result<(Doc<'_>, Node), ConfigError> {
         text,
         format: Format::Json,
     };
-    serde_json::from_str::<serde::de::IgnoredAny>(text)
-        .map_err(|e| crate::json::schema_error(text, &e))?;
+    serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| schema_error(text, &e))?;
     let options = jsonc_parser::ParseOptions {
         allow_comments: false,
         allow_loose_object_property_names: false,

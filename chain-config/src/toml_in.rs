@@ -8,11 +8,12 @@ use std::ops::Range;
 use sampler_core::{ChainSpec, OffloadPolicy, StageKind, StageSpec};
 
 use crate::chain_string::parse_names;
-use crate::convert::{At, parse_seed, stage_entry, stage_from_table};
+use crate::convert::{stage_entry, stage_from_table};
 use crate::error::{ConfigError, Location};
 use crate::located::{Doc, Entry, Node, Value, parse_toml};
 use crate::params::default_stage;
 use crate::suggest::suggest;
+use crate::values::{At, parse_seed};
 use crate::{ChainConfig, DeviceConfig, LoadOptions};
 
 /// Top-level keys other than stage tables.
@@ -194,7 +195,7 @@ fn toml_logprobs(
             "logprobs" => {
                 flag = Some(match &v.value {
                     crate::located::Value::Bool(b) => LogprobsFlag::On(*b),
-                    _ => LogprobsFlag::Top(crate::convert::parse_int(
+                    _ => LogprobsFlag::Top(crate::values::parse_int(
                         at,
                         &e.key,
                         crate::flat::range_of("logprobs"),
@@ -203,14 +204,14 @@ fn toml_logprobs(
                 })
             }
             "top_logprobs" => {
-                top = Some(crate::convert::parse_int(
+                top = Some(crate::values::parse_int(
                     at,
                     &e.key,
                     crate::flat::range_of("top_logprobs"),
                     v,
                 )?)
             }
-            "logprob_token_ids" => ids = Some(crate::convert::parse_token_ids(at, &e.key, v)?),
+            "logprob_token_ids" => ids = Some(crate::values::parse_token_ids(at, &e.key, v)?),
             _ => mode = v.as_str().and_then(sampler_core::LogprobsMode::from_word),
         }
     }

@@ -617,7 +617,7 @@ pub fn llama_checkpoint(
     let rope_theta = g
         .meta("llama.rope.freq_base")
         .and_then(MetaValue::as_f64)
-        .unwrap_or(crate::llama2::model::ROPE_THETA);
+        .unwrap_or(crate::llama2::checkpoint::ROPE_THETA);
     if let Some(eps) = g
         .meta("llama.attention.layer_norm_rms_epsilon")
         .and_then(MetaValue::as_f64)

@@ -1,7 +1,7 @@
 //! Static stage metadata. The planner and the config
 //! loader reason from this alone; they never run a stage to learn what it does.
 //! The values themselves are declared once per stage in the registry
-//! (`registry.rs`), which generates [`StageKind`], [`StageSpec`](crate::StageSpec)
+//! (`registry/mod.rs`), which generates [`StageKind`], [`StageSpec`](crate::StageSpec)
 //! and every lookup from them.
 
 use crate::{HistoryScope, StageKind, TokenId};

@@ -13,6 +13,10 @@ use super::Llama2Error;
 /// Bytes in the checkpoint header (seven `i32`).
 pub const HEADER_BYTES: usize = 28;
 
+/// RoPE base frequency of llama2.c checkpoints (GGUF files give their own:
+/// [`Config::rope_theta`]).
+pub const ROPE_THETA: f64 = 10_000.0;
+
 /// Hyper-parameters from a checkpoint header.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Config {
@@ -107,7 +111,7 @@ impl Config {
             vocab_size: vocab.unsigned_abs() as usize,
             seq_len: seq_len as usize,
             shared_classifier: vocab > 0,
-            rope_theta: super::model::ROPE_THETA,
+            rope_theta: ROPE_THETA,
         };
         if !cfg.dim.is_multiple_of(cfg.n_heads) {
             return Err(bad(format!(

@@ -21,11 +21,11 @@ use sampler_core::TokenId;
 use super::Llama2Error;
 use super::checkpoint::{Checkpoint, Config};
 
+// Defined next to the checkpoint reader that sets it; kept reachable here.
+pub use super::checkpoint::ROPE_THETA;
+
 /// RMSNorm epsilon (llama2.c and the reference implementation use 1e-5).
 pub const RMS_EPS: f64 = 1e-5;
-/// RoPE base frequency of llama2.c checkpoints (GGUF files give their own:
-/// [`Config::rope_theta`]).
-pub const ROPE_THETA: f64 = 10_000.0;
 
 /// One transformer block's weights on the device, matrices stored `[in, out]`
 /// so that `y = x.matmul(w)` for a row vector `x`.

@@ -13,10 +13,7 @@
 
 use sampler_core::TokenId;
 
-use super::simd::block_maxima;
-
-/// Width of the vectorised compares (and of a block's lane maxima).
-pub(crate) const LANES: usize = 16;
+use super::simd::{BLOCK, LANES, block_maxima};
 
 /// The row holds a NaN or a `+inf` (re-run `validate_logits` for the error).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,9 +94,6 @@ pub(crate) fn max_checked(row: &[f32], maxima: &mut Vec<f32>) -> Result<f32, Inv
         Ok(m)
     }
 }
-
-/// Floats per block of [`candidate_blocks`].
-pub(crate) const BLOCK: usize = 4 * LANES;
 
 /// What [`candidate_blocks`] filters for.
 #[derive(Debug, Clone, Copy)]

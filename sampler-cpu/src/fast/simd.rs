@@ -12,7 +12,11 @@
 //! the NaN flag are the same on every level (tested below), and so is
 //! everything built on them.
 
-use super::scan::{BLOCK, LANES};
+/// Width of the vectorised compares (and of a block's lane maxima).
+pub(crate) const LANES: usize = 16;
+
+/// Floats per block of [`block_maxima`] (and of the scan kernels' pass 1).
+pub(crate) const BLOCK: usize = 4 * LANES;
 
 /// The maximum of each [`BLOCK`]-float block of `full` (a multiple of
 /// [`BLOCK`] floats) into `maxima` (cleared first), with no branch per

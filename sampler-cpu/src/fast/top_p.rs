@@ -33,9 +33,8 @@
 use sampler_core::TokenId;
 use sampler_core::numerics::{LANES as SUM_LANES, add_to_lanes, combine, exp, exp_nonpos};
 
-use super::scan::{
-    Invalid, LANES, as_block, blocks, desc_key, key_id, lane_mask, max_checked, set_bits,
-};
+use super::scan::{Invalid, as_block, blocks, desc_key, key_id, lane_mask, max_checked, set_bits};
+use super::simd::LANES;
 
 /// Buckets per nat below the maximum, for ordering the gathered head.
 const PER_NAT: f32 = 8.0;

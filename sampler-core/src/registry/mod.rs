@@ -2,13 +2,14 @@
 //! parameters (type, default, valid range, meaning), its no-op rule, its
 //! static metadata and its place in llama.cpp's order.
 //!
-//! `define_stages!` turns the table below into [`StageKind`] (and
-//! `StageKind::ALL`), [`StageSpec`] (the declarative stage, serde-tagged by
-//! its canonical name), `StageKind::meta`, `StageSpec::{kind, is_noop,
-//! validate, params, set_param, default_for, survivors}`, and the exported
-//! [`for_each_stage!`](crate::for_each_stage) macro through which
-//! `sampler-cpu` generates its stage builder and `sampler-backend` its
-//! device-stage builder. Nothing else lists the stages.
+//! `define_stages!` (in `registry/machinery.rs`, with its helper macros)
+//! turns the table below into [`StageKind`] (and `StageKind::ALL`),
+//! [`StageSpec`] (the declarative stage, serde-tagged by its canonical name;
+//! its `Deserialize` is in `registry/deserialize.rs`), `StageKind::meta`,
+//! `StageSpec::{kind, is_noop, validate, params, set_param, default_for,
+//! survivors}`, and the exported [`for_each_stage!`](crate::for_each_stage)
+//! macro through which `sampler-cpu` generates its stage builder and
+//! `sampler-backend` its device-stage builder. Nothing else lists the stages.
 //!
 //! Adding a stage: one entry here, the CPU file
 //! `sampler-cpu/src/stages/<module>.rs` (a type named like the variant with
@@ -18,11 +19,88 @@
 //! modules from this table. An optional `flat_key` gives the stage a key in
 //! the flat (OpenAI-style) and `generation_config.json` front ends. Nothing
 //! else needs an edit, apart from the stage's section in `docs/semantics.md`.
+//!
+//! # How to read an entry
+//!
+//! The table starts with a lone `$` (it lets `define_stages!` write the `$`
+//! variables of the `for_each_stage!` macro it defines). Then, per stage:
+//!
+//! ```text
+//! /// Docs of the variant.
+//! Variant(module) {
+//!     name: "...", aliases: [...],
+//!     params: [
+//!         /// Docs of the field.
+//!         field: Type = default => {
+//!             aliases: [...], required: bool, min: .., max: .., valid: ..,
+//!             range: "...", doc: "...",
+//!         },
+//!     ],
+//!     effects: [...], needs: [...], device: yes|no [...],
+//!     noop: expr, noop_rule: "...", survivors: expr, bans: expr,
+//!     order: n, seq: Some('c') | None, flat_key: "..." (optional), source: "...",
+//! }
+//! ```
+//!
+//! * `Variant(module)`: the [`StageKind`] and [`StageSpec`] variant (the doc
+//!   comment above it documents both), and the module of the stage in
+//!   `sampler-cpu/src/stages/` (and, with `device: yes`, in
+//!   `sampler-backend/src/stages/`).
+//! * `name`: the canonical name ([`StageMeta::name`]), written when
+//!   serialising; `aliases`: other names accepted when reading
+//!   (case-insensitive, `-` and `_` alike).
+//! * `params`: the parameters, in declaration order (the order of the
+//!   variant's fields, of `new(...)`'s arguments in both crates and of
+//!   `StageSpec::params`). `field: Type = default` is the field, its Rust
+//!   type (a [`ParamField`]) and its default (`StageSpec::default_for`, and
+//!   what a config that omits it gets; llama.cpp's value where llama.cpp has
+//!   the stage). Then, into its [`ParamMeta`]:
+//!   * `aliases`: other key names accepted in configs;
+//!   * `required`: whether the tagged JSON form must give it;
+//!   * `min` / `max`: numeric bounds (`None`: unbounded), which the config
+//!     loaders read;
+//!   * `valid`: the check `StageSpec::validate` runs, a
+//!     `fn(&Type) -> Result<(), String>` whose `Err` is the value as shown
+//!     in the error (`any`, `finite`, `finite_ge0`, `unit_interval`, or a
+//!     closure over `num`, defined below);
+//!   * `range`: the valid range in words, used verbatim in errors and in
+//!     `docs/config.md`;
+//!   * `doc`: the parameter's meaning in one line.
+//! * `effects`: what the stage does to a row ([`Effects`]: `logits`,
+//!   `candidates`, `probs`, `selects`).
+//! * `needs`: what it needs besides the row: `history` (the accepted
+//!   tokens), `randomness` (the row's counter-based stream), `input`
+//!   (per-step host data: the `mask` stage's bitmask).
+//! * `device: yes|no [...]`: whether `sampler-backend` has a device recipe,
+//!   and what that recipe does to the candidates ([`DeviceEffects`]:
+//!   `masks_removed`, `narrows`).
+//! * `noop`: an expression over the fields (each bound by reference, hence
+//!   `*k <= 0`), true when the parameters make the stage a no-op
+//!   (`StageSpec::is_noop`); `noop_rule`: the same rule in words.
+//! * `survivors`: the most candidates the parameters alone can leave
+//!   (`StageSpec::survivors`; `None` when the row decides).
+//! * `bans`: an expression, true when the parameters can set a kept
+//!   candidate's logit to `-inf` (`StageSpec::bans`).
+//! * `order`: the position in llama.cpp's canonical order
+//!   ([`StageMeta::order`]); unique.
+//! * `seq`: llama.cpp's `--sampling-seq` letter, if it has one; unique.
+//! * `flat_key` (optional): the stage's key in flat (OpenAI / vLLM-style)
+//!   parameters and `generation_config.json` ([`StageMeta::flat_key`]).
+//! * `source`: whose semantics the stage follows.
 
 use std::fmt::Display;
 
+// The code `define_stages!` generates below names these.
 use crate::meta::{DeviceEffects, Effects, ParamField, ParamMeta, ParamValue, SetParamError};
 use crate::{HistoryScope, ParamError, StageMeta, TokenId};
+
+// First: a `macro_rules!` macro is usable only after its definition.
+#[macro_use]
+mod machinery;
+
+mod deserialize;
+
+use machinery::Needs;
 
 /// `Ok` when `ok`, else the value as shown in the error.
 fn num<T: Display>(v: &T, ok: bool) -> Result<(), String> {
@@ -59,306 +137,6 @@ fn finite(x: &f32) -> Result<(), String> {
 
 fn scope_default() -> HistoryScope {
     HistoryScope::PromptAndOutput
-}
-
-macro_rules! effects {
-    ($($e:ident),*) => {{
-        #[allow(unused_mut)]
-        let mut fx = Effects { logits: false, candidates: false, probs: false, selects: false };
-        $( fx.$e = true; )*
-        fx
-    }};
-}
-
-macro_rules! device_effects {
-    ($($e:ident),*) => {{
-        #[allow(unused_mut)]
-        let mut fx = DeviceEffects { masks_removed: false, narrows: false };
-        $( fx.$e = true; )*
-        fx
-    }};
-}
-
-/// What a stage needs besides the row.
-struct Needs {
-    history: bool,
-    randomness: bool,
-    input: bool,
-}
-
-macro_rules! needs {
-    ($($n:ident),*) => {{
-        #[allow(unused_mut)]
-        let mut needs = Needs { history: false, randomness: false, input: false };
-        $( needs.$n = true; )*
-        needs
-    }};
-}
-
-/// `Some(x)` for a given optional entry, else `None`.
-macro_rules! optional {
-    () => {
-        None
-    };
-    ($x:literal) => {
-        Some($x)
-    };
-}
-
-macro_rules! device_flag {
-    (yes) => {
-        true
-    };
-    (no) => {
-        false
-    };
-}
-
-/// Builds the `StageSpec` enum: a unit variant for a stage without
-/// parameters (`StageSpec::Greedy`), a struct variant otherwise.
-macro_rules! stage_enum {
-    (@acc [$($acc:tt)*]) => {
-        /// One stage with its parameters. Serialises with a `"type"` tag
-        /// holding the canonical stage name (tokenizers-style), so a chain
-        /// round-trips through JSON. Parameters, defaults and ranges are the
-        /// stage registry's (`docs/config.md` lists them); semantics in
-        /// `docs/semantics.md`.
-        #[derive(Debug, Clone, PartialEq)]
-        pub enum StageSpec {
-            $($acc)*
-        }
-    };
-    (@acc [$($acc:tt)*] [ [$($vdoc:literal)*] $Var:ident [] ] $($rest:tt)*) => {
-        stage_enum! { @acc [$($acc)* $(#[doc = $vdoc])* $Var,] $($rest)* }
-    };
-    (@acc [$($acc:tt)*] [ [$($vdoc:literal)*] $Var:ident [$( [ [$($fdoc:literal)*] $field:ident : $ty:ty ] )+] ] $($rest:tt)*) => {
-        stage_enum! { @acc [$($acc)* $(#[doc = $vdoc])* $Var { $( $(#[doc = $fdoc])* $field: $ty ),+ },] $($rest)* }
-    };
-}
-
-macro_rules! define_stages {
-    (
-        $d:tt
-        $(
-            $(#[doc = $vdoc:literal])*
-            $Var:ident ($module:ident) {
-                name: $name:literal,
-                aliases: [$($alias:literal),* $(,)?],
-                params: [$(
-                    $(#[doc = $fdoc:literal])*
-                    $field:ident : $ty:ty = $default:expr => {
-                        aliases: [$($palias:literal),* $(,)?],
-                        required: $required:literal,
-                        min: $min:expr,
-                        max: $max:expr,
-                        valid: $valid:expr,
-                        range: $range:literal,
-                        doc: $pdoc:literal $(,)?
-                    }
-                ),* $(,)?],
-                effects: [$($effect:ident),* $(,)?],
-                needs: [$($need:ident),* $(,)?],
-                device: $device:ident [$($deffect:ident),* $(,)?],
-                noop: $noop:expr,
-                noop_rule: $rule:literal,
-                survivors: $survivors:expr,
-                bans: $bans:expr,
-                order: $order:literal,
-                seq: $seq:expr,
-                $(flat_key: $flat:literal,)?
-                source: $source:literal $(,)?
-            }
-        )*
-    ) => {
-        /// Every built-in stage kind (generated by the stage registry).
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub enum StageKind {
-            $( $(#[doc = $vdoc])* $Var, )*
-        }
-
-        impl StageKind {
-            /// How many built-in kinds there are.
-            pub const COUNT: usize = [$(stringify!($Var)),*].len();
-            /// Every built-in kind, in registry order.
-            pub const ALL: [StageKind; Self::COUNT] = [$(StageKind::$Var),*];
-
-            /// This kind's static metadata.
-            pub fn meta(self) -> &'static StageMeta {
-                match self {
-                    $(
-                        StageKind::$Var => {
-                            static META: StageMeta = StageMeta {
-                                kind: StageKind::$Var,
-                                name: $name,
-                                aliases: &[$($alias),*],
-                                params: &[$(
-                                    ParamMeta {
-                                        name: stringify!($field),
-                                        aliases: &[$($palias),*],
-                                        required: $required,
-                                        kind: <$ty as ParamField>::KIND,
-                                        default: || {
-                                            let v: $ty = $default;
-                                            v.to_value()
-                                        },
-                                        min: $min,
-                                        max: $max,
-                                        range: $range,
-                                        doc: $pdoc,
-                                    }
-                                ),*],
-                                effects: effects!($($effect),*),
-                                needs_history: needs!($($need),*).history,
-                                needs_randomness: needs!($($need),*).randomness,
-                                needs_step_input: needs!($($need),*).input,
-                                device_hook: device_flag!($device),
-                                device_effects: device_effects!($($deffect),*),
-                                noop_rule: $rule,
-                                source: $source,
-                                order: $order,
-                                seq_letter: $seq,
-                                flat_key: optional!($($flat)?),
-                            };
-                            &META
-                        }
-                    )*
-                }
-            }
-        }
-
-        stage_enum! {
-            @acc []
-            $( [ [$($vdoc)*] $Var [$( [ [$($fdoc)*] $field : $ty ] )*] ] )*
-        }
-
-        impl StageSpec {
-            /// The stage's kind.
-            pub fn kind(&self) -> StageKind {
-                match self {
-                    $( StageSpec::$Var { .. } => StageKind::$Var, )*
-                }
-            }
-
-            /// A stage of `kind` with every parameter at its registry default
-            /// (llama.cpp's `common_params_sampling` values where llama.cpp has
-            /// the stage).
-            pub fn default_for(kind: StageKind) -> StageSpec {
-                match kind {
-                    $( StageKind::$Var => StageSpec::$Var { $( $field: $default ),* }, )*
-                }
-            }
-
-            /// Whether these parameters make the stage a no-op (llama.cpp's
-            /// "empty sampler" rules; the rule in words is
-            /// [`StageMeta::noop_rule`]). A no-op stage is skipped and never
-            /// breaks a device prefix.
-            #[allow(unused_variables)]
-            pub fn is_noop(&self) -> bool {
-                match self {
-                    $( StageSpec::$Var { $($field),* } => $noop, )*
-                }
-            }
-
-            /// The most candidates this stage can leave by its parameters
-            /// alone (`top_k`'s `k`), or `None` when it depends on the row.
-            #[allow(unused_variables)]
-            pub fn survivors(&self) -> Option<usize> {
-                match self {
-                    $( StageSpec::$Var { $($field),* } => $survivors, )*
-                }
-            }
-
-            /// Whether these parameters can set a candidate's logit to `-inf`
-            /// while keeping it a candidate (a logit_bias ban, a greedy
-            /// temperature): the executor must then tell such a candidate from
-            /// one a masking device stage removed.
-            #[allow(unused_variables)]
-            pub fn bans(&self) -> bool {
-                match self {
-                    $( StageSpec::$Var { $($field),* } => $bans, )*
-                }
-            }
-
-            /// Check every parameter against its documented range.
-            ///
-            /// # Errors
-            /// The first [`ParamError`] found: stage, parameter, value and range.
-            #[allow(unused_variables)]
-            pub fn validate(&self) -> Result<(), ParamError> {
-                match self {
-                    $(
-                        StageSpec::$Var { $($field),* } => {
-                            $(
-                                let check: fn(&$ty) -> Result<(), String> = $valid;
-                                check($field).map_err(|value| ParamError {
-                                    stage: $name,
-                                    param: stringify!($field),
-                                    value,
-                                    expected: $range.to_string(),
-                                })?;
-                            )*
-                            Ok(())
-                        }
-                    )*
-                }
-            }
-
-            /// Every parameter as `(ParamMeta::name, value)`, in metadata order.
-            pub fn params(&self) -> Vec<(&'static str, ParamValue)> {
-                match self {
-                    $( StageSpec::$Var { $($field),* } => vec![$( (stringify!($field), $field.to_value()) ),*], )*
-                }
-            }
-
-            /// Set the parameter `name` (a canonical [`ParamMeta::name`]).
-            ///
-            /// # Errors
-            /// [`SetParamError::Unknown`] when the stage has no such parameter,
-            /// [`SetParamError::WrongKind`] when the value's variant does not
-            /// match its kind, [`SetParamError::Range`] when it does not fit the
-            /// field (a negative count).
-            #[allow(unused_variables)]
-            pub fn set_param(&mut self, name: &str, value: ParamValue) -> Result<(), SetParamError> {
-                match self {
-                    $(
-                        StageSpec::$Var { $($field),* } => {
-                            $(
-                                if name == stringify!($field) {
-                                    *$field = <$ty as ParamField>::from_value(value)?;
-                                    return Ok(());
-                                }
-                            )*
-                            Err(SetParamError::Unknown)
-                        }
-                    )*
-                }
-            }
-        }
-
-        impl serde::Serialize for StageSpec {
-            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                use serde::ser::SerializeMap;
-                let mut map = serializer.serialize_map(None)?;
-                map.serialize_entry("type", self.name())?;
-                match self {
-                    $( StageSpec::$Var { $($field),* } => { $( map.serialize_entry(stringify!($field), $field)?; )* } )*
-                }
-                map.end()
-            }
-        }
-
-        /// Calls `$callback! { (Variant module [fields...] yes|no) ... }` once
-        /// with every registered stage: its [`StageSpec`] variant, its module
-        /// name in `sampler-cpu` / `sampler-backend`, its fields in declaration
-        /// order, and whether it has a device recipe. The CPU and device
-        /// builders are generated through it.
-        #[macro_export]
-        macro_rules! for_each_stage {
-            ($d callback:ident) => {
-                $d callback! { $( ($Var $module [$($field)*] $device) )* }
-            };
-        }
-    };
 }
 
 define_stages! {
@@ -930,111 +708,6 @@ define_stages! {
         seq: None,
         flat_key: "eta_cutoff",
         source: "Hugging Face transformers EtaLogitsWarper (Hewitt et al. 2022, truncation sampling)",
-    }
-}
-
-// Serde: `{"type": "<canonical name>", <param>: <value>, ...}`. Required
-// parameters (`ParamMeta::required`) must be present; the others take the
-// registry default when missing; unknown keys are errors.
-
-/// Any self-describing value, for [`StageSpec`]'s `Deserialize`.
-#[derive(serde::Deserialize)]
-#[serde(untagged)]
-enum Raw {
-    Int(i64),
-    UInt(u64),
-    Float(f64),
-    Str(String),
-    Null(()),
-    List(Vec<Raw>),
-}
-
-impl Raw {
-    fn into_value(self, kind: crate::ParamKind) -> Option<ParamValue> {
-        use crate::ParamKind as K;
-        fn token(r: &Raw) -> Option<TokenId> {
-            match r {
-                Raw::Int(i) => TokenId::try_from(*i).ok(),
-                _ => None,
-            }
-        }
-        fn float(r: &Raw) -> Option<f32> {
-            match r {
-                Raw::Int(i) => Some(*i as f32),
-                Raw::UInt(u) => Some(*u as f32),
-                Raw::Float(x) => Some(*x as f32),
-                // serde_json writes non-finite floats as null; -inf is the only
-                // non-finite value a parameter can hold (a logit_bias ban).
-                Raw::Null(()) => Some(f32::NEG_INFINITY),
-                _ => None,
-            }
-        }
-        match (kind, self) {
-            (K::Int, Raw::Int(i)) => Some(ParamValue::Int(i)),
-            (K::Int, Raw::UInt(u)) => Some(ParamValue::UInt(u)),
-            (K::Float, r) => float(&r).map(ParamValue::Float),
-            (K::Enum(_), Raw::Str(s)) => HistoryScope::from_word(&s).map(ParamValue::Scope),
-            (K::TokenIds, Raw::List(ids)) => ids
-                .iter()
-                .map(token)
-                .collect::<Option<Vec<_>>>()
-                .map(ParamValue::Ids),
-            (K::TokenSequences, Raw::List(seqs)) => seqs
-                .iter()
-                .map(|s| match s {
-                    Raw::List(ids) => ids.iter().map(token).collect::<Option<Vec<_>>>(),
-                    _ => None,
-                })
-                .collect::<Option<Vec<_>>>()
-                .map(ParamValue::Seqs),
-            (K::TokenBiases, Raw::List(pairs)) => pairs
-                .iter()
-                .map(|p| match p {
-                    Raw::List(two) if two.len() == 2 => Some((token(&two[0])?, float(&two[1])?)),
-                    _ => None,
-                })
-                .collect::<Option<Vec<_>>>()
-                .map(ParamValue::Biases),
-            _ => None,
-        }
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for StageSpec {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        use serde::de::Error;
-        let mut map: std::collections::BTreeMap<String, Raw> =
-            serde::Deserialize::deserialize(deserializer)?;
-        let ty = match map.remove("type") {
-            Some(Raw::Str(s)) => s,
-            _ => return Err(D::Error::missing_field("type")),
-        };
-        let kind = StageKind::ALL
-            .into_iter()
-            .find(|k| k.name() == ty)
-            .ok_or_else(|| D::Error::unknown_variant(&ty, &[]))?;
-        let meta = kind.meta();
-        if let Some(pm) = meta.params.iter().find(|pm| {
-            pm.required
-                && !map
-                    .keys()
-                    .any(|k| meta.param(k).is_some_and(|p| p.name == pm.name))
-        }) {
-            return Err(D::Error::missing_field(pm.name));
-        }
-        let mut spec = StageSpec::default_for(kind);
-        for (key, raw) in map {
-            let pm = meta
-                .param(&key)
-                .ok_or_else(|| D::Error::unknown_field(&key, &[]))?;
-            let value = raw.into_value(pm.kind).ok_or_else(|| {
-                D::Error::custom(format!("{}.{}: expected {}", meta.name, pm.name, pm.range))
-            })?;
-            spec.set_param(pm.name, value).map_err(|_| {
-                D::Error::custom(format!("{}.{}: expected {}", meta.name, pm.name, pm.range))
-            })?;
-        }
-        Ok(spec)
     }
 }
 
