@@ -5,6 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
+#[cfg(test)]
+mod layout;
+
 use sampler_core::{Candidates, ChainSpec, StageSpec, TokenId, desc_cmp, rng};
 
 /// Path of the golden llama.cpp cases: `tests/data/llama_cpp_cases.json`.
