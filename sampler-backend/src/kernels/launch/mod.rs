@@ -1,10 +1,10 @@
-//! The host side of the kernels: each file launches one kernel (named as
-//! the public function, same names as in `cube/`); this file holds the glue
-//! they share: a burn tensor resolved to its contiguous cubecl tensor
-//! (pending ops run first), threads per row for a device, the status-code
-//! mode of a selecting kernel, and each output registered with burn's
-//! fusion stream (as uploaded data is), so later ops see an ordinary
-//! tensor.
+//! The host side of the kernels: each file launches the kernel(s) of one
+//! op (same file names as in `cube/`); this file holds the glue they
+//! share: a burn tensor resolved to its contiguous cubecl tensor (pending
+//! ops run first), threads per row for a device, new outputs and the grid
+//! of one cube a row, the status-code mode of a selecting kernel, and each
+//! output registered with burn's fusion stream (as uploaded data is), so
+//! later ops see an ordinary tensor.
 
 use burn_cubecl::cubecl::prelude::{CubeCount, CubeDim};
 use burn_cubecl::kernel::into_contiguous;
