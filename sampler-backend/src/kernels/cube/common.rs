@@ -1,7 +1,8 @@
 //! `#[cube]` helpers several kernels share: the order-preserving key of a
 //! logit, row validation (first NaN / `+inf`), the shared-memory minimum,
-//! the row maximum with its validation, the saturating temperature divide,
-//! and what a selecting kernel writes (token or status code).
+//! the row maximum with its validation (one pass), the maximum as a logit,
+//! each thread's contiguous chunk of a row, the saturating temperature
+//! divide, and what a selecting kernel writes (token or status code).
 
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
@@ -41,6 +42,30 @@ pub(crate) fn bad_key(x: f32, i: u32, none: u32) -> u32 {
     select(nan, 2u32 * i, select(inf, 2u32 * i + 1u32, none))
 }
 
+/// Zero `buf[0..n]` (every thread calls; a barrier must follow before
+/// the buffer is used).
+#[cube]
+pub(crate) fn clear_atomics(buf: &Shared<[Atomic<u32>]>, n: u32) {
+    let mut z = UNIT_POS;
+    while z < n {
+        buf[z as usize].store(0u32);
+        z += CUBE_DIM;
+    }
+}
+
+/// One element of a thread's row validation: its first hit so far `bad`
+/// (`none` before one) after logit `x` at position `i` ([`bad_key`]). A
+/// thread that visits ascending positions keeps its lowest hit.
+#[cube]
+pub(crate) fn note_bad(bad: u32, x: f32, i: u32, none: u32) -> u32 {
+    let mut hit = bad;
+    // NaN and ±inf have every exponent bit set.
+    if hit == none && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
+        hit = bad_key(x, i, none);
+    }
+    hit
+}
+
 /// Minimum of `buf[0..CUBE_DIM]` into `buf[0]` (a tree; every thread calls).
 #[cube]
 pub(crate) fn shared_min(buf: &mut Shared<[u32]>) {
@@ -59,10 +84,16 @@ pub(crate) fn shared_min(buf: &mut Shared<[u32]>) {
     }
 }
 
-/// Read 1 of the full-row kernels: the row's largest key into
-/// `best_key[0]`, its lowest position into `best_pos[0]` and the row's
-/// validation key (first NaN `2i` / `+inf` `2i + 1`, else `2·width`) into
-/// `bads[0]`. Every thread calls; all see the results.
+/// One pass over the row `base..base + width`: its largest key into
+/// `best_key[0]`, that key's lowest position into `best_pos[0]` (`width`
+/// when every key is 0: a row of NaNs with the sign bit set and all
+/// mantissa bits set) and the row's validation key (first NaN `2i` /
+/// `+inf` `2i + 1`, else `2·width`) into `bads[0]`. Each thread visits
+/// ascending positions, so the first maximum it meets is its lowest; the
+/// tree then keeps the larger key, ties to the lower position. Every
+/// thread calls; all see the results. (The greedy kernel, the
+/// full-vocabulary `top_p` and the full-row draws; `min_p` orders ties by
+/// id and keeps its own pass.)
 #[cube]
 pub(crate) fn row_max_and_validation(
     logits: &[f32],
@@ -85,25 +116,33 @@ pub(crate) fn row_max_and_validation(
             bk = key;
             bp = i;
         }
-        if bad == none_pos && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
-            bad = bad_key(x, i, none_pos);
-        }
+        bad = note_bad(bad, x, i, none_pos);
         i += CUBE_DIM;
     }
     bads[tid as usize] = bad;
     shared_min(bads);
     best_key[tid as usize] = bk;
     best_pos[tid as usize] = bp;
+    reduce_first_max(best_key, best_pos);
+}
+
+/// The largest of the threads' keys `keys[0..CUBE_DIM]` into `keys[0]`,
+/// ties to the lowest tie-breaker `ties[..]` (a position or an id), which
+/// lands in `ties[0]` (a tree; every thread calls, after writing its own
+/// pair).
+#[cube]
+pub(crate) fn reduce_first_max<T: Int>(keys: &mut Shared<[u32]>, ties: &mut Shared<[T]>) {
     sync_cube();
+    let tid = UNIT_POS;
     let mut half = CUBE_DIM / 2u32;
     while half > 0u32 {
         if tid < half {
-            let k2 = best_key[(tid + half) as usize];
-            let p2 = best_pos[(tid + half) as usize];
-            let k1 = best_key[tid as usize];
-            if k2 > k1 || (k2 == k1 && p2 < best_pos[tid as usize]) {
-                best_key[tid as usize] = k2;
-                best_pos[tid as usize] = p2;
+            let k2 = keys[(tid + half) as usize];
+            let t2 = ties[(tid + half) as usize];
+            let k1 = keys[tid as usize];
+            if k2 > k1 || (k2 == k1 && t2 < ties[tid as usize]) {
+                keys[tid as usize] = k2;
+                ties[tid as usize] = t2;
             }
         }
         sync_cube();
@@ -111,8 +150,35 @@ pub(crate) fn row_max_and_validation(
     }
 }
 
-/// `l / t` saturated at `±f32::MAX` (`-inf` stays `-inf`), as the
-/// temperature kernel writes it.
+/// The row maximum as a logit, read at its first position `first`
+/// (`width` when the row has none): 0 for a row without a finite logit
+/// (`dead`: its best key at or below [`NEG_INF_KEY`]), so that `l - m`
+/// stays finite.
+#[cube]
+pub(crate) fn max_logit(logits: &[f32], base: u32, width: u32, first: u32, dead: bool) -> f32 {
+    let m_raw = logits[(base + select(first < width, first, 0u32)) as usize];
+    select(dead, 0.0f32, m_raw)
+}
+
+/// Positions per thread when each thread owns a contiguous chunk of a row
+/// of `width`.
+#[cube]
+pub(crate) fn chunk_len(width: u32) -> u32 {
+    (width + CUBE_DIM - 1u32) / CUBE_DIM
+}
+
+/// This thread's contiguous chunk `start..end` of a row of `width`
+/// ([`chunk_len`] positions; fewer, or none, at the end).
+#[cube]
+pub(crate) fn thread_chunk(width: u32) -> (u32, u32) {
+    let chunk = chunk_len(width);
+    let start = select(UNIT_POS * chunk < width, UNIT_POS * chunk, width);
+    let end = select(start + chunk < width, start + chunk, width);
+    (start, end)
+}
+
+/// `l / t` saturated at `±f32::MAX` (`-inf` stays `-inf`): the temperature
+/// kernel's rule, also applied inside the full-row draws.
 #[cube]
 pub(crate) fn scaled(l: f32, t: f32) -> f32 {
     let max = f32::reinterpret(0x7F7F_FFFFu32);

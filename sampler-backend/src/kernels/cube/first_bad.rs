@@ -3,6 +3,8 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
+use super::common::{note_bad, shared_min};
+
 #[cube(launch_unchecked)]
 pub(crate) fn first_bad_rows(
     logits: &[f32],
@@ -20,30 +22,11 @@ pub(crate) fn first_bad_rows(
     let mut m = none;
     let mut i = tid;
     while i < width {
-        let bits = u32::reinterpret(logits[(base + i) as usize]);
-        let abs = bits & 0x7FFF_FFFFu32;
-        if m == none {
-            if abs > 0x7F80_0000u32 {
-                m = 2u32 * i;
-            } else if bits == 0x7F80_0000u32 {
-                m = 2u32 * i + 1u32;
-            }
-        }
+        m = note_bad(m, logits[(base + i) as usize], i, none);
         i += CUBE_DIM;
     }
     best[tid as usize] = m;
-    sync_cube();
-    let mut half = CUBE_DIM / 2u32;
-    while half > 0u32 {
-        if tid < half {
-            let other = best[(tid + half) as usize];
-            if other < best[tid as usize] {
-                best[tid as usize] = other;
-            }
-        }
-        sync_cube();
-        half /= 2u32;
-    }
+    shared_min(&mut best);
     if tid == 0u32 {
         out[row as usize] = i32::cast_from(best[0]);
     }

@@ -4,7 +4,7 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::common::{NEG_INF_KEY, bad_key, order_key, shared_min};
+use super::common::{NEG_INF_KEY, max_logit, note_bad, order_key, shared_min};
 
 #[cube(launch_unchecked)]
 pub(crate) fn min_p_rows(
@@ -27,7 +27,10 @@ pub(crate) fn min_p_rows(
     let neg_inf = f32::reinterpret(0xFF80_0000u32);
 
     // Pass 1: the first maximum in canonical order (ties to the lowest id)
-    // and the row's validation.
+    // and the row's validation. Not `row_max_and_validation`: ties go to
+    // the lowest id, and even without ids a key-0 element (a NaN with every
+    // bit set) is taken at the start (`id < bid`), where that helper keeps
+    // none.
     let none_pos = 2u32 * width;
     let mut bad = none_pos;
     let mut bk = 0u32;
@@ -46,9 +49,7 @@ pub(crate) fn min_p_rows(
             bid = id;
             bp = i;
         }
-        if bad == none_pos && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
-            bad = bad_key(x, i, none_pos);
-        }
+        bad = note_bad(bad, x, i, none_pos);
         i += CUBE_DIM;
     }
     bads[tid as usize] = bad;
@@ -73,8 +74,7 @@ pub(crate) fn min_p_rows(
         half /= 2u32;
     }
     let first = best_pos[0];
-    let m_raw = logits[(base + select(first < width, first, 0u32)) as usize];
-    let m = select(best_key[0] <= NEG_INF_KEY, 0.0f32, m_raw);
+    let m = max_logit(logits, base, width, first, best_key[0] <= NEG_INF_KEY);
     let thr = m + log_p[row as usize];
     // Pass 2: the kept logits, `-inf` elsewhere.
     let mut j = tid;

@@ -1,8 +1,10 @@
 //! The kernels' device code: `#[cube]` functions that cubecl compiles for
-//! each device (WGSL / SPIR-V / PTX), one file per kernel, named as the
-//! public function that launches it (`launch/`, same file names).
-//! `common.rs` holds the helpers several kernels share; `cut_dist/` the
-//! fused full-row `cut -> [temperature] -> dist` kernels.
+//! each device (WGSL / SPIR-V / PTX), one file per kernel, named after the
+//! public function that launches it (`narrow.rs`: `top_p` and `dist` on
+//! narrow rows; `cut_dist/`: the fused full-row `cut -> [temperature] ->
+//! dist` kernels of `cut_dist_full`); `launch/` holds their launches under
+//! the same file names. `common.rs` holds the helpers several kernels
+//! share.
 //!
 //! Every kernel runs one workgroup (cube) per row (`CUBE_POS_X`), its
 //! threads (`UNIT_POS` of `CUBE_DIM`) striding over the row.

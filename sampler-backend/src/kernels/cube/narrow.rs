@@ -48,6 +48,26 @@ fn shared_max_and_sum(
     sync_cube();
 }
 
+/// The narrow row `base..base + width` of `logits` and `ids` into shared
+/// memory (`sl`, `sid`). Every thread calls.
+#[cube]
+fn load_row(
+    logits: &[f32],
+    ids: &[i32],
+    base: u32,
+    width: u32,
+    sl: &mut Shared<[f32]>,
+    sid: &mut Shared<[i32]>,
+) {
+    let mut i = UNIT_POS;
+    while i < width {
+        sl[i as usize] = logits[(base + i) as usize];
+        sid[i as usize] = ids[(base + i) as usize];
+        i += CUBE_DIM;
+    }
+    sync_cube();
+}
+
 #[cube(launch_unchecked)]
 pub(crate) fn top_p_rows(
     logits: &[f32],
@@ -64,13 +84,7 @@ pub(crate) fn top_p_rows(
     let mut sid = Shared::<[i32]>::new_slice(cap);
     let mut se = Shared::<[f32]>::new_slice(cap);
     let mut stat = Shared::<[f32]>::new_slice(2usize);
-    let mut i = UNIT_POS;
-    while i < width {
-        sl[i as usize] = logits[(base + i) as usize];
-        sid[i as usize] = ids[(base + i) as usize];
-        i += CUBE_DIM;
-    }
-    sync_cube();
+    load_row(logits, ids, base, width, &mut sl, &mut sid);
     shared_max_and_sum(&sl, &mut se, &mut stat, width);
     let target = p[row as usize] * stat[1];
     let min_keep = u32::cast_from(keep[row as usize]);
@@ -115,13 +129,7 @@ pub(crate) fn dist_rows(
     let mut stat = Shared::<[f32]>::new_slice(2usize);
     let mut first = Shared::<[i32]>::new_slice(units);
     let mut last = Shared::<[i32]>::new_slice(units);
-    let mut i = tid;
-    while i < width {
-        sl[i as usize] = logits[(base + i) as usize];
-        sid[i as usize] = ids[(base + i) as usize];
-        i += CUBE_DIM;
-    }
-    sync_cube();
+    load_row(logits, ids, base, width, &mut sl, &mut sid);
     shared_max_and_sum(&sl, &mut se, &mut stat, width);
     let s = stat[1];
     let target = u[row as usize] * s;

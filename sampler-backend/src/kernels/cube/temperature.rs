@@ -4,7 +4,7 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::common::order_key;
+use super::common::{order_key, reduce_first_max, scaled};
 
 #[cube(launch_unchecked)]
 pub(crate) fn temperature_rows(
@@ -43,21 +43,7 @@ pub(crate) fn temperature_rows(
         }
         best_key[tid as usize] = bk;
         best_id[tid as usize] = bid;
-        sync_cube();
-        let mut half = CUBE_DIM / 2u32;
-        while half > 0u32 {
-            if tid < half {
-                let k2 = best_key[(tid + half) as usize];
-                let d2 = best_id[(tid + half) as usize];
-                let k1 = best_key[tid as usize];
-                if k2 > k1 || (k2 == k1 && d2 < best_id[tid as usize]) {
-                    best_key[tid as usize] = k2;
-                    best_id[tid as usize] = d2;
-                }
-            }
-            sync_cube();
-            half /= 2u32;
-        }
+        reduce_first_max(&mut best_key, &mut best_id);
         let winner = best_id[0];
         let mut j = tid;
         while j < width {
@@ -71,15 +57,9 @@ pub(crate) fn temperature_rows(
         }
     } else {
         // l / t, finite results saturated at ±f32::MAX, -inf kept.
-        let max = f32::reinterpret(0x7F7F_FFFFu32);
         let mut j = tid;
         while j < width {
-            let l = logits[(base + j) as usize];
-            let q = l / tr;
-            let q = select(q > max, max, q);
-            let q = select(q < -max, -max, q);
-            let dead = u32::reinterpret(l) == 0xFF80_0000u32;
-            out[(base + j) as usize] = select(dead, neg_inf, q);
+            out[(base + j) as usize] = scaled(logits[(base + j) as usize], tr);
             j += CUBE_DIM;
         }
     }

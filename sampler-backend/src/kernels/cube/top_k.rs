@@ -6,7 +6,7 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::common::{NEG_INF_KEY, bad_key, order_key, shared_min};
+use super::common::{NEG_INF_KEY, clear_atomics, note_bad, order_key, shared_min, thread_chunk};
 
 /// Bins of one radix pass (8 bits).
 const BINS: usize = 256;
@@ -161,10 +161,7 @@ pub(crate) fn topk_rows(
     let mut ic = tid;
     while ic < width {
         let x = logits[(base + ic) as usize];
-        // NaN and ±inf have every exponent bit set.
-        if bad == none && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
-            bad = bad_key(x, ic, none);
-        }
+        bad = note_bad(bad, x, ic, none);
         if x >= low_f {
             let key = order_key(x);
             if key >= low {
@@ -193,11 +190,7 @@ pub(crate) fn topk_rows(
     let mut remaining = k;
     for pass in 0..4u32 {
         let shift = 24u32 - pass * 8u32;
-        let mut b = tid;
-        while b < 256u32 {
-            hist[b as usize].store(0u32);
-            b += CUBE_DIM;
-        }
+        clear_atomics(&hist, 256u32);
         sync_cube();
         let mut i = tid;
         while i < width && !fast {
@@ -240,9 +233,7 @@ pub(crate) fn topk_rows(
     let count_gt = k - remaining;
 
     // Survivors in ascending position: each thread owns a contiguous chunk.
-    let chunk = (width + CUBE_DIM - 1u32) / CUBE_DIM;
-    let start = select(tid * chunk < width, tid * chunk, width);
-    let end = select(start + chunk < width, start + chunk, width);
+    let (start, end) = thread_chunk(width);
     let mut gt = 0u32;
     let mut eq = 0u32;
     if !fast {

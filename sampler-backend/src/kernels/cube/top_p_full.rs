@@ -5,7 +5,7 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::common::{NEG_INF_KEY, bad_key, order_key, shared_min};
+use super::common::{NEG_INF_KEY, max_logit, order_key, row_max_and_validation, thread_chunk};
 
 /// Bits per pass of the weighted radix search (16 bins).
 const MASS_BITS: u32 = 4;
@@ -34,49 +34,12 @@ pub(crate) fn top_p_full_rows(
 
     // Pass 1: the maximum and its lowest position (rank 0, always kept),
     // and the row's validation (first NaN / +inf).
-    let none = 2u32 * width;
-    let mut bad = none;
-    let mut bk = 0u32;
-    let mut bp = width;
-    let mut i = tid;
-    while i < width {
-        let x = logits[(base + i) as usize];
-        let key = order_key(x);
-        if key > bk {
-            bk = key;
-            bp = i;
-        }
-        // NaN and ±inf have every exponent bit set.
-        if bad == none && (u32::reinterpret(x) & 0x7F80_0000u32) == 0x7F80_0000u32 {
-            bad = bad_key(x, i, none);
-        }
-        i += CUBE_DIM;
-    }
-    bads[tid as usize] = bad;
-    shared_min(&mut bads);
+    row_max_and_validation(logits, base, width, &mut best_key, &mut best_pos, &mut bads);
     if tid == 0u32 {
         out_bad[row as usize] = i32::cast_from(bads[0]);
     }
-    best_key[tid as usize] = bk;
-    best_pos[tid as usize] = bp;
-    sync_cube();
-    let mut half = CUBE_DIM / 2u32;
-    while half > 0u32 {
-        if tid < half {
-            let k2 = best_key[(tid + half) as usize];
-            let p2 = best_pos[(tid + half) as usize];
-            let k1 = best_key[tid as usize];
-            if k2 > k1 || (k2 == k1 && p2 < best_pos[tid as usize]) {
-                best_key[tid as usize] = k2;
-                best_pos[tid as usize] = p2;
-            }
-        }
-        sync_cube();
-        half /= 2u32;
-    }
     let first = best_pos[0];
-    let m_raw = logits[(base + select(first < width, first, 0u32)) as usize];
-    let m = select(best_key[0] <= NEG_INF_KEY, 0.0f32, m_raw);
+    let m = max_logit(logits, base, width, first, best_key[0] <= NEG_INF_KEY);
 
     // Weighted radix search, 4 bits a pass: T = the largest key whose mass
     // at or above it reaches p·S; `above` = the mass strictly above T.
@@ -156,9 +119,7 @@ pub(crate) fn top_p_full_rows(
     }
 
     // Ties at T in position order: each thread owns a contiguous chunk.
-    let chunk = (width + CUBE_DIM - 1u32) / CUBE_DIM;
-    let start = select(tid * chunk < width, tid * chunk, width);
-    let end = select(start + chunk < width, start + chunk, width);
+    let (start, end) = thread_chunk(width);
     let mut mine = 0.0f32;
     for j in start..end {
         let l = logits[(base + j) as usize];

@@ -1,11 +1,9 @@
 //! Launch of the fused full-row `cut -> [temperature] -> dist` kernels.
 
-use burn_cubecl::Cube;
 use burn_cubecl::cubecl::prelude::*;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
-use burn_tensor::{DType, Int, Shape, Tensor};
+use burn_tensor::{DType, Int, Tensor};
 
-use super::{full_row_units, register, resolve_float};
+use super::{full_row_units, int_tensor, output, per_row, resolve_float, resolve_optional};
 use crate::kernels::cube::{min_p_dist_full_rows, top_p_dist_full_rows};
 use crate::kernels::{FullCut, TokenCodes};
 
@@ -28,21 +26,16 @@ pub(crate) fn cut_dist_full(
         FullCut::All => (u.clone(), true),
     };
     let keep_all = matches!(cut, FullCut::All);
-    let t = match t {
-        Some(t) => Some(resolve_float(t)?.0),
-        None => None,
-    };
+    let t = resolve_optional(t, |t| Some(resolve_float(t)?.0))?;
     let (mode, keys, none) = codes.resolve(&l, b, n)?;
     let units = full_row_units(&l);
-    let (client, device) = (l.client.clone(), l.device.clone());
-    let out =
-        empty_device_contiguous_dtype(client.clone(), device.clone(), Shape::new([b]), DType::I32);
-    let bad = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, 1]), DType::I32);
+    let out = output(&l, [b], DType::I32);
+    let bad = output(&l, [b, 1], DType::I32);
     // Without a temperature the kernel never reads `t`: any f32 buffer will do.
     let t_handle = t
         .as_ref()
         .map_or(param.handle.clone(), |t| t.handle.clone());
-    let (cubes, dim) = (CubeCount::Static(b as u32, 1, 1), CubeDim::new_1d(units));
+    let (cubes, dim) = per_row(b, units);
     // SAFETY: every index the kernels form is inside their buffers (row
     // bases and loops bounded by the width, bins clamped to `NUC_BINS`,
     // gathered slots to `NUC_GATHER`, shared slices by their sizes).
@@ -56,45 +49,35 @@ pub(crate) fn cut_dist_full(
             BufferArg::from_raw_parts(out.handle.clone(), b),
             BufferArg::from_raw_parts(bad.handle.clone(), b),
         );
+        // The two kernels take the same arguments (`min_p_dist_full_rows`
+        // one more, last).
+        macro_rules! launch {
+            ($kernel:ident $(, $more:expr)?) => {
+                $kernel::launch_unchecked(
+                    &l.client,
+                    cubes,
+                    dim,
+                    a0,
+                    a1,
+                    a2,
+                    a3,
+                    a4,
+                    a5,
+                    a6,
+                    n as u32,
+                    none,
+                    greedy_below,
+                    units as usize,
+                    t.is_some(),
+                    mode,
+                    $($more)?
+                )
+            };
+        }
         if min_p {
-            min_p_dist_full_rows::launch_unchecked(
-                &client,
-                cubes,
-                dim,
-                a0,
-                a1,
-                a2,
-                a3,
-                a4,
-                a5,
-                a6,
-                n as u32,
-                none,
-                greedy_below,
-                units as usize,
-                t.is_some(),
-                mode,
-                keep_all,
-            )
+            launch!(min_p_dist_full_rows, keep_all)
         } else {
-            top_p_dist_full_rows::launch_unchecked(
-                &client,
-                cubes,
-                dim,
-                a0,
-                a1,
-                a2,
-                a3,
-                a4,
-                a5,
-                a6,
-                n as u32,
-                none,
-                greedy_below,
-                units as usize,
-                t.is_some(),
-                mode,
-            )
+            launch!(top_p_dist_full_rows)
         }
     }
     // top_p: max, histogram and chunk passes; min_p: max and chunk passes;
@@ -109,8 +92,5 @@ pub(crate) fn cut_dist_full(
         FullCut::All => "dist_all_full_rows",
     };
     crate::launches::declare_read(name, 4 * b * (passes * n + 2 * chunk) + 16 * b);
-    Some((
-        Tensor::<1, Int>::from_primitive::<Cube>(register(out, &fusion)),
-        Tensor::<2, Int>::from_primitive::<Cube>(register(bad, &fusion)),
-    ))
+    Some((int_tensor(out, &fusion), int_tensor(bad, &fusion)))
 }

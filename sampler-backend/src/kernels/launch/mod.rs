@@ -1,11 +1,12 @@
-//! The host side of the kernels: each file launches one kernel (named as
-//! the public function, same names as in `cube/`); this file holds the glue
-//! they share: a burn tensor resolved to its contiguous cubecl tensor
-//! (pending ops run first), threads per row for a device, the status-code
-//! mode of a selecting kernel, and each output registered with burn's
-//! fusion stream (as uploaded data is), so later ops see an ordinary
-//! tensor.
+//! The host side of the kernels: each file launches the kernel(s) of one
+//! op (same file names as in `cube/`); this file holds the glue they
+//! share: a burn tensor resolved to its contiguous cubecl tensor (pending
+//! ops run first), threads per row for a device, new outputs and the grid
+//! of one cube a row, the status-code mode of a selecting kernel, and each
+//! output registered with burn's fusion stream (as uploaded data is), so
+//! later ops see an ordinary tensor.
 
+use burn_cubecl::cubecl::prelude::{CubeCount, CubeDim};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
@@ -60,13 +61,46 @@ fn resolve_float(t: &Tensor<2>) -> Option<(CubeTensor, FusionClient)> {
     Some((into_contiguous(cube), client))
 }
 
-/// The contiguous cubecl tensor under an int tensor, pending ops executed.
-fn resolve_int(t: &Tensor<2, Int>) -> Option<CubeTensor> {
+/// The contiguous cubecl tensor under an int tensor, pending ops executed,
+/// and its fusion client.
+fn resolve_int_client<const D: usize>(t: &Tensor<D, Int>) -> Option<(CubeTensor, FusionClient)> {
     let fused: FusionTensor<FusionRuntime> = t.clone().try_into_primitive::<Cube>().ok()?;
     let client = fused.client.clone();
-    Some(into_contiguous(
-        client.resolve_tensor_int::<CubeBackend>(fused),
-    ))
+    let cube = into_contiguous(client.resolve_tensor_int::<CubeBackend>(fused));
+    Some((cube, client))
+}
+
+/// The contiguous cubecl tensor under an int tensor, pending ops executed.
+fn resolve_int(t: &Tensor<2, Int>) -> Option<CubeTensor> {
+    Some(resolve_int_client(t)?.0)
+}
+
+/// An optional input resolved by `resolve`: `Some(None)` without one,
+/// `None` when it does not resolve.
+fn resolve_optional<T, U>(
+    input: Option<T>,
+    resolve: impl FnOnce(T) -> Option<U>,
+) -> Option<Option<U>> {
+    match input {
+        Some(x) => Some(Some(resolve(x)?)),
+        None => Some(None),
+    }
+}
+
+/// A new contiguous output `dims` of `dtype` on `like`'s device (not
+/// initialised: the kernel writes every element).
+fn output<const D: usize>(like: &CubeTensor, dims: [usize; D], dtype: DType) -> CubeTensor {
+    empty_device_contiguous_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::new(dims),
+        dtype,
+    )
+}
+
+/// One cube of `units` threads per row, `b` rows.
+fn per_row(b: usize, units: u32) -> (CubeCount, CubeDim) {
+    (CubeCount::Static(b as u32, 1, 1), CubeDim::new_1d(units))
 }
 
 /// Register a kernel's output with the fusion stream (as uploaded data is),
@@ -82,6 +116,16 @@ fn register(out: CubeTensor, client: &FusionClient) -> FusionTensor<FusionRuntim
         NoOp::<CubeBackend>::new(),
     );
     outs.remove(0)
+}
+
+/// A kernel's float output as a tensor ([`register`]).
+fn float_tensor<const D: usize>(out: CubeTensor, fusion: &FusionClient) -> Tensor<D> {
+    Tensor::<D>::from_primitive::<Cube>(register(out, fusion))
+}
+
+/// A kernel's int output as a tensor ([`register`]).
+fn int_tensor<const D: usize>(out: CubeTensor, fusion: &FusionClient) -> Tensor<D, Int> {
+    Tensor::<D, Int>::from_primitive::<Cube>(register(out, fusion))
 }
 
 /// Threads per row for this device: [`UNITS`], or the largest power of two
@@ -106,14 +150,7 @@ impl TokenCodes<'_> {
     /// entries without keys) and the "valid row" key `2·vocab`; `None` when
     /// the keys are not on this cubecl device or `2·vocab` overflows i32.
     fn resolve(&self, cube: &CubeTensor, b: usize, width: usize) -> Option<(u32, CubeTensor, u32)> {
-        let placeholder = || {
-            empty_device_contiguous_dtype(
-                cube.client.clone(),
-                cube.device.clone(),
-                Shape::new([b, 1]),
-                DType::I32,
-            )
-        };
+        let placeholder = || output(cube, [b, 1], DType::I32);
         let none = |v: usize| {
             u32::try_from(2 * v)
                 .ok()

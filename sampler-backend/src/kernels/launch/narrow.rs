@@ -1,11 +1,9 @@
 //! Launches of `top_p` and `dist` on narrow rows.
 
-use burn_cubecl::Cube;
 use burn_cubecl::cubecl::prelude::*;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
-use burn_tensor::{DType, Int, Shape, Tensor};
+use burn_tensor::{DType, Int, Tensor};
 
-use super::{register, resolve_float, resolve_int, units};
+use super::{float_tensor, int_tensor, output, per_row, resolve_float, resolve_int, units};
 use crate::kernels::cube::{dist_rows, top_p_rows};
 use crate::kernels::{TOP_K_MAX, TokenCodes};
 
@@ -21,15 +19,15 @@ pub(crate) fn top_p(
     let (l, fusion) = resolve_float(logits)?;
     let (ids, p, keep) = (resolve_int(ids)?, resolve_float(p)?.0, resolve_int(keep)?);
     let units = units(&l);
-    let (client, device) = (l.client.clone(), l.device.clone());
-    let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b, n]), DType::F32);
+    let out = output(&l, [b, n], DType::F32);
+    let (cubes, dim) = per_row(b, units);
     // SAFETY: every index the kernel forms is inside its buffers (row
     // bases and loops bounded by the width, shared slices by their sizes).
     unsafe {
         top_p_rows::launch_unchecked(
-            &client,
-            CubeCount::Static(b as u32, 1, 1),
-            CubeDim::new_1d(units),
+            &l.client,
+            cubes,
+            dim,
             BufferArg::from_raw_parts(l.handle.clone(), b * n),
             BufferArg::from_raw_parts(ids.handle.clone(), b * n),
             BufferArg::from_raw_parts(p.handle.clone(), b),
@@ -40,7 +38,7 @@ pub(crate) fn top_p(
         )
     }
     crate::launches::declare_read("top_p_rows", 8 * b * n + 8 * b);
-    Some(Tensor::<2>::from_primitive::<Cube>(register(out, &fusion)))
+    Some(float_tensor(out, &fusion))
 }
 
 /// [`crate::kernels::dist`] on narrow rows `[b, n]`.
@@ -56,15 +54,15 @@ pub(crate) fn dist(
     let (ids, u) = (resolve_int(ids)?, resolve_float(u)?.0);
     let (mode, keys, none) = codes.resolve(&l, b, n)?;
     let units = units(&l);
-    let (client, device) = (l.client.clone(), l.device.clone());
-    let out = empty_device_contiguous_dtype(client.clone(), device, Shape::new([b]), DType::I32);
+    let out = output(&l, [b], DType::I32);
+    let (cubes, dim) = per_row(b, units);
     // SAFETY: every index the kernel forms is inside its buffers (row
     // bases and loops bounded by the width, shared slices by their sizes).
     unsafe {
         dist_rows::launch_unchecked(
-            &client,
-            CubeCount::Static(b as u32, 1, 1),
-            CubeDim::new_1d(units),
+            &l.client,
+            cubes,
+            dim,
             BufferArg::from_raw_parts(l.handle.clone(), b * n),
             BufferArg::from_raw_parts(ids.handle.clone(), b * n),
             BufferArg::from_raw_parts(u.handle.clone(), b),
@@ -78,7 +76,5 @@ pub(crate) fn dist(
         )
     }
     crate::launches::declare_read("dist_rows", 8 * b * n + 8 * b);
-    Some(Tensor::<1, Int>::from_primitive::<Cube>(register(
-        out, &fusion,
-    )))
+    Some(int_tensor(out, &fusion))
 }

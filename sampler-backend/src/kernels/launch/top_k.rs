@@ -1,12 +1,10 @@
 //! Launch of the top-k kernel, and the length of the sample its floor
 //! comes from.
 
-use burn_cubecl::Cube;
 use burn_cubecl::cubecl::prelude::*;
-use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
-use burn_tensor::{DType, Int, Shape, Tensor};
+use burn_tensor::{DType, Int, Tensor};
 
-use super::{register, resolve_float, resolve_int, units};
+use super::{float_tensor, int_tensor, output, per_row, resolve_float, resolve_int, units};
 use crate::HistoryPenalties;
 use crate::kernels::cube::topk_rows;
 use crate::kernels::{HISTORY_MAX, TOP_K_MAX, TopK};
@@ -51,10 +49,6 @@ pub(crate) fn top_k(
     let (cube, fusion) = resolve_float(logits)?;
     let k_row = resolve_int(k_row)?;
     let units = units(&cube);
-    let (client, device) = (cube.client.clone(), cube.device.clone());
-    let new_dev = |shape: Shape, dtype| {
-        empty_device_contiguous_dtype(client.clone(), device.clone(), shape, dtype)
-    };
     // The history's tensors, or unread placeholders without penalties.
     let (hist_ids, hist_counts, repeat, frequency, presence) = match penalties {
         Some(p) => (
@@ -65,34 +59,34 @@ pub(crate) fn top_k(
             resolve_float(&p.presence)?.0,
         ),
         None => (
-            new_dev(Shape::new([b, 1]), DType::I32),
-            new_dev(Shape::new([b, 1]), DType::F32),
-            new_dev(Shape::new([b, 1]), DType::F32),
-            new_dev(Shape::new([b, 1]), DType::F32),
-            new_dev(Shape::new([b, 1]), DType::F32),
+            output(&cube, [b, 1], DType::I32),
+            output(&cube, [b, 1], DType::F32),
+            output(&cube, [b, 1], DType::F32),
+            output(&cube, [b, 1], DType::F32),
+            output(&cube, [b, 1], DType::F32),
         ),
     };
     if hist_ids.dtype != DType::I32 {
         return None;
     }
-    let shape = Shape::new([b, k]);
     let (vals, pos, order) = (
-        new_dev(shape.clone(), DType::F32),
-        new_dev(shape.clone(), DType::I32),
-        new_dev(shape, DType::I32),
+        output(&cube, [b, k], DType::F32),
+        output(&cube, [b, k], DType::I32),
+        output(&cube, [b, k], DType::I32),
     );
-    let bad = new_dev(Shape::new([b, 1]), DType::I32);
+    let bad = output(&cube, [b, 1], DType::I32);
     let k_sel = (k + h).min(n);
     let sample = floor_sample(n, k_sel, units);
     let hb = b * h.max(1);
+    let (cubes, dim) = per_row(b, units);
     // SAFETY: every index the kernel forms is inside its buffers (row
     // bases and loops bounded by the width, history ids inside the
     // vocabulary by construction, shared slices by their sizes).
     unsafe {
         topk_rows::launch_unchecked(
-            &client,
-            CubeCount::Static(b as u32, 1, 1),
-            CubeDim::new_1d(units),
+            &cube.client,
+            cubes,
+            dim,
             BufferArg::from_raw_parts(cube.handle.clone(), b * n),
             BufferArg::from_raw_parts(k_row.handle.clone(), b),
             BufferArg::from_raw_parts(hist_ids.handle.clone(), hb),
@@ -123,9 +117,9 @@ pub(crate) fn top_k(
         4 * b * (n + sample + 1 + k) + 12 * b * h + 12 * b,
     );
     Some(TopK {
-        logits: Tensor::<2>::from_primitive::<Cube>(register(vals, &fusion)),
-        positions: Tensor::<2, Int>::from_primitive::<Cube>(register(pos, &fusion)),
-        order_ids: Tensor::<2, Int>::from_primitive::<Cube>(register(order, &fusion)),
-        first_bad: Tensor::<2, Int>::from_primitive::<Cube>(register(bad, &fusion)),
+        logits: float_tensor(vals, &fusion),
+        positions: int_tensor(pos, &fusion),
+        order_ids: int_tensor(order, &fusion),
+        first_bad: int_tensor(bad, &fusion),
     })
 }

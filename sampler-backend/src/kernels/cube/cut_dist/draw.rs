@@ -1,110 +1,191 @@
-//! The draw both full-row kernels end with: which positions the cut keeps
-//! (`kept_at`), the chunk holding `u·W` and the walk of it
-//! (`draw_position`), and the token or status code written
-//! (`write_token`).
+//! What both full-row kernels share: the row head (read 1: the maximum,
+//! its first position, the row's validation and its temperature), which
+//! positions a cut keeps (`kept_at`), the `dist` weight of a logit, and
+//! the draw both end with (`draw_token`: the chunk holding `u·W`, the walk
+//! of it, the token or status code written).
 
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::super::common::{code_key, order_key, scaled, shared_min, with_code};
-use super::fixed::{fixed_weight, frac_hi, frac_lo, nucleus_bin, wide_ge};
+use super::super::common::{
+    NEG_INF_KEY, chunk_len, code_key, max_logit, order_key, row_max_and_validation, scaled,
+    shared_min, with_code,
+};
+use super::fixed::{first_reaching, fixed_weight, nucleus_bin, wide_ge, wide_goal, wide_sum};
 use super::{S_BEFORE_HI, S_BEFORE_LO, S_CHUNK, S_TARGET_HI, S_TARGET_LO, S_TOTAL_ZERO};
+
+/// A row of a full-row kernel after read 1 ([`read_row_head`]).
+#[derive(CubeType, Clone)]
+pub(crate) struct RowHead {
+    /// The row (one cube each).
+    pub(crate) row: u32,
+    /// The index of the row's first logit.
+    pub(crate) base: u32,
+    /// The row's width.
+    pub(crate) width: u32,
+    /// The first maximum's position (`width` for a row without one).
+    pub(crate) first: u32,
+    /// Whether the row has no finite logit.
+    pub(crate) dead: bool,
+    /// The row's validation key (`2·width` for a valid row).
+    pub(crate) own_bad: u32,
+    /// The maximum (0 for a dead row).
+    pub(crate) m: f32,
+    /// The row's temperature (1 without one).
+    pub(crate) tr: f32,
+    /// The maximum at that temperature, `sat(m / tr)`.
+    pub(crate) qm: f32,
+}
+
+/// Read 1 of the full-row kernels ([`row_max_and_validation`]) and the
+/// row's temperature (`t[row]` with `has_t`). Every thread calls.
+#[cube]
+pub(crate) fn read_row_head(
+    logits: &[f32],
+    t: &[f32],
+    row: u32,
+    base: u32,
+    width: u32,
+    best_key: &mut Shared<[u32]>,
+    best_pos: &mut Shared<[u32]>,
+    bads: &mut Shared<[u32]>,
+    #[comptime] has_t: bool,
+) -> RowHead {
+    row_max_and_validation(logits, base, width, best_key, best_pos, bads);
+    let own_bad = bads[0];
+    let first = best_pos[0];
+    let dead = best_key[0] <= NEG_INF_KEY;
+    let m = max_logit(logits, base, width, first, dead);
+    let mut tr = 1.0f32;
+    if comptime!(has_t) {
+        tr = t[row as usize];
+    }
+    let qm = scaled(m, tr);
+    RowHead {
+        row,
+        base,
+        width,
+        first,
+        dead,
+        own_bad,
+        m,
+        tr,
+        qm,
+    }
+}
+
+/// The positions a full-row kernel's cut keeps ([`kept_at`]).
+#[derive(CubeType, Clone)]
+pub(crate) struct Cut {
+    /// `top_p`: the crossing bin (the bins above it are kept; 1024 keeps
+    /// every bin) ...
+    pub(crate) cb: u32,
+    /// ... and in it the keys above `prefix` ...
+    pub(crate) prefix: u32,
+    /// ... and `prefix`'s ties up to this position.
+    pub(crate) last_pos: u32,
+    /// `min_p`: `l >= thr` is kept (`-inf` keeps the whole row).
+    pub(crate) thr: f32,
+}
 
 /// Whether position `j` (logit `l`) is kept: with `min_p`, `l >= thr` or
 /// the first maximum; else the nucleus (bins above the crossing bin `cb`,
 /// and in it the keys above `prefix` and its ties up to `last_pos`).
 #[cube]
-pub(crate) fn kept_at(
-    l: f32,
-    j: u32,
-    m: f32,
-    cb: u32,
-    prefix: u32,
-    last_pos: u32,
-    thr: f32,
-    first: u32,
-    #[comptime] min_p: bool,
-) -> bool {
+pub(crate) fn kept_at(l: f32, j: u32, head: &RowHead, cut: &Cut, #[comptime] min_p: bool) -> bool {
     let mut kept = false;
     if comptime!(min_p) {
-        kept = l >= thr || j == first;
+        kept = l >= cut.thr || j == head.first;
     } else {
-        let b = nucleus_bin(l, m);
+        let b = nucleus_bin(l, head.m);
         let key = order_key(l);
-        let q = fixed_weight(f32::exp(l - m));
-        kept =
-            b < cb || (b == cb && q > 0u32 && (key > prefix || (key == prefix && j <= last_pos)));
+        let q = fixed_weight(f32::exp(l - head.m));
+        kept = b < cut.cb
+            || (b == cut.cb
+                && q > 0u32
+                && (key > cut.prefix || (key == cut.prefix && j <= cut.last_pos)));
     }
     kept
 }
 
-/// The draw of the full-row kernels, once every thread has put the
-/// fixed-point `dist` weight of the kept logits of its contiguous chunk
-/// (`chunk` positions) in `chunk_hi/lo[tid]`: the chunk holding `u·W` from
-/// the chunks' prefix, then that chunk split over the threads, each part
-/// summed, and the part that holds `u·W` walked. Leaves the drawn position
-/// in `bads[0]` (`2·width` when nothing is kept) and whether `W = 0` in
-/// `sel[S_TOTAL_ZERO]`. Every thread calls.
+/// The fixed-point `dist` weight of a kept logit `l`:
+/// `round(exp(sat(l / t) - sat(m / t)) · 2^31)`.
 #[cube]
-pub(crate) fn draw_position(
+pub(crate) fn draw_weight(l: f32, head: &RowHead) -> u32 {
+    fixed_weight(f32::exp(scaled(l, head.tr) - head.qm))
+}
+
+/// The fixed-point `dist` weights of the kept logits at positions
+/// `start..end` of the row, summed as a 64-bit `(hi, lo)`.
+#[cube]
+pub(crate) fn kept_weight_sum(
     logits: &[f32],
-    base: u32,
-    width: u32,
-    chunk: u32,
-    u_row: f32,
-    tr: f32,
-    qm: f32,
-    m: f32,
-    cb: u32,
-    prefix: u32,
-    last_pos: u32,
-    thr: f32,
-    first: u32,
-    chunk_hi: &mut Shared<[u32]>,
-    chunk_lo: &mut Shared<[u32]>,
+    head: &RowHead,
+    cut: &Cut,
+    start: u32,
+    end: u32,
+    #[comptime] min_p: bool,
+) -> (u32, u32) {
+    let mut hi = 0u32;
+    let mut lo = 0u32;
+    for j in start..end {
+        let l = logits[(head.base + j) as usize];
+        if kept_at(l, j, head, cut, min_p) {
+            let e = draw_weight(l, head);
+            let nl = lo + e;
+            hi += select(nl < lo, 1u32, 0u32);
+            lo = nl;
+        }
+    }
+    (hi, lo)
+}
+
+/// The end of both full-row kernels, once each thread holds the
+/// fixed-point `dist` weight `(wh, wl)` of the kept logits of its
+/// contiguous chunk (`thread_chunk`): the chunk holding `u·W` from the
+/// chunks' prefix, then that chunk split over the threads, each part
+/// summed, and the part that holds `u·W` walked (the drawn position lands
+/// in `bads[0]`, `2·width` when nothing is kept). Thread 0 then writes the
+/// row's token (the drawn position; the first maximum at a greedy
+/// temperature; `-1` with nothing to draw) or its status code
+/// ([`code_key`]), and the row's own validation key. Every thread calls.
+#[cube]
+pub(crate) fn draw_token(
+    logits: &[f32],
+    u: &[f32],
+    bad_in: &[i32],
+    out: &mut [i32],
+    out_bad: &mut [i32],
+    none: u32,
+    greedy_below: f32,
+    head: &RowHead,
+    cut: &Cut,
+    wh: u32,
+    wl: u32,
     part_hi: &mut Shared<[u32]>,
     part_lo: &mut Shared<[u32]>,
     bads: &mut Shared<[u32]>,
     sel: &mut Shared<[u32]>,
+    #[comptime] units: usize,
     #[comptime] min_p: bool,
+    #[comptime] codes: u32,
 ) {
     let tid = UNIT_POS;
+    let row = head.row;
+    let base = head.base;
+    let width = head.width;
     let none_pos = 2u32 * width;
-    // The draw: the chunk holding u·W, from the chunks' prefix.
+    let mut chunk_hi = Shared::<[u32]>::new_slice(units);
+    let mut chunk_lo = Shared::<[u32]>::new_slice(units);
+    chunk_hi[tid as usize] = wh;
+    chunk_lo[tid as usize] = wl;
+    sync_cube();
+
+    // The chunk holding u·W, from the chunks' prefix.
     if tid == 0u32 {
-        let mut th = 0u32;
-        let mut tl = 0u32;
-        for c in 0..CUBE_DIM {
-            let nl = tl + chunk_lo[c as usize];
-            th += chunk_hi[c as usize] + select(nl < tl, 1u32, 0u32);
-            tl = nl;
-        }
-        let mut gh2 = frac_hi(u_row, th, tl);
-        let mut gl2 = frac_lo(u_row, th, tl);
-        if !wide_ge(th, tl, gh2, gl2) {
-            gh2 = th;
-            gl2 = tl;
-        }
-        let mut ch = 0u32;
-        let mut cl = 0u32;
-        let mut found = false;
-        let mut at = 0u32;
-        let mut bh = 0u32;
-        let mut bl = 0u32;
-        for c in 0..CUBE_DIM {
-            let xh0 = chunk_hi[c as usize];
-            let xl0 = chunk_lo[c as usize];
-            let nl = cl + xl0;
-            let nh = ch + xh0 + select(nl < cl, 1u32, 0u32);
-            if !found && (xh0 > 0u32 || xl0 > 0u32) && wide_ge(nh, nl, gh2, gl2) {
-                found = true;
-                at = c;
-                bh = ch;
-                bl = cl;
-            }
-            ch = nh;
-            cl = nl;
-        }
+        let (th, tl) = wide_sum(&chunk_hi, &chunk_lo);
+        let (gh2, gl2) = wide_goal(u[row as usize], th, tl);
+        let (_found, at, bh, bl) = first_reaching(&chunk_hi, &chunk_lo, gh2, gl2);
         sel[S_CHUNK] = at;
         sel[S_BEFORE_HI] = bh;
         sel[S_BEFORE_LO] = bl;
@@ -116,22 +197,13 @@ pub(crate) fn draw_position(
 
     // The chunk, split over the threads: each sums its part, then the part
     // that holds u·W finds the token.
+    let chunk = chunk_len(width);
     let c_start = sel[S_CHUNK] * chunk;
     let c_end = select(c_start + chunk < width, c_start + chunk, width);
-    let sub = (chunk + CUBE_DIM - 1u32) / CUBE_DIM;
+    let sub = chunk_len(chunk);
     let s_start = select(c_start + tid * sub < c_end, c_start + tid * sub, c_end);
     let s_end = select(s_start + sub < c_end, s_start + sub, c_end);
-    let mut sh = 0u32;
-    let mut sl = 0u32;
-    for j in s_start..s_end {
-        let l = logits[(base + j) as usize];
-        if kept_at(l, j, m, cb, prefix, last_pos, thr, first, min_p) {
-            let e = fixed_weight(f32::exp(scaled(l, tr) - qm));
-            let nl = sl + e;
-            sh += select(nl < sl, 1u32, 0u32);
-            sl = nl;
-        }
-    }
+    let (sh, sl) = kept_weight_sum(logits, head, cut, s_start, s_end, min_p);
     part_hi[tid as usize] = sh;
     part_lo[tid as usize] = sl;
     sync_cube();
@@ -156,8 +228,8 @@ pub(crate) fn draw_position(
     let mut hit = none_pos;
     for j in s_start..s_end {
         let l = logits[(base + j) as usize];
-        if kept_at(l, j, m, cb, prefix, last_pos, thr, first, min_p) {
-            let e = fixed_weight(f32::exp(scaled(l, tr) - qm));
+        if kept_at(l, j, head, cut, min_p) {
+            let e = draw_weight(l, head);
             let nl = cl + e;
             ch += select(nl < cl, 1u32, 0u32);
             cl = nl;
@@ -168,38 +240,17 @@ pub(crate) fn draw_position(
     }
     bads[tid as usize] = hit;
     shared_min(bads);
-}
 
-/// Thread 0 writes the row's token (the drawn position in `bads[0]`; the
-/// first maximum at a greedy temperature; `-1` with nothing to draw), or
-/// its status code ([`code_key`]), and its own validation key.
-#[cube]
-pub(crate) fn write_token(
-    out: &mut [i32],
-    out_bad: &mut [i32],
-    bad_in: &[i32],
-    row: u32,
-    width: u32,
-    none: u32,
-    tr: f32,
-    greedy_below: f32,
-    first: u32,
-    dead: bool,
-    own_bad: u32,
-    bads: &Shared<[u32]>,
-    sel: &Shared<[u32]>,
-    #[comptime] codes: u32,
-) {
-    if UNIT_POS == 0u32 {
+    if tid == 0u32 {
         let found = bads[0];
         let mut tok = select(found < width, i32::cast_from(found), -1i32);
         tok = select(sel[S_TOTAL_ZERO] == 1u32, -1i32, tok);
-        if tr < greedy_below {
-            tok = i32::cast_from(first);
+        if head.tr < greedy_below {
+            tok = i32::cast_from(head.first);
         }
-        tok = select(dead, -1i32, tok);
-        let code = code_key(bad_in, own_bad, row, none, codes);
+        tok = select(head.dead, -1i32, tok);
+        let code = code_key(bad_in, head.own_bad, row, none, codes);
         out[row as usize] = with_code(tok, code, none);
-        out_bad[row as usize] = i32::cast_from(own_bad);
+        out_bad[row as usize] = i32::cast_from(head.own_bad);
     }
 }

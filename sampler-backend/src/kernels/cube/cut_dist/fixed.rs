@@ -59,3 +59,63 @@ pub(crate) fn key_logit(key: u32) -> f32 {
     );
     f32::reinterpret(bits)
 }
+
+/// The 64-bit sum of the threads' pairs `(hi[t], lo[t])`, `t < CUBE_DIM`,
+/// in thread order.
+#[cube]
+pub(crate) fn wide_sum(hi: &Shared<[u32]>, lo: &Shared<[u32]>) -> (u32, u32) {
+    let mut sh = 0u32;
+    let mut sl = 0u32;
+    for t in 0..CUBE_DIM {
+        let nl = sl + lo[t as usize];
+        sh += hi[t as usize] + select(nl < sl, 1u32, 0u32);
+        sl = nl;
+    }
+    (sh, sl)
+}
+
+/// `x · (hi, lo)` for `x` in `[0, 1]` as a 64-bit goal ([`frac_hi`],
+/// [`frac_lo`]), at most `(hi, lo)` (rounding through f32 may overshoot).
+#[cube]
+pub(crate) fn wide_goal(x: f32, hi: u32, lo: u32) -> (u32, u32) {
+    let mut gh = frac_hi(x, hi, lo);
+    let mut gl = frac_lo(x, hi, lo);
+    if !wide_ge(hi, lo, gh, gl) {
+        gh = hi;
+        gl = lo;
+    }
+    (gh, gl)
+}
+
+/// In thread order, the first non-empty pair `(hi[t], lo[t])` whose running
+/// 64-bit sum reaches the goal `(goal_hi, goal_lo)`: whether there is one,
+/// its `t`, and the sum before it `(hi, lo)`.
+#[cube]
+pub(crate) fn first_reaching(
+    hi: &Shared<[u32]>,
+    lo: &Shared<[u32]>,
+    goal_hi: u32,
+    goal_lo: u32,
+) -> (bool, u32, u32, u32) {
+    let mut ch = 0u32;
+    let mut cl = 0u32;
+    let mut found = false;
+    let mut at = 0u32;
+    let mut bh = 0u32;
+    let mut bl = 0u32;
+    for t in 0..CUBE_DIM {
+        let xh = hi[t as usize];
+        let xl = lo[t as usize];
+        let nl = cl + xl;
+        let nh = ch + xh + select(nl < cl, 1u32, 0u32);
+        if !found && (xh > 0u32 || xl > 0u32) && wide_ge(nh, nl, goal_hi, goal_lo) {
+            found = true;
+            at = t;
+            bh = ch;
+            bl = cl;
+        }
+        ch = nh;
+        cl = nl;
+    }
+    (found, at, bh, bl)
+}

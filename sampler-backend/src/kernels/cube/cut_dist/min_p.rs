@@ -4,10 +4,9 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::super::common::{NEG_INF_KEY, row_max_and_validation, scaled};
+use super::super::common::thread_chunk;
 use super::S_LEN;
-use super::draw::{draw_position, write_token};
-use super::fixed::fixed_weight;
+use super::draw::{Cut, draw_token, kept_weight_sum, read_row_head};
 
 #[cube(launch_unchecked)]
 pub(crate) fn min_p_dist_full_rows(
@@ -27,90 +26,60 @@ pub(crate) fn min_p_dist_full_rows(
     #[comptime] keep_all: bool,
 ) {
     let row = CUBE_POS_X;
-    let tid = UNIT_POS;
     let base = row * width;
     let mut best_key = Shared::<[u32]>::new_slice(units);
     let mut best_pos = Shared::<[u32]>::new_slice(units);
     let mut bads = Shared::<[u32]>::new_slice(units);
     let mut part_hi = Shared::<[u32]>::new_slice(units);
     let mut part_lo = Shared::<[u32]>::new_slice(units);
-    let mut chunk_hi = Shared::<[u32]>::new_slice(units);
-    let mut chunk_lo = Shared::<[u32]>::new_slice(units);
     let mut sel = Shared::<[u32]>::new_slice(S_LEN);
 
     // Read 1: the maximum and its lowest position, the row's validation.
-    row_max_and_validation(logits, base, width, &mut best_key, &mut best_pos, &mut bads);
-    let own_bad = bads[0];
-    let first = best_pos[0];
-    let dead = best_key[0] <= NEG_INF_KEY;
-    let m_raw = logits[(base + select(first < width, first, 0u32)) as usize];
-    let m = select(dead, 0.0f32, m_raw);
-    let mut tr = 1.0f32;
-    if comptime!(has_t) {
-        tr = t[row as usize];
-    }
-    let qm = scaled(m, tr);
+    let head = read_row_head(
+        logits,
+        t,
+        row,
+        base,
+        width,
+        &mut best_key,
+        &mut best_pos,
+        &mut bads,
+        has_t,
+    );
     // `l >= max + ln p`, as the CPU computes it (`-inf` on no-op rows).
     let mut thr = f32::reinterpret(0xFF80_0000u32);
     if comptime!(!keep_all) {
-        thr = m + log_p[row as usize];
+        thr = head.m + log_p[row as usize];
     }
+    let cut = Cut {
+        cb: 0u32,
+        prefix: 0u32,
+        last_pos: 0u32,
+        thr,
+    };
 
     // Read 2: each thread's contiguous chunk, the dist weights of the kept.
-    let chunk = (width + CUBE_DIM - 1u32) / CUBE_DIM;
-    let start = select(tid * chunk < width, tid * chunk, width);
-    let end = select(start + chunk < width, start + chunk, width);
-    let mut wh = 0u32;
-    let mut wl = 0u32;
-    for j in start..end {
-        let l = logits[(base + j) as usize];
-        if l >= thr || j == first {
-            let q = fixed_weight(f32::exp(scaled(l, tr) - qm));
-            let nl = wl + q;
-            wh += select(nl < wl, 1u32, 0u32);
-            wl = nl;
-        }
-    }
-    chunk_hi[tid as usize] = wh;
-    chunk_lo[tid as usize] = wl;
-    sync_cube();
+    let (start, end) = thread_chunk(width);
+    let (wh, wl) = kept_weight_sum(logits, &head, &cut, start, end, true);
 
-    draw_position(
+    draw_token(
         logits,
-        base,
-        width,
-        chunk,
-        u[row as usize],
-        tr,
-        qm,
-        m,
-        0u32,
-        0u32,
-        0u32,
-        thr,
-        first,
-        &mut chunk_hi,
-        &mut chunk_lo,
+        u,
+        bad_in,
+        out,
+        out_bad,
+        none,
+        greedy_below,
+        &head,
+        &cut,
+        wh,
+        wl,
         &mut part_hi,
         &mut part_lo,
         &mut bads,
         &mut sel,
+        units,
         true,
-    );
-    write_token(
-        out,
-        out_bad,
-        bad_in,
-        row,
-        width,
-        none,
-        tr,
-        greedy_below,
-        first,
-        dead,
-        own_bad,
-        &bads,
-        &sel,
         codes,
     );
 }

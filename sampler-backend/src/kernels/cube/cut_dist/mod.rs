@@ -46,8 +46,9 @@
 //!
 //! Files: `top_p.rs` and `min_p.rs` hold the two kernels
 //! (`top_p_dist_full_rows`; `min_p_dist_full_rows`, which also draws
-//! without a cut), `draw.rs` the draw both end with, `fixed.rs` the
-//! fixed-point sums and the histogram's bins.
+//! without a cut), `draw.rs` what both share (read 1, the cut, the draw
+//! they end with), `fixed.rs` the fixed-point sums and the histogram's
+//! bins.
 
 // cubecl's frontend wants a variable declared before the branches that
 // assign it (the radix and tie passes read shared memory or the row).

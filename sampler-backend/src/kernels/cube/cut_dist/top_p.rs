@@ -4,9 +4,11 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::super::common::{NEG_INF_KEY, order_key, row_max_and_validation, scaled};
-use super::draw::{draw_position, write_token};
-use super::fixed::{fixed_weight, frac_hi, frac_lo, key_logit, nucleus_bin, wide_f32, wide_ge};
+use super::super::common::{clear_atomics, order_key, thread_chunk};
+use super::draw::{Cut, draw_token, draw_weight, read_row_head};
+use super::fixed::{
+    first_reaching, fixed_weight, key_logit, nucleus_bin, wide_f32, wide_ge, wide_goal, wide_sum,
+};
 use super::{S_ABOVE_HI, S_ABOVE_LO, S_BIN, S_CB, S_GOAL_HI, S_GOAL_LO, S_LEN};
 use crate::kernels::NUC_GATHER;
 
@@ -34,33 +36,28 @@ pub(crate) fn top_p_dist_full_rows(
     let mut bads = Shared::<[u32]>::new_slice(units);
     let mut part_hi = Shared::<[u32]>::new_slice(units);
     let mut part_lo = Shared::<[u32]>::new_slice(units);
-    let mut chunk_hi = Shared::<[u32]>::new_slice(units);
-    let mut chunk_lo = Shared::<[u32]>::new_slice(units);
     let pool = Shared::<[Atomic<u32>]>::new_slice(2usize * 1024usize);
     let rbin = Shared::<[Atomic<u32>]>::new_slice(32usize);
     let counter = Shared::<[Atomic<u32>]>::new_slice(1usize);
     let mut sel = Shared::<[u32]>::new_slice(S_LEN);
 
     // Read 1: the maximum and its lowest position, the row's validation.
-    row_max_and_validation(logits, base, width, &mut best_key, &mut best_pos, &mut bads);
-    let own_bad = bads[0];
-    let first = best_pos[0];
-    let dead = best_key[0] <= NEG_INF_KEY;
-    let m_raw = logits[(base + select(first < width, first, 0u32)) as usize];
-    let m = select(dead, 0.0f32, m_raw);
-    let mut tr = 1.0f32;
-    if comptime!(has_t) {
-        tr = t[row as usize];
-    }
-    let qm = scaled(m, tr);
+    let head = read_row_head(
+        logits,
+        t,
+        row,
+        base,
+        width,
+        &mut best_key,
+        &mut best_pos,
+        &mut bads,
+        has_t,
+    );
+    let m = head.m;
     let all = p[row as usize] > f32::reinterpret(0x7F7F_FFFFu32);
 
     // Read 2: the fixed-point mass histogram of `m - l`.
-    let mut z = tid;
-    while z < 2048u32 {
-        pool[z as usize].store(0u32);
-        z += CUBE_DIM;
-    }
+    clear_atomics(&pool, 2048u32);
     sync_cube();
     let mut j2 = tid;
     while j2 < width {
@@ -95,57 +92,35 @@ pub(crate) fn top_p_dist_full_rows(
     sync_cube();
     if tid == 0u32 {
         // S, the goal p·S, then the crossing group and bin from the top.
-        let mut sh = 0u32;
-        let mut sl = 0u32;
-        for g in 0..CUBE_DIM {
-            let nl = sl + part_lo[g as usize];
-            sh += part_hi[g as usize] + select(nl < sl, 1u32, 0u32);
-            sl = nl;
-        }
+        let (sh, sl) = wide_sum(&part_hi, &part_lo);
         let pr = select(all, 1.0f32, p[row as usize]);
-        let mut goal_hi = frac_hi(pr, sh, sl);
-        let mut goal_lo = frac_lo(pr, sh, sl);
-        if !wide_ge(sh, sl, goal_hi, goal_lo) {
-            goal_hi = sh;
-            goal_lo = sl;
-        }
-        let mut ch = 0u32;
-        let mut cl = 0u32;
-        let mut found = false;
+        let (goal_hi, goal_lo) = wide_goal(pr, sh, sl);
+        let (found, g, before_hi, before_lo) = first_reaching(&part_hi, &part_lo, goal_hi, goal_lo);
         let mut cb = 1024u32;
         let mut ah = 0u32;
         let mut al = 0u32;
-        for g in 0..CUBE_DIM {
-            let ph = part_hi[g as usize];
-            let pl = part_lo[g as usize];
-            let nl = cl + pl;
-            let nh = ch + ph + select(nl < cl, 1u32, 0u32);
-            if !found && (ph > 0u32 || pl > 0u32) && wide_ge(nh, nl, goal_hi, goal_lo) {
-                found = true;
-                // The bin inside this group.
-                let mut bh = ch;
-                let mut bl = cl;
-                let mut inner = false;
-                for k in 0..per {
-                    let b = g * per + k;
-                    if b < 1024u32 && !inner {
-                        let lo = pool[(2u32 * b) as usize].load();
-                        let hi = pool[(2u32 * b + 1u32) as usize].load();
-                        let xl = bl + lo;
-                        let xh = bh + hi + select(xl < bl, 1u32, 0u32);
-                        if (hi > 0u32 || lo > 0u32) && wide_ge(xh, xl, goal_hi, goal_lo) {
-                            inner = true;
-                            cb = b;
-                            ah = bh;
-                            al = bl;
-                        }
-                        bh = xh;
-                        bl = xl;
+        if found {
+            // The bin inside this group.
+            let mut bh = before_hi;
+            let mut bl = before_lo;
+            let mut inner = false;
+            for k in 0..per {
+                let b = g * per + k;
+                if b < 1024u32 && !inner {
+                    let lo = pool[(2u32 * b) as usize].load();
+                    let hi = pool[(2u32 * b + 1u32) as usize].load();
+                    let xl = bl + lo;
+                    let xh = bh + hi + select(xl < bl, 1u32, 0u32);
+                    if (hi > 0u32 || lo > 0u32) && wide_ge(xh, xl, goal_hi, goal_lo) {
+                        inner = true;
+                        cb = b;
+                        ah = bh;
+                        al = bl;
                     }
+                    bh = xh;
+                    bl = xl;
                 }
             }
-            ch = nh;
-            cl = nl;
         }
         // No bin (an empty row, or the whole row kept): everything is above.
         if all || (sh == 0u32 && sl == 0u32) {
@@ -165,16 +140,14 @@ pub(crate) fn top_p_dist_full_rows(
 
     // Read 3: each thread's contiguous chunk: dist weights of the logits
     // above the crossing bin; the crossing bin's logits gathered.
-    let chunk = (width + CUBE_DIM - 1u32) / CUBE_DIM;
-    let start = select(tid * chunk < width, tid * chunk, width);
-    let end = select(start + chunk < width, start + chunk, width);
+    let (start, end) = thread_chunk(width);
     let mut wh = 0u32;
     let mut wl = 0u32;
     for j in start..end {
         let l = logits[(base + j) as usize];
         let b = nucleus_bin(l, m);
         if b < cb {
-            let q = fixed_weight(f32::exp(scaled(l, tr) - qm));
+            let q = draw_weight(l, &head);
             let nl = wl + q;
             wh += select(nl < wl, 1u32, 0u32);
             wl = nl;
@@ -333,7 +306,7 @@ pub(crate) fn top_p_dist_full_rows(
                     && q > 0u32
                     && (key > prefix || (key == prefix && j <= last_pos))
                 {
-                    let e = fixed_weight(f32::exp(scaled(l, tr) - qm));
+                    let e = draw_weight(l, &head);
                     let nl = wl + e;
                     wh += select(nl < wl, 1u32, 0u32);
                     wl = nl;
@@ -346,7 +319,7 @@ pub(crate) fn top_p_dist_full_rows(
                     let l = f32::reinterpret(pool[(2u32 * k) as usize].load());
                     let key = order_key(l);
                     if key > prefix || (key == prefix && pos <= last_pos) {
-                        let e = fixed_weight(f32::exp(scaled(l, tr) - qm));
+                        let e = draw_weight(l, &head);
                         let nl = wl + e;
                         wh += select(nl < wl, 1u32, 0u32);
                         wl = nl;
@@ -355,47 +328,30 @@ pub(crate) fn top_p_dist_full_rows(
             }
         }
     }
-    chunk_hi[tid as usize] = wh;
-    chunk_lo[tid as usize] = wl;
-    sync_cube();
-
-    // The draw.
-    draw_position(
-        logits,
-        base,
-        width,
-        chunk,
-        u[row as usize],
-        tr,
-        qm,
-        m,
+    let cut = Cut {
         cb,
         prefix,
         last_pos,
-        0.0f32,
-        first,
-        &mut chunk_hi,
-        &mut chunk_lo,
+        thr: 0.0f32,
+    };
+    draw_token(
+        logits,
+        u,
+        bad_in,
+        out,
+        out_bad,
+        none,
+        greedy_below,
+        &head,
+        &cut,
+        wh,
+        wl,
         &mut part_hi,
         &mut part_lo,
         &mut bads,
         &mut sel,
+        units,
         false,
-    );
-    write_token(
-        out,
-        out_bad,
-        bad_in,
-        row,
-        width,
-        none,
-        tr,
-        greedy_below,
-        first,
-        dead,
-        own_bad,
-        &bads,
-        &sel,
         codes,
     );
 }
