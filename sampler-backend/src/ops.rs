@@ -171,7 +171,7 @@ pub fn topk_key(logits: &Tensor<2>) -> Tensor<2> {
 
 /// The largest `k` given to burn's generic `topk` on a cubecl device:
 /// its reduction unrolls `k` accumulators per thread, so its compile time
-/// grows with `k` (measured on lavapipe: see `docs/architecture.md`). A
+/// grows with `k` (measured on lavapipe: see `docs/benchmarks.md`). A
 /// stage that would need more refuses the device
 /// ([`DeviceRefusal::SelectionTooWide`]) and runs on the host.
 pub const GENERIC_TOPK_MAX: usize = 64;
