@@ -49,10 +49,8 @@ use sampler_core::{Candidates, Chain, ChainSpec, Logprobs, SampleError, TokenId}
 
 use self::group::Groups;
 use self::pending::{InFlightMark, PendingStep, foreign};
-use self::request::Request;
+use self::request::{Request, RequestId};
 use crate::BackendError;
-
-use self::request::RequestId;
 
 /// What one step row produced in [`SamplingBatch::step`].
 #[derive(Debug, Clone, PartialEq)]
