@@ -132,7 +132,7 @@ pub enum BackendError {
         call: &'static str,
     },
     /// `finish` or `cancel` was given a step submitted to another batch.
-    /// The step is not lost: [`ReturnedStep::take`] gives it back, to be
+    /// The step is not lost: [`ReturnedStep::take`](crate::ReturnedStep::take) gives it back, to be
     /// finished (or cancelled) on its own batch.
     #[error("step {} was submitted to another batch: take it back from the error and finish it there", step.serial())]
     ForeignStep {

@@ -34,7 +34,7 @@ impl SamplingBatch {
     /// stages before the first custom stage (as for any request) and runs the
     /// custom stage and everything after it on the host, on the candidates
     /// that come back; the plan names the custom stage as the reason
-    /// ([`HostReason::CustomStage`]). The chain keeps its own seed, state
+    /// ([`HostReason::CustomStage`](sampler_core::plan::HostReason::CustomStage)). The chain keeps its own seed, state
     /// and fast kernels (sampler-cpu's are installed when it has none).
     /// [`SamplingBatch::spec`] then returns the built-in stages before the
     /// first custom one; [`SamplingBatch::update`] replaces the whole chain.
@@ -174,7 +174,7 @@ impl SamplingBatch {
     /// llguidance and XGrammar), applied where the chain's `mask` stage
     /// stands, on the device or the host. It holds for the next step only
     /// (`None`, or no call, allows every token). A mask that allows nothing
-    /// left makes that row's step fail with [`SampleError::AllMasked`]; the
+    /// left makes that row's step fail with [`SampleError::AllMasked`](sampler_core::SampleError::AllMasked); the
     /// other rows are unaffected.
     ///
     /// # Errors

@@ -148,7 +148,7 @@ impl SamplingBatch {
     /// `policy` caps each request's device prefix ([`OffloadPolicy`]). With
     /// `Auto` on a CPU device (`flex`, `ndarray`) nothing is offloaded: the
     /// rows are read and sampler-cpu runs each chain (its plans say
-    /// [`HostReason::CpuDevice`]); `Stages(n)` offloads there too.
+    /// [`HostReason::CpuDevice`](sampler_core::plan::HostReason::CpuDevice)); `Stages(n)` offloads there too.
     ///
     /// # Errors
     /// [`BackendError::EmptyVocab`], [`BackendError::VocabTooLarge`].

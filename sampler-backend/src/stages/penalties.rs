@@ -8,7 +8,7 @@
 //! table. The step's fusion rules hand them on ([`Fusable::Penalties`]) to
 //! the stage after it: a device `top_k` kernel applies them inside its
 //! selection (no `[B, V]` pass or copy); any other stage first gets the
-//! logits penalised by [`penalise`] (a gather, the rule on `[B, H]`, and a
+//! logits penalised by its recipe (a gather, the rule on `[B, H]`, and a
 //! scatter back). The rule, for a token with count
 //! `c > 0`: `l <= 0 ? l * repeat : l / repeat`, then `l -= c * frequency +
 //! presence`, saturated at `±f32::MAX`, `-inf` kept (llama.cpp;

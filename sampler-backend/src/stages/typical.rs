@@ -10,7 +10,7 @@
 //!
 //! The rank and mass before each candidate come from pairwise `[B, N, N]`
 //! comparisons, so the device takes rows of at most
-//! [`PAIRWISE_MAX`](crate::ops::PAIRWISE_MAX) candidates (after a device
+//! [`PAIRWISE_MAX`] candidates (after a device
 //! `top_k`, as in llama.cpp's default chain); on wider rows `init` refuses
 //! ([`DeviceRefusal::PairwiseTooWide`]) and the stage runs on the host.
 //!
