@@ -57,7 +57,7 @@ pub(crate) struct Fusion {
     /// Per-row invalid mask `[B, 1]` (NaN / `+inf` in the input row) when
     /// the step sanitised the rows (stages see zeros there); `None` when a
     /// validating kernel takes them as they are.
-    pub(crate) invalid: Option<Tensor<2, Bool>>,
+    invalid: Option<Tensor<2, Bool>>,
     /// Validation keys `[B, 1]` from the first kernel that validated
     /// unsanitised rows: `2i` for a NaN at position `i`, `2i + 1` for a
     /// `+inf`, `2V` for a valid row.

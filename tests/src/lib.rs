@@ -44,6 +44,11 @@ pub fn llama_cpp_cases() -> serde_json::Value {
     load_reference_json(LLAMA_CPP_CASES)
 }
 
+/// `H = -sum p ln p` in nats over `p > 0`.
+fn entropy(probs: impl Iterator<Item = f64>) -> f64 {
+    probs.filter(|&p| p > 0.0).map(|p| -p * p.ln()).sum()
+}
+
 /// Why a row's token may legitimately differ between the CPU and a device:
 /// a float sum in another order can cross a boundary that lies within
 /// rounding. `None` when the row is not near any boundary.
@@ -99,12 +104,7 @@ pub fn boundary_reason_after(
                 // whose order differs between the CPU and a device).
                 let eps = f64::from(*epsilon);
                 let thr = if matches!(st, StageSpec::Eta { .. }) {
-                    let h: f64 = e
-                        .iter()
-                        .map(|&x| x / s)
-                        .filter(|&p| p > 0.0)
-                        .map(|p| -p * p.ln())
-                        .sum();
+                    let h = entropy(e.iter().map(|&x| x / s));
                     eps.min(eps.sqrt() * (-h).exp())
                 } else {
                     eps
@@ -122,11 +122,7 @@ pub fn boundary_reason_after(
                 // Scores `|-ln p - H|` in ascending order (ties canonical),
                 // the cut where the mass before a candidate passes `p`.
                 let probs: Vec<f64> = e.iter().map(|&x| x / s).collect();
-                let h: f64 = probs
-                    .iter()
-                    .filter(|&&q| q > 0.0)
-                    .map(|&q| -q * q.ln())
-                    .sum();
+                let h = entropy(probs.iter().copied());
                 let score: Vec<f64> = probs.iter().map(|&q| (-q.ln() - h).abs()).collect();
                 let mut order: Vec<usize> = (0..ids.len()).collect();
                 order.sort_by(|&a, &b| {
