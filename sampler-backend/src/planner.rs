@@ -54,11 +54,17 @@ pub(crate) fn plan_request(
     let mut width = vocab;
     let mut has_ids = false;
     let mut prefix_alive = policy != OffloadPolicy::Off;
+    let processed = spec
+        .logprobs
+        .as_ref()
+        .is_some_and(|l| l.mode == LogprobsMode::Processed);
     for (i, st) in spec.stages.iter().enumerate() {
         let active = !st.is_noop();
         let mut answer = Ok(());
         if active && prefix_alive && st.kind().meta().device_hook {
-            if vocab as u64 > DEVICE_VOCAB_LIMIT {
+            if processed && st.is_greedy_temperature() {
+                answer = Err(DeviceRefusal::GreedyTemperatureLogprobs);
+            } else if vocab as u64 > DEVICE_VOCAB_LIMIT {
                 answer = Err(DeviceRefusal::VocabBeyondDeviceIds {
                     vocab,
                     limit: DEVICE_VOCAB_LIMIT,

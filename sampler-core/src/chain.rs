@@ -294,10 +294,58 @@ impl Chain {
                 if !self.selects() {
                     return Err(SampleError::NoSelectingStage);
                 }
+                if self.greedy_temperature(0).is_some() {
+                    let mut row = Candidates::from_logits(logits);
+                    row.validate()?;
+                    return self.finish_logprobs(0, &mut row, spec);
+                }
                 let row = self.apply_logits(logits)?;
                 self.commit_logprobs(&row, spec)
             }
         }
+    }
+
+    /// The first active stage at or after `start` (and before
+    /// [`Chain::end`]) that is greedy spelled as a temperature
+    /// ([`StageSpec::is_greedy_temperature`]).
+    pub fn greedy_temperature(&self, start: usize) -> Option<usize> {
+        let end = self.end();
+        (start..end).find(|&i| {
+            self.stages[i]
+                .spec()
+                .is_some_and(|s| !s.is_noop() && s.is_greedy_temperature())
+        })
+    }
+
+    /// The host half of a `processed`-logprobs step from stage `start` on
+    /// (the row validated, stages before `start` applied): run the stages,
+    /// commit the selected token and compute the logprobs from the final
+    /// candidate set, or, when a greedy temperature
+    /// ([`StageSpec::is_greedy_temperature`]) is among the stages, from the
+    /// candidates as they entered it: `temperature(0); dist` reports what
+    /// `greedy` reports.
+    ///
+    /// # Errors
+    /// As [`Chain::apply_stages`] and [`Chain::commit_logprobs`]; nothing is
+    /// accepted on error.
+    pub fn finish_logprobs(
+        &mut self,
+        start: usize,
+        row: &mut Candidates,
+        spec: &crate::LogprobsSpec,
+    ) -> Result<(TokenId, crate::Logprobs), SampleError> {
+        let all = start..self.stages.len();
+        let Some(j) = self.greedy_temperature(start) else {
+            self.apply_stages(all, row)?;
+            return self.commit_logprobs(row, spec);
+        };
+        self.apply_stages(start..j, row)?;
+        let entering = row.clone();
+        self.apply_stages(j..all.end, row)?;
+        let t = row.selected_token().ok_or(SampleError::NoSelectingStage)?;
+        let lp = crate::logprobs::processed(&entering, spec, t)?;
+        self.commit(t);
+        Ok((t, lp))
     }
 
     /// The host half of a `processed`-logprobs step on a final candidate set

@@ -10,7 +10,11 @@
 //!   the final candidate set after every stage of the chain (transforms and
 //!   filters), renormalised over the survivors; a token outside it has
 //!   `-inf`. For `dist` that is the softmax `dist` drew from; for `greedy`
-//!   it is the log-softmax of the candidates greedy chose among.
+//!   it is the log-softmax of the candidates greedy chose among, and so it
+//!   is for greedy spelled as a temperature (`temperature(0); dist`: the
+//!   candidates as they entered that stage,
+//!   [`crate::StageSpec::is_greedy_temperature`]), as vLLM gives greedy rows
+//!   no temperature.
 //!
 //! Numerics (the same on the CPU and the device, within `1e-5`):
 //! `logprob_i = (l_i - max) - ln(Σ_j exp(l_j - max))`, with the project's

@@ -67,6 +67,13 @@ pub enum DeviceRefusal {
         /// The widest row the recipe takes.
         limit: usize,
     },
+    /// `processed` logprobs are taken from the candidates entering a greedy
+    /// temperature (`temperature(0)`, as `greedy`'s are), which the device
+    /// does not keep: the stage and the rest of the chain run on the host.
+    #[error(
+        "processed logprobs are taken before a greedy temperature (t < 1e-5), which runs on the host"
+    )]
+    GreedyTemperatureLogprobs,
     /// A parameter names a token outside the vocabulary: the host reports it
     /// as that row's error.
     #[error("row {row}: token id {token} is outside the vocabulary of {vocab}")]

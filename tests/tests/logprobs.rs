@@ -581,7 +581,62 @@ fn top_logprobs_rank_by_logit_and_leave_out_minus_inf(d: &Device, name: &str) {
     assert_eq!(want.top, [(0, 0.0)]);
 }
 
+/// Two spellings of greedy report the same logprobs: `temperature(0)`
+/// before the selecting stage gives what `greedy` gives (the log-softmax of
+/// the candidates it chose among, vLLM's greedy rows), in both modes, on
+/// every path; after a `top_k` the candidates are the `k` kept.
+fn greedy_spellings_report_the_same_logprobs(d: &Device, name: &str) {
+    let row = [2.0f32, 1.0, 0.5, -1.0, 1.0, -3.0];
+    let spellings = [
+        (vec![temp(0.0), StageSpec::Dist], vec![StageSpec::Greedy]),
+        (
+            vec![StageSpec::TopK { k: 3 }, temp(0.0), StageSpec::Dist],
+            vec![StageSpec::TopK { k: 3 }, StageSpec::Greedy],
+        ),
+        (
+            vec![temp(0.0), StageSpec::TopK { k: 2 }, StageSpec::Dist],
+            vec![StageSpec::Greedy],
+        ),
+    ];
+    for (as_temperature, as_greedy) in spellings {
+        for mode in [LogprobsMode::Raw, LogprobsMode::Processed] {
+            let lp = LogprobsSpec {
+                top_n: 3,
+                token_ids: vec![1, 3],
+                mode,
+            };
+            let got =
+                same_logprobs_everywhere(d, name, as_temperature.clone(), &row, lp.clone(), 1e-5);
+            let want = same_logprobs_everywhere(d, name, as_greedy.clone(), &row, lp, 1e-5);
+            assert_eq!(
+                got, want,
+                "{as_temperature:?} against {as_greedy:?}, {mode:?}"
+            );
+            assert_eq!(got.token.0, 0, "{got:?}");
+            if mode == LogprobsMode::Raw {
+                assert!((got.token.1 - -0.700_824_7).abs() < 1e-5, "{got:?}");
+            }
+        }
+    }
+    // The value by hand: `[2, 1]`'s log-softmax at 2 is -0.3133, not 0.
+    let lp = LogprobsSpec {
+        top_n: 0,
+        token_ids: vec![],
+        mode: LogprobsMode::Processed,
+    };
+    let got = same_logprobs_everywhere(
+        d,
+        name,
+        vec![temp(0.0), StageSpec::Dist],
+        &[2.0, 1.0],
+        lp,
+        1e-5,
+    );
+    assert!((got.token.1 - -0.313_261_7).abs() < 1e-5, "{got:?}");
+}
+
 device_tests!(
+    greedy_spellings_report_the_same_logprobs,
     hand_computed_values,
     cpu_and_device_agree,
     pipelined_equals_blocking,

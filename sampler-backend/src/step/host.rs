@@ -222,7 +222,7 @@ fn run_host(
         }
         (Work::Token(t), false) => t.map(|t| (RowResult::Token(t), None)),
         (Work::Cands(c, start), true) => {
-            let mut c = c?;
+            let mut c = all_masked_first(req, c?, start)?;
             match (spec, device_lp) {
                 // Raw logprobs from the device: the host only picks the token.
                 (Some(s), Some(d)) => {
@@ -234,8 +234,8 @@ fn run_host(
                     if !req.chain.selects() {
                         return Err(SampleError::NoSelectingStage);
                     }
-                    req.chain.apply_from(start, &mut c)?;
-                    let (t, lp) = req.chain.commit_logprobs(&c, s)?;
+                    c.validate()?;
+                    let (t, lp) = req.chain.finish_logprobs(start, &mut c, s)?;
                     Ok((RowResult::Token(t), Some(lp)))
                 }
                 (None, _) => req
@@ -245,9 +245,26 @@ fn run_host(
             }
         }
         (Work::Cands(c, start), false) => {
-            let mut c = c?;
+            let mut c = all_masked_first(req, c?, start)?;
             req.chain.apply_from(start, &mut c)?;
             Ok((RowResult::Cands(c), None))
         }
     }
+}
+
+/// A row without a finite candidate after a device prefix that holds a
+/// stage rejecting such a row on the CPU (`top_p`, `typical`:
+/// [`sampler_core::StageSpec::rejects_all_masked`]) fails there, with
+/// `AllMasked`, before any host stage's own error. Exact because the planner
+/// runs no banning stage on the device after a masking one when the chain
+/// goes on on the host (`BansAfterMask`): a row that reaches the host
+/// without a finite logit had none when the first such stage saw it.
+fn all_masked_first(req: &Request, c: Candidates, start: usize) -> Result<Candidates, SampleError> {
+    let rejects = req.spec.stages[..start.min(req.spec.stages.len())]
+        .iter()
+        .any(sampler_core::StageSpec::rejects_all_masked);
+    if rejects && c.logits().iter().all(|&l| l == f32::NEG_INFINITY) {
+        return Err(SampleError::AllMasked);
+    }
+    Ok(c)
 }

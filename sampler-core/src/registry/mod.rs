@@ -721,6 +721,35 @@ impl StageSpec {
     pub fn selects(&self) -> bool {
         self.kind().meta().effects.selects
     }
+
+    /// Whether the stage, active, fails with
+    /// [`SampleError::AllMasked`](crate::SampleError::AllMasked) on a set
+    /// without a finite logit although it does not select: `top_p` and
+    /// `typical` (their softmax). The serving batch reports that error for a
+    /// row such a device stage saw, before the host stages after it, as the
+    /// CPU does.
+    pub fn rejects_all_masked(&self) -> bool {
+        matches!(self, StageSpec::TopP { .. } | StageSpec::Typical { .. }) && !self.is_noop()
+    }
+
+    /// Whether the stage is greedy spelled as a temperature: a fixed
+    /// temperature (no dynamic range) below
+    /// [`GREEDY_TEMPERATURE`](crate::GREEDY_TEMPERATURE), such as
+    /// `temperature(0)` or OpenAI's `temperature = 0`. It keeps the maximum
+    /// and bans the rest, so `processed` logprobs are taken from the
+    /// candidates as they enter it, the set greedy would choose among
+    /// ([`crate::logprobs`]; vLLM gives greedy rows no temperature).
+    pub fn is_greedy_temperature(&self) -> bool {
+        match self {
+            StageSpec::Temperature {
+                t, dynatemp_range, ..
+            } => {
+                (dynatemp_range.is_nan() || *dynatemp_range <= 0.0)
+                    && (t.is_nan() || *t < crate::GREEDY_TEMPERATURE)
+            }
+            _ => false,
+        }
+    }
 }
 
 #[cfg(test)]
