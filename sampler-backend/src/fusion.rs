@@ -405,10 +405,11 @@ impl Fusion {
             (None, PendingCut::TopP(p)) => {
                 let (e, _) = ops::exps(&data.logits);
                 let noop = p.clone().greater_elem(1.0);
-                let target = p.clone().clamp_max(1.0).mul(e.clone().sum_dim(1));
+                let s = e.clone().sum_dim(1);
                 let ids = data.token_ids();
+                let p = p.clone().clamp_max(1.0);
                 Some(
-                    full_row_nucleus(&data.logits, &ids, &e, &target, data.vocab)
+                    full_row_nucleus(&data.logits, &ids, &e, &p, &s, data.vocab)
                         .bool_or(wide(noop, n)),
                 )
             }

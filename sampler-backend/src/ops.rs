@@ -145,15 +145,35 @@ pub fn rank_and_mass_before(
     ids: &Tensor<2, Int>,
     weights: &Tensor<2>,
 ) -> (Tensor<2, Int>, Tensor<2>) {
+    let (rank, before, _) = rank_and_masses(logits, ids, weights, false);
+    (rank, before)
+}
+
+/// [`rank_and_mass_before`], and with `from` the weight of the candidates
+/// at or after each one (itself included) `[B, N]`, summed directly (not
+/// `S - before`, which loses a tail of tiny weights next to `S`);
+/// zeros when `from` is false.
+pub fn rank_and_masses(
+    logits: &Tensor<2>,
+    ids: &Tensor<2, Int>,
+    weights: &Tensor<2>,
+    from: bool,
+) -> (Tensor<2, Int>, Tensor<2>, Tensor<2>) {
     let [b, n] = logits.dims();
     let before = before_pairwise(logits, ids);
     let rank = before.clone().int().sum_dim(2).reshape([b, n]);
     let w = weights.clone().reshape([b, 1, n]).expand([b, n, n]);
     let mass = w
-        .mask_fill(before.bool_not(), 0.0)
+        .clone()
+        .mask_fill(before.clone().bool_not(), 0.0)
         .sum_dim(2)
         .reshape([b, n]);
-    (rank, mass)
+    let after = if from {
+        w.mask_fill(before, 0.0).sum_dim(2).reshape([b, n])
+    } else {
+        logits.zeros_like()
+    };
+    (rank, mass, after)
 }
 
 /// A `topk` key that every backend orders like the logits: cubecl's `topk`

@@ -326,6 +326,47 @@ fn competing_errors_have_one_priority(d: &Device, dev: &str) {
         let (out, _) = device_step(&rows, &logits, 4, d, policy, &[vec![]]);
         assert_eq!(out.tokens, cpu, "{dev} {policy:?}");
     }
+    // The same row behind a device stage that rejects an all `-inf` row
+    // (the CPU's `AllMasked` comes before the host stage's out-of-vocabulary
+    // bias), and behind one that does not (top_k keeps the `-inf`
+    // candidates: the bias's error comes first), full rows and narrow ones.
+    let bias = S::LogitBias {
+        bias: vec![(9, 1.0)],
+    };
+    let top_p = S::TopP {
+        p: 0.9,
+        min_keep: 0,
+    };
+    let min_p = S::MinP {
+        p: 0.1,
+        min_keep: 0,
+    };
+    for (v, first) in [
+        (4, vec![top_p.clone()]),
+        (4, vec![min_p.clone()]),
+        (300, vec![top_p]),
+        (300, vec![S::TopK { k: 2 }, min_p]),
+        (4, vec![S::TopK { k: 2 }]),
+    ] {
+        let mut stages = first;
+        stages.extend([bias.clone(), S::Dist]);
+        let rows = vec![ChainSpec::new(stages, Some(2)); 2];
+        let mut logits = vec![f32::NEG_INFINITY; 2 * v];
+        logits[v] = 1.0;
+        let cpu = cpu_step(&rows, &logits, v, &[vec![], vec![]]);
+        let mut reference = sampler_cpu::build_chain(&rows[0]).unwrap();
+        let slow = reference.sample(&mut sampler_core::Candidates::from_logits(&logits[..v]));
+        assert_eq!(cpu[0], slow, "fast path and reference");
+        for policy in [
+            OffloadPolicy::Device,
+            OffloadPolicy::Stages(1),
+            OffloadPolicy::Off,
+        ] {
+            let what = format!("{dev} {policy:?} {}", rows[0].chain_string());
+            let (out, _) = device_step(&rows, &logits, v, d, policy, &[vec![], vec![]]);
+            assert_eq!(out.tokens, cpu, "{what}");
+        }
+    }
 }
 
 /// Found by the fuzz suite: a ban (`logit_bias` `-inf`) after a masking
@@ -589,7 +630,126 @@ fn wide_selections_never_stall_a_step(d: &Device, dev: &str) {
     }
 }
 
+/// Logits of every f32 scale in one row: a few ordinary ones and thousands
+/// of subnormal-scale ones that differ only below `1e-38` (`exp(l - max)`
+/// equal, the canonical order by value then id). The full-row nucleus finds
+/// the crossing value among them (a value bisection from the row's minimum
+/// to its maximum needs about 130 halvings to tell `1e-40` from
+/// `1.2e-38`), so the device keeps the CPU's candidates; also after
+/// penalties, the fuzz suite's case.
+fn top_p_resolves_subnormal_scale_ties(d: &Device, dev: &str) {
+    let v = 2651;
+    let classes = [1.175_494_4e-38f32, 1e-40, 1e-45, 0.0, -0.0, -1e-45];
+    let logits: Vec<f32> = (0..v)
+        .map(|i| match i {
+            10 | 20 => 0.28,
+            _ if i % 97 == 0 => -1.5,
+            _ => classes[(i * 7) % classes.len()],
+        })
+        .collect();
+    let top_p = |p, min_keep| S::TopP { p, min_keep };
+    let penalties = S::Penalties {
+        last_n: 50,
+        repeat: 0.01,
+        frequency: 1.718_632_5,
+        presence: -2.0,
+        scope: sampler_core::HistoryScope::default(),
+    };
+    let prompt = vec![0u32, 2, 0, 5, 6, 5, 5];
+    let cases = [
+        (vec![top_p(0.01, 0), S::Dist], vec![]),
+        (vec![top_p(0.3, 0), S::Dist], vec![]),
+        (vec![top_p(0.3, 2), S::Dist], vec![]),
+        (
+            vec![penalties.clone(), top_p(0.001, 2), S::Dist],
+            prompt.clone(),
+        ),
+        (vec![penalties, top_p(0.2, 0), S::Dist], prompt),
+    ];
+    for (stages, prompt) in cases {
+        for seed in [5_441_666_697_039_819_282u64, 1, 2, 3] {
+            let rows = vec![ChainSpec::new(stages.clone(), Some(seed))];
+            let prompts = [prompt.clone()];
+            let cpu = cpu_step(&rows, &logits, v, &prompts);
+            for policy in [
+                OffloadPolicy::Device,
+                OffloadPolicy::Stages(stages.len() - 1),
+            ] {
+                let (out, _) = device_step(&rows, &logits, v, d, policy, &prompts);
+                let what = format!("{dev} {policy:?} {stages:?} seed {seed}");
+                assert_eq!(out.tokens, cpu, "{what}");
+            }
+        }
+    }
+}
+
+/// `p` within f32 rounding of 1 (`0.99999994`): a candidate is kept while
+/// the mass before it is `< p·S`, i.e. while the mass from it on is
+/// `> (1 - p)·S`; the tail of tiny probabilities is cut where the CPU cuts
+/// it, not where `p·S` rounds to `S`.
+fn top_p_within_rounding_of_one_matches_the_cpu(d: &Device, dev: &str) {
+    let hot = S::Temperature {
+        t: 1e30,
+        dynatemp_range: 0.0,
+        dynatemp_exponent: 1.0,
+    };
+    let top_p = |min_keep| S::TopP {
+        p: 0.999_999_94,
+        min_keep,
+    };
+    // Narrow rows, full rows (the fused draw, the filter before a top_k,
+    // min_keep above 1), each with a tail of tiny probabilities.
+    for (v, head, tail_logit) in [
+        (113, 10, -16.5f32),
+        (113, 3, -17.0),
+        (600, 20, -16.0),
+        (3000, 40, -15.5),
+    ] {
+        let logits: Vec<f32> = (0..v)
+            .map(|i| {
+                if i < head {
+                    0.0
+                } else {
+                    tail_logit - (i % 5) as f32 * 0.01
+                }
+            })
+            .collect();
+        for stages in [
+            vec![top_p(5), hot.clone(), S::Dist],
+            vec![top_p(0), hot.clone(), S::Dist],
+            vec![top_p(0), S::TopK { k: 1000 }, hot.clone(), S::Dist],
+        ] {
+            let seeds = 0..24u64;
+            let rows: Vec<ChainSpec> = seeds
+                .map(|seed| ChainSpec::new(stages.clone(), Some(seed)))
+                .collect();
+            let b = rows.len();
+            let batch: Vec<f32> = logits.iter().copied().cycle().take(b * v).collect();
+            let prompts = vec![vec![]; b];
+            let cpu = cpu_step(&rows, &batch, v, &prompts);
+            for (spec, want) in rows.iter().zip(&cpu) {
+                let mut reference = sampler_cpu::build_chain(spec).unwrap();
+                let mut row = sampler_core::Candidates::from_logits(&logits);
+                reference.apply_from(0, &mut row).unwrap();
+                assert_eq!(
+                    &reference.sample(&mut sampler_core::Candidates::from_logits(&logits)),
+                    want,
+                    "fast path and reference, v {v} head {head}: {} kept",
+                    row.len()
+                );
+            }
+            for policy in [OffloadPolicy::Device, OffloadPolicy::Stages(1)] {
+                let (out, _) = device_step(&rows, &batch, v, d, policy, &prompts);
+                let what = format!("{dev} {policy:?} v {v} head {head} {stages:?}");
+                assert_eq!(out.tokens, cpu, "{what}");
+            }
+        }
+    }
+}
+
 device_tests!(
+    top_p_resolves_subnormal_scale_ties,
+    top_p_within_rounding_of_one_matches_the_cpu,
     wide_selections_never_stall_a_step,
     duplicate_bias_ids_add_their_sum_once,
     invalid_rows_are_reported_whatever_stage_validates_them,

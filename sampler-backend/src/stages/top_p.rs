@@ -30,10 +30,39 @@ use crate::ops::{self, PAIRWISE_MAX, wide};
 use crate::recipes::{KeepFilter, or_fill};
 use crate::stage::{CutRule, DeviceStage, Fusable, InitContext, StepData};
 
-/// Iterations of the value bisection on full rows. Each halves the range of
-/// logits still in question; 64 resolves any two distinct f32 logits of
-/// practical magnitude.
-pub const BISECT_ITERS: usize = 64;
+/// Iterations of the bisection on full rows ([`key_midpoint`]'s steps): one
+/// step across zero, at most 8 geometric ones down from the 277 binades of
+/// f32 (subnormals included) to a factor of 4, then at most 25 halvings of
+/// a range `[a, 4a]` (2^24 floats): 34 resolve any two adjacent f32
+/// logits, whatever their scale; 40 leave a margin.
+pub const BISECT_ITERS: usize = 40;
+
+/// A point strictly between `lo < hi` (per row `[B, 1]`) that halves the
+/// range in the floats' own spacing rather than in value: `0` across zero;
+/// for ends of one sign more than a factor of 4 apart, their geometric
+/// mean `±sqrt|lo|·sqrt|hi|` (an end at zero taken as the smallest
+/// subnormal); otherwise `lo/2 + hi/2` (no overflow at `±f32::MAX`). A value
+/// bisection alone needs about 130 halvings to tell `1e-40` from `1.2e-38`
+/// in a row that also holds ordinary logits.
+fn key_midpoint(lo: &Tensor<2>, hi: &Tensor<2>) -> Tensor<2> {
+    let tiny = f32::from_bits(1);
+    let a_lo = lo.clone().abs().clamp_min(tiny);
+    let a_hi = hi.clone().abs().clamp_min(tiny);
+    let across = lo.clone().lower_elem(0.0).bool_and(hi.clone().greater_elem(0.0));
+    let negative = hi.clone().lower_equal_elem(0.0);
+    let (small, big) = (
+        a_lo.clone().min_pair(a_hi.clone()),
+        a_lo.clone().max_pair(a_hi.clone()),
+    );
+    let far = big.greater(small.mul_scalar(4.0));
+    let geometric = a_lo.sqrt().mul(a_hi.sqrt());
+    let geometric = geometric.clone().mask_where(negative, geometric.neg());
+    lo.clone()
+        .mul_scalar(0.5)
+        .add(hi.clone().mul_scalar(0.5))
+        .mask_where(far, geometric)
+        .mask_fill(across, 0.0)
+}
 
 /// Device top-p with per-row `p` and `min_keep`.
 #[derive(Debug)]
@@ -94,14 +123,15 @@ impl DeviceStage for TopP {
         }
         let (e, _) = ops::exps(&data.logits);
         let s = e.clone().sum_dim(1);
-        let target = p.clone().mul(s);
         let keep = if n <= PAIRWISE_MAX {
-            let (rank, before) = ops::rank_and_mass_before(&data.logits, &ids, &e);
-            before
-                .lower(wide(target, n))
+            let (rank, before, from) = ops::rank_and_masses(&data.logits, &ids, &e, true);
+            let side = NucleusSide::new(&p, &s);
+            side.by_before(before, n)
+                .bool_and(wide(side.high.clone(), n).bool_not())
+                .bool_or(side.by_from(from, n).bool_and(wide(side.high, n)))
                 .bool_or(rank.lower(wide(keep_row.clone(), n)))
         } else {
-            let nucleus = full_row_nucleus(&data.logits, &ids, &e, &target, data.vocab);
+            let nucleus = full_row_nucleus(&data.logits, &ids, &e, &p, &s, data.vocab);
             let top = if self.filter.keep_max > 1 {
                 ops::canonical_top_mask(&data.logits, &ids, keep_row, self.filter.keep_max)
             } else {
@@ -115,45 +145,89 @@ impl DeviceStage for TopP {
     }
 }
 
-/// The nucleus mask `[B, N]` of full rows by reductions only.
+/// Which side of the nucleus rule a row evaluates: the rule is "the mass
+/// before a candidate is `< p·S`"; for `p >= 1/2` it is evaluated as "the
+/// mass from it on is `> (1 - p)·S`" (`1 - p` is exact there), summing the
+/// small side, so that `p` within rounding of 1 cuts a tail of tiny
+/// probabilities where the exact rule does (f32 sums next to `S` cannot
+/// resolve them, and `p·S` rounds to `S`).
+pub(crate) struct NucleusSide {
+    /// `[B, 1]`: rows evaluated from the tail (`p >= 1/2`).
+    pub(crate) high: Tensor<2, Bool>,
+    /// `[B, 1]`: `p·S`.
+    pub(crate) target: Tensor<2>,
+    /// `[B, 1]`: `(1 - p)·S`.
+    pub(crate) tail: Tensor<2>,
+}
+
+impl NucleusSide {
+    /// From `p` and `S` per row `[B, 1]`.
+    pub(crate) fn new(p: &Tensor<2>, s: &Tensor<2>) -> Self {
+        Self {
+            high: p.clone().greater_equal_elem(0.5),
+            target: p.clone().mul(s.clone()),
+            tail: p.clone().neg().add_scalar(1.0).mul(s.clone()),
+        }
+    }
+
+    /// Kept by the mass before each candidate `[B, N]`.
+    fn by_before(&self, before: Tensor<2>, n: usize) -> Tensor<2, Bool> {
+        before.lower(wide(self.target.clone(), n))
+    }
+
+    /// Kept by the mass from each candidate on `[B, N]`.
+    fn by_from(&self, from: Tensor<2>, n: usize) -> Tensor<2, Bool> {
+        from.greater(wide(self.tail.clone(), n))
+    }
+}
+
+/// The nucleus mask `[B, N]` of full rows by reductions only; `p` and `S`
+/// per row `[B, 1]`.
 pub(crate) fn full_row_nucleus(
     logits: &Tensor<2>,
     ids: &Tensor<2, Int>,
     e: &Tensor<2>,
-    target: &Tensor<2>,
+    p: &Tensor<2>,
+    s: &Tensor<2>,
     vocab: usize,
 ) -> Tensor<2, Bool> {
     let [_, n] = logits.dims();
+    let side = NucleusSide::new(p, s);
+    let high = wide(side.high.clone(), n);
+    // Whether the candidates at or above `v` `[B, 1]` reach the goal: their
+    // mass `>= p·S`, or (high rows) the mass below `v` `<= (1 - p)·S`.
+    let reaches = |v: &Tensor<2>| {
+        let ge = logits.clone().greater_equal(wide(v.clone(), n));
+        let counted = ge
+            .clone()
+            .bool_and(high.clone().bool_not())
+            .bool_or(ge.bool_not().bool_and(high.clone()));
+        let mass = e.clone().mask_fill(counted.bool_not(), 0.0).sum_dim(1);
+        mass.clone()
+            .greater_equal(side.target.clone())
+            .bool_and(side.high.clone().bool_not())
+            .bool_or(mass.lower_equal(side.tail.clone()).bool_and(side.high.clone()))
+    };
     let finite = logits.clone().is_finite();
     let m = logits.clone().max_dim(1);
-    // If the maxima alone reach the target, v* = max. Otherwise bisect with
-    // lo: a logit with mass(l >= lo) >= target (the smallest finite one) and
-    // hi: a logit with mass(l >= hi) < target (the max); midpoints are
-    // `lo/2 + hi/2` so that extreme logits never overflow.
-    let mass_at_max = e
-        .clone()
-        .mask_fill(logits.clone().lower(wide(m.clone(), n)), 0.0)
-        .sum_dim(1);
-    let top_ok = mass_at_max
-        .greater_equal(target.clone())
-        .bool_or(target.clone().lower_equal_elem(0.0));
+    // If the maxima alone reach the goal, v* = max. Otherwise bisect with
+    // lo: a logit whose candidates at or above reach it (the smallest
+    // finite one) and hi: one whose do not (the max); midpoints from
+    // `key_midpoint`.
+    let top_ok = reaches(&m).bool_or(side.target.clone().lower_equal_elem(0.0));
     let mut lo = logits
         .clone()
         .mask_fill(finite.bool_not(), f32::INFINITY)
         .min_dim(1);
     let mut hi = m.clone();
     for _ in 0..BISECT_ITERS {
-        let mid = lo.clone().mul_scalar(0.5).add(hi.clone().mul_scalar(0.5));
+        let mid = key_midpoint(&lo, &hi);
         let snap = logits
             .clone()
             .mask_fill(logits.clone().lower(wide(mid.clone(), n)), f32::INFINITY)
             .min_dim(1);
         let inside = snap.clone().lower(hi.clone());
-        let mass = e
-            .clone()
-            .mask_fill(logits.clone().lower(wide(snap.clone(), n)), 0.0)
-            .sum_dim(1);
-        let ok = inside.clone().bool_and(mass.greater_equal(target.clone()));
+        let ok = inside.clone().bool_and(reaches(&snap));
         let shrink = inside.clone().bool_and(ok.clone().bool_not());
         lo = lo.mask_where(ok, snap.clone());
         hi = hi
@@ -163,13 +237,19 @@ pub(crate) fn full_row_nucleus(
     let vstar = lo.mask_where(top_ok, m);
     let gt = logits.clone().greater(wide(vstar.clone(), n));
     let eq = logits.clone().equal(wide(vstar, n));
-    let mass_gt = e.clone().mask_fill(gt.clone().bool_not(), 0.0).sum_dim(1);
     let e_v = e.clone().mask_fill(eq.clone().bool_not(), 0.0).max_dim(1);
     let count_eq = eq.clone().int().sum_dim(1);
-    // Equal candidates kept in id order while the mass before them is < target.
-    let need = target
+    // Equal candidates kept in id order while the mass before them is < p·S:
+    // `need` of them, the mass they must add past those above,
+    // `p·S - mass(l > v*)`, or (high rows) `mass(l <= v*) - (1 - p)·S`.
+    let mass_gt = e.clone().mask_fill(gt.clone().bool_not(), 0.0).sum_dim(1);
+    let mass_le = e.clone().mask_fill(gt.clone(), 0.0).sum_dim(1);
+    let lacking = side
+        .target
         .clone()
         .sub(mass_gt)
+        .mask_where(side.high.clone(), mass_le.sub(side.tail.clone()));
+    let need = lacking
         .div(e_v.clone().clamp_min(f32::MIN_POSITIVE))
         .ceil()
         .clamp(1.0, vocab as f32)

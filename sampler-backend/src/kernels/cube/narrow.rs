@@ -86,7 +86,12 @@ pub(crate) fn top_p_rows(
     let mut stat = Shared::<[f32]>::new_slice(2usize);
     load_row(logits, ids, base, width, &mut sl, &mut sid);
     shared_max_and_sum(&sl, &mut se, &mut stat, width);
-    let target = p[row as usize] * stat[1];
+    // The rule (mass before `< p·S`) on its small side: for `p >= 1/2` as
+    // the mass from the candidate on `> (1 - p)·S` (`stages::top_p`).
+    let pr = p[row as usize];
+    let high = pr >= 0.5f32;
+    let target = pr * stat[1];
+    let tail = (1.0f32 - pr) * stat[1];
     let min_keep = u32::cast_from(keep[row as usize]);
     let mut c = UNIT_POS;
     while c < width {
@@ -94,14 +99,17 @@ pub(crate) fn top_p_rows(
         let dc = sid[c as usize];
         let mut rank = 0u32;
         let mut before = 0.0f32;
+        let mut from = 0.0f32;
         for j in 0..width {
             let lj = sl[j as usize];
             if lj > lc || (lj == lc && sid[j as usize] < dc) {
                 rank += 1u32;
                 before += se[j as usize];
+            } else {
+                from += se[j as usize];
             }
         }
-        let kept = before < target || rank < min_keep;
+        let kept = select(high, from > tail, before < target) || rank < min_keep;
         out[(base + c) as usize] = select(kept, lc, f32::reinterpret(0xFF80_0000u32));
         c += CUBE_DIM;
     }

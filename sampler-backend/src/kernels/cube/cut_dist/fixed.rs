@@ -87,6 +87,27 @@ pub(crate) fn wide_goal(x: f32, hi: u32, lo: u32) -> (u32, u32) {
     (gh, gl)
 }
 
+/// The nucleus goal `p·W` of a 64-bit mass `W = (hi, lo)`, so that a
+/// running sum `>= goal` is exactly "the mass before the next candidate
+/// would be `>= p·W`": for `p >= 1/2`, `W - floor((1 - p)·W)` (`1 - p` is
+/// exact there; `p·W` through f32 would round a tail of tiny weights away
+/// when `p` is within rounding of 1), else [`wide_goal`].
+#[cube]
+pub(crate) fn wide_nucleus_goal(p: f32, hi: u32, lo: u32) -> (u32, u32) {
+    let mut gh = 0u32;
+    let mut gl = 0u32;
+    if p >= 0.5f32 {
+        let (th, tl) = wide_goal(1.0f32 - p, hi, lo);
+        gl = lo - tl;
+        gh = hi - th - select(tl > lo, 1u32, 0u32);
+    } else {
+        let (ph, pl) = wide_goal(p, hi, lo);
+        gh = ph;
+        gl = pl;
+    }
+    (gh, gl)
+}
+
 /// In thread order, the first non-empty pair `(hi[t], lo[t])` whose running
 /// 64-bit sum reaches the goal `(goal_hi, goal_lo)`: whether there is one,
 /// its `t`, and the sum before it `(hi, lo)`.

@@ -7,7 +7,8 @@ use burn_cubecl::cubecl::prelude::*;
 use super::super::common::{clear_atomics, order_key, thread_chunk};
 use super::draw::{Cut, draw_token, draw_weight, read_row_head};
 use super::fixed::{
-    first_reaching, fixed_weight, key_logit, nucleus_bin, wide_f32, wide_ge, wide_goal, wide_sum,
+    first_reaching, fixed_weight, key_logit, nucleus_bin, wide_f32, wide_ge, wide_nucleus_goal,
+    wide_sum,
 };
 use super::{S_ABOVE_HI, S_ABOVE_LO, S_BIN, S_CB, S_GOAL_HI, S_GOAL_LO, S_LEN};
 use crate::kernels::NUC_GATHER;
@@ -94,7 +95,7 @@ pub(crate) fn top_p_dist_full_rows(
         // S, the goal p·S, then the crossing group and bin from the top.
         let (sh, sl) = wide_sum(&part_hi, &part_lo);
         let pr = select(all, 1.0f32, p[row as usize]);
-        let (goal_hi, goal_lo) = wide_goal(pr, sh, sl);
+        let (goal_hi, goal_lo) = wide_nucleus_goal(pr, sh, sl);
         let (found, g, before_hi, before_lo) = first_reaching(&part_hi, &part_lo, goal_hi, goal_lo);
         let mut cb = 1024u32;
         let mut ah = 0u32;
@@ -241,7 +242,15 @@ pub(crate) fn top_p_dist_full_rows(
         }
         // T's ties: how many there are, how many the goal keeps.
         let wt = fixed_weight(f32::exp(key_logit(prefix) - m));
-        let lacking = wide_f32(goal_hi, goal_lo) - wide_f32(ah, al);
+        // `goal - above` in 64 bits (both are near `W` when `p` is near 1).
+        let lacking = select(
+            wide_ge(goal_hi, goal_lo, ah, al),
+            wide_f32(
+                goal_hi - ah - select(al > goal_lo, 1u32, 0u32),
+                goal_lo - al,
+            ),
+            0.0f32,
+        );
         let need_f = f32::ceil(lacking / f32::cast_from(select(wt > 0u32, wt, 1u32)));
         let need_f = select(need_f > 4.0e9f32, 4.0e9f32, need_f);
         let need = select(need_f >= 1.0f32, u32::cast_from(need_f), 1u32);
