@@ -30,12 +30,14 @@
 mod batch;
 mod build;
 pub mod fast;
+pub mod speculative;
 pub mod stages;
 mod util;
 
 pub use batch::{RowLogprobs, apply_batch, sample_batch, sample_batch_logprobs};
 pub use build::{ChainBuildError, build_chain, build_stage};
 pub use fast::ROW_KERNELS;
+pub use speculative::{Verified, verify};
 pub use stages::dist::dist_select;
 
 pub use sampler_core::{Candidates, Chain, ChainSpec, SampleError, Sampler, StageSpec, TokenId};

@@ -1,0 +1,413 @@
+//! Speculative decoding: verify a request's draft tokens against the target
+//! model's rows through the request's own chain, so that the emitted tokens
+//! follow exactly the distribution plain decoding would draw from
+//! (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
+//! Decoding"; vLLM V1's rejection sampler as the engine reference).
+//!
+//! A request proposes `k` draft tokens `d_1..d_k` and hands `k + 1` target
+//! rows `[k + 1, vocab]` (row `i` is the target model's logits for the
+//! position of `d_i`; the last row follows `d_k`). For `i = 1..k`:
+//!
+//! * row `i` goes through the chain as if `d_1..d_{i-1}` had been emitted
+//!   (penalty windows, DRY, `min_tokens` counts and masks see that prefix):
+//!   its final candidate set is the target distribution `p_i` (the softmax
+//!   over the survivors for a chain ending in `dist`; one-hot at the choice
+//!   for `greedy`);
+//! * `d_i` is accepted when `u · q_i(d_i) < p_i(d_i)` (probability
+//!   `min(1, p_i(d_i) / q_i(d_i))`), with `q_i` the draft's distribution
+//!   (`[k, vocab]` probabilities) or, without one (n-gram / prompt-lookup
+//!   drafts), one-hot at `d_i`;
+//! * at the first rejection a token is drawn from the residual
+//!   `normalize(max(0, p_i - q_i))` (`p_i` without `d_i` for one-hot drafts)
+//!   and verification stops;
+//! * when all `k` are accepted, a bonus token is sampled from row `k + 1`
+//!   by the chain exactly as plain decoding samples it.
+//!
+//! A greedy chain accepts while the draft equals its choice and emits its
+//! choice: `k + 1` plain greedy steps, token for token. The chain is left
+//! exactly as plain decoding of the emitted tokens leaves it (step, history,
+//! `min_tokens` count): only emitted tokens are committed.
+//!
+//! Randomness is counter-based like every draw of the project: the
+//! acceptance uniform and the residual draw at output position `t` are
+//! `rng::uniform(seed, t, lane)` on two lanes no stage uses
+//! ([`ACCEPT_LANE`], [`RESIDUAL_LANE`]), and the bonus token is the chain's
+//! own draw at its position, so a seeded request's tokens do not depend on
+//! the batch, its neighbours or earlier drafts beyond the tokens emitted.
+//!
+//! Supported chains end in `dist` or `greedy` (any stages before them);
+//! `mirostat` / `mirostat_v2` (their state update follows their own draw)
+//! and custom selecting stages are refused with a clear error.
+
+use sampler_core::rng::uniform;
+use sampler_core::{
+    Candidates, Chain, ParamError, SampleError, StageKind, TokenId, numerics, validate_logits,
+};
+
+/// The most draft tokens one verification takes (vLLM serves up to about
+/// ten; 64 leaves room for tree-free long n-gram drafts).
+pub const MAX_DRAFT_TOKENS: usize = 64;
+
+/// The lane of the acceptance uniform (no stage reaches it: stage lanes are
+/// `16 · index + sub`).
+pub const ACCEPT_LANE: u32 = u32::MAX - 1;
+
+/// The lane of the residual draw's uniform.
+pub const RESIDUAL_LANE: u32 = u32::MAX - 2;
+
+/// What one verification emitted.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Verified {
+    /// The emitted tokens, `1..=k + 1`: the accepted drafts, then the
+    /// correction drawn at the first rejection or, when every draft was
+    /// accepted, the bonus token.
+    pub tokens: Vec<TokenId>,
+    /// How many drafts were accepted (`tokens.len() - 1`).
+    pub accepted: usize,
+}
+
+fn bad(param: &'static str, value: String, expected: &str) -> SampleError {
+    SampleError::Param(ParamError {
+        stage: "speculative",
+        param,
+        value,
+        expected: expected.to_string(),
+    })
+}
+
+/// Check every input before anything is committed: shapes, draft ids, the
+/// draft distributions, the chain's selecting stage, the rows' values.
+fn check(
+    chain: &Chain,
+    drafts: &[TokenId],
+    draft_probs: Option<&[f32]>,
+    logits: &[f32],
+    vocab: usize,
+) -> Result<(), SampleError> {
+    let k = drafts.len();
+    if k > MAX_DRAFT_TOKENS {
+        return Err(bad(
+            "draft_tokens",
+            format!("{k} tokens"),
+            &format!("at most {MAX_DRAFT_TOKENS} draft tokens"),
+        ));
+    }
+    if vocab == 0 {
+        return Err(SampleError::EmptyRow);
+    }
+    let rows = k + 1;
+    if logits.len() != rows.saturating_mul(vocab) {
+        return Err(SampleError::Shape {
+            len: logits.len(),
+            batch: rows,
+            vocab,
+            expected: rows.saturating_mul(vocab),
+        });
+    }
+    if let Some(&token) = drafts.iter().find(|&&t| t as usize >= vocab) {
+        return Err(SampleError::TokenOutOfRange { token, vocab });
+    }
+    if let Some(q) = draft_probs {
+        if q.len() != k.saturating_mul(vocab) {
+            return Err(bad(
+                "draft_probs",
+                format!("{} values", q.len()),
+                &format!("[k, vocab] = [{k}, {vocab}] = {} values", k * vocab),
+            ));
+        }
+        let expected = "a distribution: finite, >= 0, with a positive sum";
+        for (i, row) in q.chunks_exact(vocab).enumerate() {
+            if let Some(j) = row.iter().position(|x| !x.is_finite() || *x < 0.0) {
+                return Err(bad(
+                    "draft_probs",
+                    format!("row {i}, token {j}: {}", row[j]),
+                    expected,
+                ));
+            }
+            if numerics::sum_f64_slice(row) <= 0.0 {
+                return Err(bad("draft_probs", format!("row {i} sums to 0"), expected));
+            }
+            let d = drafts[i];
+            if row[d as usize] <= 0.0 {
+                return Err(bad(
+                    "draft_probs",
+                    format!("row {i}: the draft token {d} has probability 0"),
+                    "the draft token drawn from its own distribution (q(d) > 0)",
+                ));
+            }
+        }
+    }
+    if !chain.selects() {
+        return Err(SampleError::NoSelectingStage);
+    }
+    let end = chain.end();
+    match chain.stages()[end - 1].spec().map(|s| s.kind()) {
+        Some(StageKind::Dist | StageKind::Greedy) => {}
+        other => {
+            let name = other.map_or("a custom stage", StageKind::name);
+            return Err(bad(
+                "chain",
+                format!("selecting stage `{name}`"),
+                "a chain ending in `dist` or `greedy` (mirostat's state follows its own draw)",
+            ));
+        }
+    }
+    for row in logits.chunks_exact(vocab) {
+        validate_logits(row)?;
+    }
+    Ok(())
+}
+
+/// The target distribution of a final candidate set, as `(id, p)` pairs in
+/// ascending id order with `p > 0`: one-hot at the selection for `greedy`,
+/// the softmax over the survivors for `dist`.
+fn target(row: &Candidates, greedy: bool) -> Vec<(TokenId, f64)> {
+    if greedy {
+        return row
+            .selected_token()
+            .map(|t| vec![(t, 1.0)])
+            .unwrap_or_default();
+    }
+    let max = row.max_logit();
+    let e: Vec<f32> = row
+        .logits()
+        .iter()
+        .map(|&l| numerics::exp(l - max))
+        .collect();
+    let s = numerics::sum_f64_slice(&e);
+    let mut p: Vec<(TokenId, f64)> = row
+        .ids()
+        .iter()
+        .zip(&e)
+        .filter(|&(_, &e)| e > 0.0)
+        .map(|(&id, &e)| (id, f64::from(e) / s))
+        .collect();
+    p.sort_unstable_by_key(|&(id, _)| id);
+    p
+}
+
+/// Draw from `weights` (id order) with `u` in `[0, 1)`: the first id whose
+/// running sum reaches `u · total`; `None` when the total is 0.
+fn draw(weights: impl Iterator<Item = (TokenId, f64)> + Clone, u: f64) -> Option<TokenId> {
+    let total: f64 = weights.clone().map(|(_, w)| w).sum();
+    if total <= 0.0 {
+        return None;
+    }
+    let goal = u * total;
+    let mut cum = 0.0;
+    let mut last = None;
+    for (id, w) in weights {
+        if w > 0.0 {
+            cum += w;
+            last = Some(id);
+            if cum >= goal {
+                return Some(id);
+            }
+        }
+    }
+    last
+}
+
+/// Verify `drafts` (`k` ids) with the draft distributions `draft_probs`
+/// (`[k, vocab]` probabilities, `None` for one-hot drafts) against the
+/// target rows `logits` (`[k + 1, vocab]`) through `chain`, committing the
+/// emitted tokens (module docs for the rule).
+///
+/// # Errors
+/// Nothing is committed on error. [`SampleError::Param`] (stage
+/// `speculative`) for more than [`MAX_DRAFT_TOKENS`] drafts, draft
+/// distributions of the wrong size or that are not distributions (NaN,
+/// negative, zero sum, a draft token with probability 0), a chain whose
+/// selecting stage is not `dist` or `greedy`; [`SampleError::Shape`] when
+/// `logits` is not `[k + 1, vocab]`; [`SampleError::TokenOutOfRange`] for a
+/// draft id outside the vocabulary; [`SampleError::NoSelectingStage`]; the
+/// rows' validation errors; any stage error (the chain is then restored).
+pub fn verify(
+    chain: &mut Chain,
+    drafts: &[TokenId],
+    draft_probs: Option<&[f32]>,
+    logits: &[f32],
+    vocab: usize,
+) -> Result<Verified, SampleError> {
+    check(chain, drafts, draft_probs, logits, vocab)?;
+    let greedy = chain.stages()[chain.end() - 1]
+        .spec()
+        .is_some_and(|s| s.kind() == StageKind::Greedy);
+    let before = chain.clone();
+    let out = run(chain, drafts, draft_probs, logits, vocab, greedy);
+    if out.is_err() {
+        *chain = before;
+    }
+    out
+}
+
+fn run(
+    chain: &mut Chain,
+    drafts: &[TokenId],
+    draft_probs: Option<&[f32]>,
+    logits: &[f32],
+    vocab: usize,
+    greedy: bool,
+) -> Result<Verified, SampleError> {
+    let mut out = Verified::default();
+    for (i, (&d, row)) in drafts.iter().zip(logits.chunks_exact(vocab)).enumerate() {
+        let set = chain.apply_logits(row)?;
+        let p = target(&set, greedy);
+        let q_row = draft_probs.map(|q| &q[i * vocab..(i + 1) * vocab]);
+        let q_sum = q_row.map_or(1.0, numerics::sum_f64_slice);
+        let q = |t: TokenId| match q_row {
+            Some(r) => f64::from(r[t as usize]) / q_sum,
+            None => f64::from(u8::from(t == d)),
+        };
+        let p_d = p
+            .binary_search_by_key(&d, |&(id, _)| id)
+            .map_or(0.0, |at| p[at].1);
+        let (seed, step) = (chain.seed(), chain.step());
+        if uniform(seed, step, ACCEPT_LANE) * q(d) < p_d {
+            chain.commit(d);
+            out.tokens.push(d);
+            out.accepted += 1;
+            continue;
+        }
+        // Rejected: the residual max(0, p - q), or p itself when rounding
+        // left it no mass (p <= q everywhere means p == q: never rejected
+        // in exact arithmetic).
+        let u = uniform(seed, step, RESIDUAL_LANE);
+        let residual = p.iter().map(|&(id, pi)| (id, (pi - q(id)).max(0.0)));
+        let t = draw(residual, u)
+            .or_else(|| draw(p.iter().copied(), u))
+            .ok_or(SampleError::AllMasked)?;
+        chain.commit(t);
+        out.tokens.push(t);
+        return Ok(out);
+    }
+    let bonus = &logits[drafts.len() * vocab..];
+    out.tokens.push(chain.sample_logits(bonus)?);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sampler_core::{ChainSpec, StageSpec};
+
+    fn chain(stages: Vec<StageSpec>) -> Chain {
+        crate::build_chain(&ChainSpec::new(stages, Some(9))).unwrap()
+    }
+
+    #[test]
+    fn bad_inputs_are_refused_and_nothing_is_committed() {
+        let v = 4;
+        let rows = vec![0.0f32; 3 * v];
+        let mut c = chain(vec![StageSpec::Dist]);
+        let cases: Vec<(Vec<TokenId>, Option<Vec<f32>>, Vec<f32>, &str)> = vec![
+            (vec![0, 9], None, rows.clone(), "out of range"),
+            (
+                vec![0],
+                None,
+                rows.clone(),
+                "[batch = 2, vocab = 4] needs 8",
+            ),
+            (vec![0, 1], Some(vec![0.25; 4]), rows.clone(), "[k, vocab]"),
+            (
+                vec![0, 1],
+                Some(vec![0.5, 0.5, 0.0, 0.0, f32::NAN, 1.0, 0.0, 0.0]),
+                rows.clone(),
+                "row 1, token 0: NaN",
+            ),
+            (
+                vec![0, 1],
+                Some(vec![0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]),
+                rows.clone(),
+                "row 1 sums to 0",
+            ),
+            (
+                vec![0, 3],
+                Some(vec![0.5, 0.5, 0.0, 0.0, 0.5, 0.5, 0.0, 0.0]),
+                rows.clone(),
+                "draft token 3 has probability 0",
+            ),
+            (
+                vec![0, 1],
+                None,
+                {
+                    let mut r = rows.clone();
+                    r[9] = f32::NAN;
+                    r
+                },
+                "NaN",
+            ),
+            (
+                vec![0; MAX_DRAFT_TOKENS + 1],
+                None,
+                vec![0.0; (MAX_DRAFT_TOKENS + 2) * v],
+                "at most 64",
+            ),
+        ];
+        for (drafts, q, logits, want) in cases {
+            let err = verify(&mut c, &drafts, q.as_deref(), &logits, v).unwrap_err();
+            assert!(err.to_string().contains(want), "{err} does not say {want}");
+            assert_eq!(c.step(), 0);
+        }
+        let mut m = chain(vec![StageSpec::MirostatV2 { tau: 5.0, eta: 0.1 }]);
+        let err = verify(&mut m, &[0], None, &rows[..2 * v], v).unwrap_err();
+        assert!(err.to_string().contains("mirostat_v2"), "{err}");
+    }
+
+    #[test]
+    fn greedy_accepts_its_own_choices_and_corrects_the_first_miss() {
+        let v = 5;
+        let rows: Vec<f32> = [
+            [0.0, 3.0, 1.0, 0.0, 0.0],
+            [2.0, 0.0, 1.0, 0.0, 0.0],
+            [0.0, 0.0, 0.0, 4.0, 0.0],
+            [0.0, 0.0, 0.0, 0.0, 1.0],
+        ]
+        .concat();
+        let mut c = chain(vec![StageSpec::Greedy]);
+        let got = verify(&mut c, &[1, 0, 3], None, &rows, v).unwrap();
+        assert_eq!(
+            got,
+            Verified {
+                tokens: vec![1, 0, 3, 4],
+                accepted: 3
+            }
+        );
+        let mut c = chain(vec![StageSpec::Greedy]);
+        let got = verify(&mut c, &[1, 2, 3], None, &rows, v).unwrap();
+        assert_eq!(
+            got,
+            Verified {
+                tokens: vec![1, 0],
+                accepted: 1
+            }
+        );
+        assert_eq!(c.step(), 2);
+        let mut c = chain(vec![StageSpec::Greedy]);
+        let got = verify(&mut c, &[], None, &rows[..v], v).unwrap();
+        assert_eq!(
+            got,
+            Verified {
+                tokens: vec![1],
+                accepted: 0
+            }
+        );
+    }
+
+    #[test]
+    fn ngram_rule_examples() {
+        // A residual never re-emits the rejected one-hot draft.
+        let v = 3;
+        let rows = [1.0f32, 1.0, 1.0, 0.0, 0.0, 0.0];
+        for seed in 0..200 {
+            let mut c =
+                crate::build_chain(&ChainSpec::new(vec![StageSpec::Dist], Some(seed))).unwrap();
+            let got = verify(&mut c, &[2], None, &rows, v).unwrap();
+            if got.accepted == 0 {
+                assert_ne!(got.tokens[0], 2, "seed {seed}");
+            } else {
+                assert_eq!(got.tokens[0], 2);
+            }
+        }
+    }
+}
