@@ -300,7 +300,9 @@ mod tests {
         let v = 4;
         let rows = vec![0.0f32; 3 * v];
         let mut c = chain(vec![StageSpec::Dist]);
-        let cases: Vec<(Vec<TokenId>, Option<Vec<f32>>, Vec<f32>, &str)> = vec![
+        // (drafts, draft distributions, rows, what the error says)
+        type Case = (Vec<TokenId>, Option<Vec<f32>>, Vec<f32>, &'static str);
+        let cases: Vec<Case> = vec![
             (vec![0, 9], None, rows.clone(), "out of range"),
             (
                 vec![0],
