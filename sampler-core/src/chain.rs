@@ -305,6 +305,37 @@ impl Chain {
         }
     }
 
+    /// The logprobs a step on the row `logits` `[vocab]` reports when it
+    /// emits `token`, without committing anything: `raw` from the row,
+    /// `processed` from the chain's final candidate set (or the candidates
+    /// entering a greedy temperature, as [`Chain::finish_logprobs`]). For
+    /// tokens chosen elsewhere, such as accepted speculative drafts.
+    ///
+    /// # Errors
+    /// As [`Chain::sample_logprobs`].
+    pub fn logprobs_of(
+        &mut self,
+        logits: &[f32],
+        spec: &crate::LogprobsSpec,
+        token: TokenId,
+    ) -> Result<crate::Logprobs, SampleError> {
+        spec.validate().map_err(SampleError::Param)?;
+        spec.check_vocab(logits.len())?;
+        if spec.mode == crate::LogprobsMode::Raw {
+            return crate::logprobs::raw(logits, spec, token);
+        }
+        let set = match self.greedy_temperature(0) {
+            Some(j) => {
+                let mut row = Candidates::from_logits(logits);
+                row.validate()?;
+                self.apply_stages(0..j, &mut row)?;
+                row
+            }
+            None => self.apply_logits(logits)?,
+        };
+        crate::logprobs::processed(&set, spec, token)
+    }
+
     /// The first active stage at or after `start` (and before
     /// [`Chain::end`]) that is greedy spelled as a temperature
     /// ([`StageSpec::is_greedy_temperature`]).

@@ -41,7 +41,8 @@
 
 use sampler_core::rng::uniform;
 use sampler_core::{
-    Candidates, Chain, ParamError, SampleError, StageKind, TokenId, numerics, validate_logits,
+    Candidates, Chain, Logprobs, LogprobsSpec, ParamError, SampleError, StageKind, TokenId,
+    numerics, validate_logits,
 };
 
 /// The most draft tokens one verification takes (vLLM serves up to about
@@ -56,7 +57,7 @@ pub const ACCEPT_LANE: u32 = u32::MAX - 1;
 pub const RESIDUAL_LANE: u32 = u32::MAX - 2;
 
 /// What one verification emitted.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Verified {
     /// The emitted tokens, `1..=k + 1`: the accepted drafts, then the
     /// correction drawn at the first rejection or, when every draft was
@@ -64,6 +65,10 @@ pub struct Verified {
     pub tokens: Vec<TokenId>,
     /// How many drafts were accepted (`tokens.len() - 1`).
     pub accepted: usize,
+    /// Per emitted token, the logprobs a plain step would report for it
+    /// (`raw` from its row, `processed` from the chain's distribution at
+    /// that position); empty when none were asked for.
+    pub logprobs: Vec<Logprobs>,
 }
 
 fn bad(param: &'static str, value: String, expected: &str) -> SampleError {
@@ -211,7 +216,8 @@ fn draw(weights: impl Iterator<Item = (TokenId, f64)> + Clone, u: f64) -> Option
 /// Verify `drafts` (`k` ids) with the draft distributions `draft_probs`
 /// (`[k, vocab]` probabilities, `None` for one-hot drafts) against the
 /// target rows `logits` (`[k + 1, vocab]`) through `chain`, committing the
-/// emitted tokens (module docs for the rule).
+/// emitted tokens (module docs for the rule); with `logprobs`, each emitted
+/// token's logprobs as a plain step reports them.
 ///
 /// # Errors
 /// Nothing is committed on error. [`SampleError::Param`] (stage
@@ -221,20 +227,26 @@ fn draw(weights: impl Iterator<Item = (TokenId, f64)> + Clone, u: f64) -> Option
 /// selecting stage is not `dist` or `greedy`; [`SampleError::Shape`] when
 /// `logits` is not `[k + 1, vocab]`; [`SampleError::TokenOutOfRange`] for a
 /// draft id outside the vocabulary; [`SampleError::NoSelectingStage`]; the
-/// rows' validation errors; any stage error (the chain is then restored).
+/// rows' validation errors; any stage error (the chain is then restored);
+/// the logprobs spec's errors.
 pub fn verify(
     chain: &mut Chain,
     drafts: &[TokenId],
     draft_probs: Option<&[f32]>,
     logits: &[f32],
     vocab: usize,
+    logprobs: Option<&LogprobsSpec>,
 ) -> Result<Verified, SampleError> {
     check(chain, drafts, draft_probs, logits, vocab)?;
+    if let Some(spec) = logprobs {
+        spec.validate().map_err(SampleError::Param)?;
+        spec.check_vocab(vocab)?;
+    }
     let greedy = chain.stages()[chain.end() - 1]
         .spec()
         .is_some_and(|s| s.kind() == StageKind::Greedy);
     let before = chain.clone();
-    let out = run(chain, drafts, draft_probs, logits, vocab, greedy);
+    let out = run(chain, drafts, draft_probs, logits, vocab, greedy, logprobs);
     if out.is_err() {
         *chain = before;
     }
@@ -248,8 +260,15 @@ fn run(
     logits: &[f32],
     vocab: usize,
     greedy: bool,
+    logprobs: Option<&LogprobsSpec>,
 ) -> Result<Verified, SampleError> {
     let mut out = Verified::default();
+    let report = |chain: &mut Chain, row: &[f32], t: TokenId, out: &mut Verified| {
+        if let Some(spec) = logprobs {
+            out.logprobs.push(chain.logprobs_of(row, spec, t)?);
+        }
+        Ok::<(), SampleError>(())
+    };
     for (i, (&d, row)) in drafts.iter().zip(logits.chunks_exact(vocab)).enumerate() {
         let set = chain.apply_logits(row)?;
         let p = target(&set, greedy);
@@ -264,6 +283,7 @@ fn run(
             .map_or(0.0, |at| p[at].1);
         let (seed, step) = (chain.seed(), chain.step());
         if uniform(seed, step, ACCEPT_LANE) * q(d) < p_d {
+            report(chain, row, d, &mut out)?;
             chain.commit(d);
             out.tokens.push(d);
             out.accepted += 1;
@@ -277,12 +297,20 @@ fn run(
         let t = draw(residual, u)
             .or_else(|| draw(p.iter().copied(), u))
             .ok_or(SampleError::AllMasked)?;
+        report(chain, row, t, &mut out)?;
         chain.commit(t);
         out.tokens.push(t);
         return Ok(out);
     }
     let bonus = &logits[drafts.len() * vocab..];
-    out.tokens.push(chain.sample_logits(bonus)?);
+    match logprobs {
+        Some(spec) => {
+            let (t, lp) = chain.sample_logprobs(bonus, spec)?;
+            out.tokens.push(t);
+            out.logprobs.push(lp);
+        }
+        None => out.tokens.push(chain.sample_logits(bonus)?),
+    }
     Ok(out)
 }
 
@@ -347,12 +375,12 @@ mod tests {
             ),
         ];
         for (drafts, q, logits, want) in cases {
-            let err = verify(&mut c, &drafts, q.as_deref(), &logits, v).unwrap_err();
+            let err = verify(&mut c, &drafts, q.as_deref(), &logits, v, None).unwrap_err();
             assert!(err.to_string().contains(want), "{err} does not say {want}");
             assert_eq!(c.step(), 0);
         }
         let mut m = chain(vec![StageSpec::MirostatV2 { tau: 5.0, eta: 0.1 }]);
-        let err = verify(&mut m, &[0], None, &rows[..2 * v], v).unwrap_err();
+        let err = verify(&mut m, &[0], None, &rows[..2 * v], v, None).unwrap_err();
         assert!(err.to_string().contains("mirostat_v2"), "{err}");
     }
 
@@ -367,31 +395,34 @@ mod tests {
         ]
         .concat();
         let mut c = chain(vec![StageSpec::Greedy]);
-        let got = verify(&mut c, &[1, 0, 3], None, &rows, v).unwrap();
+        let got = verify(&mut c, &[1, 0, 3], None, &rows, v, None).unwrap();
         assert_eq!(
             got,
             Verified {
                 tokens: vec![1, 0, 3, 4],
-                accepted: 3
+                accepted: 3,
+                logprobs: vec![],
             }
         );
         let mut c = chain(vec![StageSpec::Greedy]);
-        let got = verify(&mut c, &[1, 2, 3], None, &rows, v).unwrap();
+        let got = verify(&mut c, &[1, 2, 3], None, &rows, v, None).unwrap();
         assert_eq!(
             got,
             Verified {
                 tokens: vec![1, 0],
-                accepted: 1
+                accepted: 1,
+                logprobs: vec![],
             }
         );
         assert_eq!(c.step(), 2);
         let mut c = chain(vec![StageSpec::Greedy]);
-        let got = verify(&mut c, &[], None, &rows[..v], v).unwrap();
+        let got = verify(&mut c, &[], None, &rows[..v], v, None).unwrap();
         assert_eq!(
             got,
             Verified {
                 tokens: vec![1],
-                accepted: 0
+                accepted: 0,
+                logprobs: vec![],
             }
         );
     }
@@ -404,7 +435,7 @@ mod tests {
         for seed in 0..200 {
             let mut c =
                 crate::build_chain(&ChainSpec::new(vec![StageSpec::Dist], Some(seed))).unwrap();
-            let got = verify(&mut c, &[2], None, &rows, v).unwrap();
+            let got = verify(&mut c, &[2], None, &rows, v, None).unwrap();
             if got.accepted == 0 {
                 assert_ne!(got.tokens[0], 2, "seed {seed}");
             } else {

@@ -115,7 +115,7 @@ fn greedy_verification_is_plain_greedy_decoding() {
         kinds[kind] += 1;
         let rows = &rows[..(drafts.len() + 1) * v];
         let mut spec = new_chain(stages, seed, &prompt);
-        let got = verify(&mut spec, &drafts, None, rows, v).unwrap();
+        let got = verify(&mut spec, &drafts, None, rows, v, None).unwrap();
         let accepted = drafts
             .iter()
             .zip(&greedy)
@@ -126,7 +126,8 @@ fn greedy_verification_is_plain_greedy_decoding() {
             got,
             Verified {
                 tokens: greedy[..=accepted].to_vec(),
-                accepted
+                accepted,
+                logprobs: vec![],
             },
             "{what}"
         );
@@ -288,7 +289,7 @@ fn emitted_tokens_follow_the_chain_and_acceptance_the_overlap() {
                     _ => Some(q1.iter().chain(&q2).map(|&x| x as f32).collect()),
                 };
                 let mut c = new_chain(stages, trial as u64, &prompt);
-                let got = verify(&mut c, &[d1, d2], q.as_deref(), &rows, v).unwrap();
+                let got = verify(&mut c, &[d1, d2], q.as_deref(), &rows, v, None).unwrap();
                 first[got.tokens[0] as usize] += 1;
                 lengths[got.accepted] += 1;
                 if trial < 50 {
@@ -344,12 +345,65 @@ fn verification_is_a_pure_function_of_the_request() {
     let rows: Vec<f32> = (0..4 * v).map(|_| rng.random_range(-2.0..2.0)).collect();
     let stages = vec![penalties(), S::TopK { k: 6 }, S::Dist];
     let drafts = [3u32, 7, 1];
-    let alone = verify(&mut new_chain(&stages, 42, &[]), &drafts, None, &rows, v).unwrap();
+    let alone = verify(
+        &mut new_chain(&stages, 42, &[]),
+        &drafts,
+        None,
+        &rows,
+        v,
+        None,
+    )
+    .unwrap();
     // Neighbours verifying other drafts on other rows first.
     for n in 0..20u64 {
         let mut other = new_chain(&stages, n, &[2]);
-        let _ = verify(&mut other, &[n as u32 % 16], None, &rows[..2 * v], v).unwrap();
-        let again = verify(&mut new_chain(&stages, 42, &[]), &drafts, None, &rows, v).unwrap();
+        let _ = verify(&mut other, &[n as u32 % 16], None, &rows[..2 * v], v, None).unwrap();
+        let again = verify(
+            &mut new_chain(&stages, 42, &[]),
+            &drafts,
+            None,
+            &rows,
+            v,
+            None,
+        )
+        .unwrap();
         assert_eq!(again, alone);
+    }
+}
+
+/// With logprobs asked for, each emitted token carries what a plain step
+/// reports for it (raw and processed, greedy and greedy spelled as a
+/// temperature).
+#[test]
+fn emitted_tokens_carry_a_plain_steps_logprobs() {
+    let v = 12;
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    for stages in [
+        vec![S::Greedy],
+        vec![temp(0.0), S::Dist],
+        vec![penalties(), S::Greedy],
+    ] {
+        for mode in [
+            sampler_core::LogprobsMode::Raw,
+            sampler_core::LogprobsMode::Processed,
+        ] {
+            let spec = sampler_core::LogprobsSpec {
+                top_n: 3,
+                token_ids: vec![0, 11],
+                mode,
+            };
+            let rows: Vec<f32> = (0..4 * v).map(|_| rng.random_range(-2.0..2.0)).collect();
+            let mut plain = new_chain(&stages, 1, &[2, 2]);
+            let mut want = Vec::new();
+            for r in rows.chunks_exact(v) {
+                want.push(plain.sample_logprobs(r, &spec).unwrap());
+            }
+            let drafts: Vec<TokenId> = want[..2].iter().map(|w| w.0).collect();
+            let mut c = new_chain(&stages, 1, &[2, 2]);
+            let got = verify(&mut c, &drafts, None, &rows[..3 * v], v, Some(&spec)).unwrap();
+            assert_eq!(got.accepted, 2);
+            let lps: Vec<_> = want[..3].iter().map(|w| w.1.clone()).collect();
+            assert_eq!(got.logprobs, lps, "{stages:?} {mode:?}");
+        }
     }
 }
