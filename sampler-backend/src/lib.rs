@@ -59,12 +59,14 @@ mod step;
 
 pub use batch::pending::{PendingStep, ReturnedStep};
 pub use batch::request::RequestId;
+pub use batch::verify::{BatchVerify, Draft};
 pub use batch::{BatchFilter, BatchStep, SamplingBatch, is_cpu_device};
 pub use burn_tensor;
 pub use burn_tensor::{Device, Tensor, TensorData};
 pub use device::{compiled_devices, parse_device, probe_device, resolve_device, usable_devices};
 pub use error::BackendError;
 pub use executor::{Executor, FilterOutput, StepOutput};
+pub use sampler_cpu::speculative::Verified;
 pub use stage::{
     CutRule, DeviceStage, Fusable, HistoryPenalties, InitContext, RowState, StepData,
     build_device_stage,

@@ -32,13 +32,15 @@
 //! This file: the batch and its public calls, a few lines each. The
 //! request registry ([`request`]: each request's own state;
 //! `lifecycle`: the calls that add, change and remove requests); the device
-//! groups ([`group`]); the step in flight ([`pending`]). A step itself runs
+//! groups ([`group`]); the step in flight ([`pending`]); speculative
+//! verification ([`verify`]). A step itself runs
 //! in `crate::step`, its device plan comes from `crate::planner`.
 
 pub(crate) mod group;
 mod lifecycle;
 pub(crate) mod pending;
 pub(crate) mod request;
+pub(crate) mod verify;
 
 use std::collections::BTreeMap;
 use std::fmt;
