@@ -4,12 +4,14 @@
 //! ([`sample_cli`]: config, device, and the `.npy` / `.safetensors` readers;
 //! [`report`]: the JSON they print), [`ban_words`], a custom stage
 //! written against the library's `Sampler` trait, and [`gguf`], a GGUF v3
-//! reader (metadata, tensors, dequantisation) for real models.
+//! reader (metadata, tensors, dequantisation) for real models, and [`ngram`],
+//! an n-gram (prompt lookup) drafter for speculative decoding.
 
 pub mod ban_words;
 pub mod chat;
 pub mod gguf;
 pub mod llama2;
+pub mod ngram;
 pub mod report;
 pub mod requests;
 pub mod sample_cli;

@@ -95,6 +95,76 @@ fn greedy40() -> (Vec<u64>, String) {
     (ids, v["greedy_text"].as_str().unwrap().to_string())
 }
 
+/// `--speculative ngram`: a greedy chain emits plain greedy decoding's
+/// tokens (the reference's 40 from BOS, and 150 after a prompt that repeats
+/// itself, where drafts are accepted); the stats count passes, drafts and
+/// acceptances; a seeded sampling chain replays its own tokens; bad drafter
+/// settings are refused with the setting named.
+#[test]
+fn speculative_greedy_is_plain_greedy() {
+    let (want_ids, _) = greedy40();
+    let (v, _) = run_json(&["--samplers", "greedy", "-n", "40", "--speculative", "ngram"]);
+    assert_eq!(ids(&v), want_ids);
+    let prompt = "Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom had a";
+    let plain = run_json(&["--samplers", "greedy", "-n", "150", "--prompt", prompt]).0;
+    let (spec, _) = run_json(&[
+        "--samplers",
+        "greedy",
+        "-n",
+        "150",
+        "--prompt",
+        prompt,
+        "--speculative",
+        "ngram",
+        "--draft-k",
+        "5",
+    ]);
+    assert_eq!(ids(&spec), ids(&plain));
+    let st = &spec["stats"]["speculative"];
+    let (passes, proposed, accepted) = (
+        st["passes"].as_u64().unwrap(),
+        st["proposed"].as_u64().unwrap(),
+        st["accepted"].as_u64().unwrap(),
+    );
+    assert!(accepted > 0 && accepted <= proposed, "{st}");
+    assert_eq!(passes + accepted, ids(&spec).len() as u64, "{st}");
+    let sampled = || {
+        run_json(&[
+            "--samplers",
+            "top_k;temperature;dist",
+            "--top-k",
+            "20",
+            "--temp",
+            "0.9",
+            "--seed",
+            "3",
+            "-n",
+            "60",
+            "--prompt",
+            prompt,
+            "--speculative",
+            "ngram",
+        ])
+        .0
+    };
+    assert_eq!(ids(&sampled()), ids(&sampled()));
+    let out = Command::new(env!("CARGO_BIN_EXE_generate"))
+        .args([
+            "--model",
+            MODEL_DIR,
+            "-n",
+            "4",
+            "--speculative",
+            "ngram",
+            "--draft-k",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("draft k (0)"));
+}
+
 #[test]
 fn greedy40_from_bos_on_every_device_and_split() {
     let (want_ids, want_text) = greedy40();

@@ -236,6 +236,62 @@ fn generate_chats_with_the_gguf_model() {
     }
 }
 
+/// Speculative decoding with n-gram drafts on SmolLM2: three prompts (a
+/// chat that asks for a text to be repeated, where drafts hit; a story chat;
+/// a plain text prompt), 100 greedy tokens each, token for token plain
+/// greedy decoding's.
+#[test]
+fn speculative_greedy_equals_plain_greedy() {
+    let Some(d) = dir() else { return };
+    let model = d.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_generate"))
+            .arg("--model")
+            .arg(&model)
+            .args([
+                "--json",
+                "--no-progress",
+                "--context",
+                "256",
+                "--samplers",
+                "greedy",
+            ])
+            .args(["-n", "100"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let text = "The river rose in the night, and by morning the old mill stood in water \
+                up to its windows. The miller and his daughter rowed to the hill.";
+    let repeat = format!("Repeat this text word for word: {text}");
+    let prompts: [&[&str]; 3] = [
+        &["--chat", &repeat],
+        &["--chat", "Tell me a short story about a cat."],
+        &["--prompt", "The capital of France is"],
+    ];
+    let mut accepted = 0;
+    for p in prompts {
+        let plain = run(p);
+        let mut args = p.to_vec();
+        args.extend(["--speculative", "ngram", "--draft-k", "4"]);
+        let spec = run(&args);
+        assert_eq!(spec["tokens"], plain["tokens"], "{p:?}");
+        let st = &spec["stats"]["speculative"];
+        println!("{p:?}: {st}");
+        accepted += st["accepted"].as_u64().unwrap();
+    }
+    assert!(
+        accepted > 20,
+        "n-gram drafts were accepted {accepted} times"
+    );
+}
+
 /// `serve --model FILE.gguf --requests-file`: ten mixed requests (the three
 /// greedy references — chat, text, BOS alone — top_k/top_p, min_p,
 /// penalties, typical, mirostat, a TOML chain, a chain string, different

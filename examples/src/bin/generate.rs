@@ -24,8 +24,9 @@ use sampler_core::{
 use sampler_examples::chat::{ChatTokenizer, Message};
 use sampler_examples::gguf::{Gguf, is_gguf, llama_checkpoint};
 use sampler_examples::llama2::generate::TextCodec;
-use sampler_examples::llama2::generate::{GenerateError, Generation, encode_prompt, generate};
+use sampler_examples::llama2::generate::{GenerateError, Generation, encode_prompt, generate_with};
 use sampler_examples::llama2::{Llama2, Llama2Error, ModelFiles};
+use sampler_examples::ngram::NgramDrafter;
 use serde_json::json;
 
 /// The chain used when neither `--config` nor `--samplers` is given
@@ -139,6 +140,22 @@ struct Args {
     /// sets the chain's own.
     #[arg(long, value_name = "N")]
     min_tokens: Option<usize>,
+    /// Speculative decoding: `ngram` proposes the tokens that followed the
+    /// earliest earlier occurrence of the context's longest suffix n-gram
+    /// (prompt lookup); the model runs them with the last token in one pass
+    /// and the chain verifies them (same tokens as plain decoding for a
+    /// greedy chain, the same distribution for a sampling one).
+    #[arg(long, value_name = "ngram", value_parser = ["ngram"])]
+    speculative: Option<String>,
+    /// Most draft tokens per pass (1..=64).
+    #[arg(long, value_name = "K", default_value_t = 4, requires = "speculative")]
+    draft_k: usize,
+    /// Shortest suffix n-gram the drafter matches.
+    #[arg(long, value_name = "N", default_value_t = 2, requires = "speculative")]
+    ngram_min: usize,
+    /// Longest suffix n-gram the drafter looks for.
+    #[arg(long, value_name = "N", default_value_t = 4, requires = "speculative")]
+    ngram_max: usize,
     /// Device for the model and the chain: flex (burn's CPU backend), ndarray,
     /// wgpu, vulkan, cuda or cuda:N; only compiled-in backends are accepted.
     /// Default: the config's [device] kind, else flex.
@@ -484,6 +501,12 @@ fn run(a: Args) -> Result<(), AppError> {
         eprintln!("note: {d}");
     }
     let (device, policy) = device_of(&cfg.device)?;
+    let drafter = match a.speculative.as_deref() {
+        Some(_) => {
+            Some(NgramDrafter::new(a.ngram_min, a.ngram_max, a.draft_k).map_err(AppError::Usage)?)
+        }
+        None => None,
+    };
 
     let model_dir = model_path(&a)?;
     let loaded = load_model(&a, &model_dir, &device)?;
@@ -541,13 +564,14 @@ fn run(a: Args) -> Result<(), AppError> {
         out.flush()?;
     }
     let stream = !a.json;
-    let generation: Generation = generate(
+    let generation: Generation = generate_with(
         &model,
         tokenizer,
         &mut batch,
         id,
         &prompt_tokens,
         n,
+        drafter.as_ref(),
         |_, bytes| {
             if let Some(pb) = &progress {
                 pb.inc(1);
@@ -600,6 +624,13 @@ fn run(a: Args) -> Result<(), AppError> {
                 "prompt_seconds": generation.prompt_time.as_secs_f64(),
                 "generate_seconds": generation.gen_time.as_secs_f64(),
                 "tokens_per_second": generation.tokens_per_second(),
+                "speculative": generation.speculative.map(|st| json!({
+                    "passes": st.passes,
+                    "proposed": st.proposed,
+                    "accepted": st.accepted,
+                    "acceptance_rate": st.acceptance_rate(),
+                    "tokens_per_pass": generation.steps as f64 / st.passes.max(1) as f64,
+                })),
                 "kernels_per_step": generation.kernels.map(|k| json!({
                     "model": k.model,
                     "sampling": k.sampling,
@@ -710,6 +741,16 @@ fn print_stats(
         g.steps,
         g.bytes_per_step()
     );
+    if let Some(st) = g.speculative {
+        eprintln!(
+            "speculative: {} passes, {} drafts proposed, {} accepted ({:.1} %), {:.2} tokens per pass",
+            st.passes,
+            st.proposed,
+            st.accepted,
+            100.0 * st.acceptance_rate(),
+            g.steps as f64 / st.passes.max(1) as f64
+        );
+    }
     if let Some(k) = g.kernels {
         eprintln!(
             "kernels:   {} per step: {} sampling + {} model (the second step, counted on {device})",

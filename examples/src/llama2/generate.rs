@@ -5,11 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use sampler_backend::{BackendError, RequestId, SamplingBatch, launches};
+use sampler_backend::{BackendError, Draft, RequestId, SamplingBatch, launches};
 use sampler_core::{SampleError, TokenId};
 
 use super::tokenizer::{BOS, EOS, Tokenizer};
 use super::{Llama2, Llama2Error};
+use crate::ngram::NgramDrafter;
 
 /// Why generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,11 +54,36 @@ pub struct Generation {
     /// Per step, the logprobs the chain asked for (`ChainSpec::logprobs`);
     /// `None` when it asked for none.
     pub logprobs: Vec<Option<sampler_core::Logprobs>>,
+    /// Speculative decoding's figures, when a drafter proposed tokens
+    /// ([`generate_with`]).
+    pub speculative: Option<SpeculativeStats>,
     /// Kernels the second (warm) step launched on a cubecl device: the
     /// model's forward pass and the sampling step, counted apart
     /// ([`sampler_backend::launches`]); `None` on a CPU device, in a build
     /// without a cubecl backend, or with fewer than two steps.
     pub kernels: Option<StepKernels>,
+}
+
+/// What speculative decoding did over a generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpeculativeStats {
+    /// Model passes (each runs the last token and the step's drafts).
+    pub passes: usize,
+    /// Draft tokens proposed.
+    pub proposed: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+}
+
+impl SpeculativeStats {
+    /// Accepted over proposed drafts (0 when none were proposed).
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.proposed == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.proposed as f64
+        }
+    }
 }
 
 /// Kernels of one generation step on a cubecl device.
@@ -223,6 +249,39 @@ pub fn generate(
     id: RequestId,
     prompt_tokens: &[TokenId],
     max_new_tokens: usize,
+    on_token: impl FnMut(TokenId, &[u8]),
+) -> Result<Generation, GenerateError> {
+    generate_with(
+        model,
+        tokenizer,
+        batch,
+        id,
+        prompt_tokens,
+        max_new_tokens,
+        None,
+        on_token,
+    )
+}
+
+/// [`generate`] with speculative decoding when `drafter` is given: each
+/// pass proposes up to `k` tokens from the context ([`NgramDrafter`]), runs
+/// the last token and the drafts through the model in one batched pass
+/// (`k + 1` rows of one sequence) and verifies them
+/// ([`SamplingBatch::verify`]), emitting 1 to `k + 1` tokens. The tokens are
+/// the ones plain decoding samples for a greedy chain, and follow the same
+/// distribution for a sampling one; a pass without a draft is a plain step.
+///
+/// # Errors
+/// As [`generate`].
+#[allow(clippy::too_many_arguments)]
+pub fn generate_with(
+    model: &Llama2,
+    tokenizer: &dyn TextCodec,
+    batch: &mut SamplingBatch,
+    id: RequestId,
+    prompt_tokens: &[TokenId],
+    max_new_tokens: usize,
+    drafter: Option<&NgramDrafter>,
     mut on_token: impl FnMut(TokenId, &[u8]),
 ) -> Result<Generation, GenerateError> {
     if max_new_tokens == 0 {
@@ -274,7 +333,63 @@ pub fn generate(
     // sampling step.
     let count_kernels = !sampler_backend::is_cpu_device(model.device());
     let mut kernels = None;
-    let stop = loop {
+    let mut context: Vec<TokenId> = prompt_tokens.to_vec();
+    let mut spec_stats = drafter.map(|_| SpeculativeStats::default());
+    let stop = 'decode: loop {
+        // Drafts: no more than the tokens still wanted (less the bonus) and
+        // the context's room.
+        let room = (max_new_tokens - tokens.len() - 1).min(seq_len - 1 - pos);
+        let mut drafts = drafter.map(|d| d.propose(&context)).unwrap_or_default();
+        drafts.truncate(room);
+        if let Some(st) = spec_stats.as_mut() {
+            st.passes += 1;
+            st.proposed += drafts.len();
+        }
+        if !drafts.is_empty() {
+            let mut run = vec![token];
+            run.extend(&drafts);
+            let positions: Vec<usize> = (pos..pos + run.len()).collect();
+            let logits = model.forward_batch(&run, &positions, &vec![0; run.len()], &mut cache)?;
+            let out = batch.verify(
+                &[Draft {
+                    id,
+                    tokens: drafts,
+                    probs: None,
+                }],
+                logits,
+            )?;
+            bytes_read += out.bytes_read;
+            let step = tokens.len();
+            let ver = match out.results.into_iter().next() {
+                Some(Ok(v)) => v,
+                Some(Err(source)) => return Err(GenerateError::Sample { step, source }),
+                None => return Err(GenerateError::NoToken { step }),
+            };
+            if let Some(st) = spec_stats.as_mut() {
+                st.accepted += ver.accepted;
+            }
+            let mut lps = ver.logprobs.into_iter();
+            for next in ver.tokens {
+                logprobs.push(lps.next());
+                tokens.push(next);
+                context.push(next);
+                if stops.contains(&next) {
+                    on_token(next, &[]);
+                    break 'decode StopReason::EndOfText;
+                }
+                on_token(next, &tokenizer.piece_bytes(Some(prev), next));
+                prev = next;
+                if tokens.len() >= max_new_tokens {
+                    break 'decode StopReason::Length;
+                }
+                pos += 1;
+                if pos >= seq_len {
+                    break 'decode StopReason::Context;
+                }
+                token = next;
+            }
+            continue;
+        }
         let out = if count_kernels && tokens.len() == 1 {
             let (logits, m) = launches::count_launches(|| {
                 let logits = model.forward_batch(&[token], &[pos], &[0], &mut cache);
@@ -306,6 +421,7 @@ pub fn generate(
             None => return Err(GenerateError::NoToken { step }),
         };
         tokens.push(next);
+        context.push(next);
         if stops.contains(&next) {
             on_token(next, &[]);
             break StopReason::EndOfText;
@@ -331,6 +447,7 @@ pub fn generate(
         prompt_time,
         gen_time,
         logprobs,
+        speculative: spec_stats,
         kernels,
     })
 }
