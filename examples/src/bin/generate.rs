@@ -630,6 +630,7 @@ fn run(a: Args) -> Result<(), AppError> {
                     "accepted": st.accepted,
                     "acceptance_rate": st.acceptance_rate(),
                     "tokens_per_pass": generation.steps as f64 / st.passes.max(1) as f64,
+                    "verify_seconds": st.verify_time.as_secs_f64(),
                 })),
                 "kernels_per_step": generation.kernels.map(|k| json!({
                     "model": k.model,
@@ -743,12 +744,13 @@ fn print_stats(
     );
     if let Some(st) = g.speculative {
         eprintln!(
-            "speculative: {} passes, {} drafts proposed, {} accepted ({:.1} %), {:.2} tokens per pass",
+            "speculative: {} passes, {} drafts proposed, {} accepted ({:.1} %), {:.2} tokens per pass, verification {:.1} % of the generation time",
             st.passes,
             st.proposed,
             st.accepted,
             100.0 * st.acceptance_rate(),
-            g.steps as f64 / st.passes.max(1) as f64
+            g.steps as f64 / st.passes.max(1) as f64,
+            100.0 * st.verify_time.as_secs_f64() / g.gen_time.as_secs_f64().max(1e-9)
         );
     }
     if let Some(k) = g.kernels {

@@ -65,7 +65,7 @@ pub struct Generation {
 }
 
 /// What speculative decoding did over a generation.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SpeculativeStats {
     /// Model passes (each runs the last token and the step's drafts).
     pub passes: usize,
@@ -73,6 +73,8 @@ pub struct SpeculativeStats {
     pub proposed: usize,
     /// Draft tokens accepted.
     pub accepted: usize,
+    /// Time in [`SamplingBatch::verify`] (readback and verification).
+    pub verify_time: Duration,
 }
 
 impl SpeculativeStats {
@@ -350,6 +352,7 @@ pub fn generate_with(
             run.extend(&drafts);
             let positions: Vec<usize> = (pos..pos + run.len()).collect();
             let logits = model.forward_batch(&run, &positions, &vec![0; run.len()], &mut cache)?;
+            let tv = Instant::now();
             let out = batch.verify(
                 &[Draft {
                     id,
@@ -367,6 +370,7 @@ pub fn generate_with(
             };
             if let Some(st) = spec_stats.as_mut() {
                 st.accepted += ver.accepted;
+                st.verify_time += tv.elapsed();
             }
             let mut lps = ver.logprobs.into_iter();
             for next in ver.tokens {
