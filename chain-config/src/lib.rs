@@ -47,6 +47,7 @@ mod hf;
 mod json;
 mod located;
 mod params;
+mod speculative;
 mod suggest;
 mod toml_in;
 mod toml_out;
@@ -60,6 +61,7 @@ pub use flat::{LogprobsFlag, SamplingParams, StageKeys, WHOLE_HISTORY, flat_keys
 pub use hf::GenerationConfig;
 pub use params::default_stage;
 pub use sampler_core::{ChainSpec, HistoryScope, OffloadPolicy, StageKind, StageSpec};
+pub use speculative::{MAX_SPECULATIVE_TOKENS, SpeculativeConfig, SpeculativeMethod};
 
 /// Device names accepted in `[device] kind`, optionally followed by
 /// `:index` (`cuda:1`; GPU backends only). `cpu` is the whole chain on the
@@ -141,6 +143,8 @@ pub struct ChainConfig {
     pub chain: ChainSpec,
     /// Device and offload policy.
     pub device: DeviceConfig,
+    /// Speculative decoding (TOML `[speculative]`), `None` when not asked for.
+    pub speculative: Option<SpeculativeConfig>,
     /// Notes about the declaration (ignored parameters, ...). Not serialised.
     pub diagnostics: Vec<Diagnostic>,
 }
@@ -152,6 +156,7 @@ impl ChainConfig {
         Self {
             chain,
             device: DeviceConfig::default(),
+            speculative: None,
             diagnostics: Vec::new(),
         }
     }
@@ -224,6 +229,7 @@ impl ChainConfig {
         Ok(Self {
             chain,
             device,
+            speculative: None,
             diagnostics,
         })
     }

@@ -12,15 +12,17 @@ use crate::convert::{stage_entry, stage_from_table};
 use crate::error::{ConfigError, Location};
 use crate::located::{Doc, Entry, Node, Value, parse_toml};
 use crate::params::default_stage;
+use crate::speculative::{Field, Refusal};
 use crate::suggest::suggest;
 use crate::values::{At, parse_seed};
-use crate::{ChainConfig, DeviceConfig, LoadOptions};
+use crate::{ChainConfig, DeviceConfig, LoadOptions, SpeculativeConfig};
 
 /// Top-level keys other than stage tables.
-pub(crate) const TOP_KEYS: [&str; 8] = [
+pub(crate) const TOP_KEYS: [&str; 9] = [
     "samplers",
     "seed",
     "device",
+    "speculative",
     "stage",
     "logprobs",
     "top_logprobs",
@@ -35,6 +37,7 @@ pub(crate) fn load(text: &str, opts: &LoadOptions) -> Result<ChainConfig, Config
     let (doc, root) = parse_toml(text, |name| StageKind::from_name(name).map(StageKind::name))?;
     let mut seed: Option<u64> = None;
     let mut device = DeviceConfig::default();
+    let mut speculative = None;
     let mut order: Option<(Vec<StageKind>, Range<usize>)> = None;
     let mut stage_array: Option<&Entry> = None;
     // (kind, the table's entry)
@@ -52,6 +55,7 @@ pub(crate) fn load(text: &str, opts: &LoadOptions) -> Result<ChainConfig, Config
             "seed" => seed = parse_seed(At::entry(doc, entry), value)?,
             "samplers" => order = Some((parse_samplers(doc, value)?, value.span.clone())),
             "device" => device = parse_device(doc, value)?,
+            "speculative" => speculative = Some(parse_speculative(doc, value)?),
             "stage" => stage_array = Some(entry),
             _ => match StageKind::from_name(name) {
                 Some(kind) => {
@@ -168,14 +172,69 @@ pub(crate) fn load(text: &str, opts: &LoadOptions) -> Result<ChainConfig, Config
 
     let mut chain = ChainSpec::new(stages, seed);
     chain.logprobs = toml_logprobs(doc, &lp_entries)?;
-    ChainConfig::finish(
+    let mut cfg = ChainConfig::finish(
         "stage",
         chain,
         device,
         Vec::new(),
         opts,
         order_span.and_then(|s| doc.loc(&s)),
-    )
+    )?;
+    cfg.speculative = speculative;
+    Ok(cfg)
+}
+
+fn parse_speculative(doc: Doc<'_>, v: &Node) -> Result<SpeculativeConfig, ConfigError> {
+    let Some(entries) = v.entries() else {
+        return Err(ConfigError::WrongType {
+            path: "speculative".into(),
+            found: doc.found(v),
+            expected: "a table (`[speculative]` with `method`, `num_speculative_tokens`, ...)"
+                .into(),
+            location: doc.loc(&v.span),
+        });
+    };
+    let mut cfg = SpeculativeConfig::default();
+    let mut at = None;
+    for entry in entries {
+        let (name, value) = (entry.key.as_str(), &entry.value);
+        let path = format!("speculative.{name}");
+        let field = match &value.value {
+            Value::Str(s) => Field::Str(s),
+            Value::Int(i) => Field::Int(*i),
+            _ => Field::Other,
+        };
+        cfg.set(name, field).map_err(|r| match r {
+            Refusal::Unknown(suggestion) => ConfigError::UnknownKey {
+                path: path.clone(),
+                location: doc.loc(&entry.key_span),
+                suggestion,
+            },
+            Refusal::WrongType(expected) => ConfigError::WrongType {
+                path: path.clone(),
+                found: doc.found(value),
+                expected,
+                location: doc.loc(&value.span),
+            },
+            Refusal::OutOfRange(expected) => ConfigError::OutOfRange {
+                path: path.clone(),
+                value: doc.written(value),
+                expected,
+                location: doc.loc(&value.span),
+            },
+        })?;
+        at = at.or(doc.loc(&v.span));
+    }
+    cfg.check().map_err(|(key, value, expected)| {
+        let entry = entries.iter().find(|e| e.key.as_str() == key);
+        ConfigError::OutOfRange {
+            path: format!("speculative.{key}"),
+            value,
+            expected,
+            location: entry.and_then(|e| doc.loc(&e.value.span)).or(at),
+        }
+    })?;
+    Ok(cfg)
 }
 
 /// The top-level logprobs keys (the flat parameters' names and rules).

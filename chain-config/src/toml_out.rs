@@ -93,6 +93,17 @@ pub(crate) fn to_toml(cfg: &ChainConfig) -> String {
             let _ = writeln!(out, "offload = {}", n.min(i64::MAX as usize));
         }
     }
+    if let Some(sp) = &cfg.speculative {
+        out.push_str("\n[speculative]\n");
+        out.push_str("method = \"ngram\"\n");
+        let _ = writeln!(
+            out,
+            "num_speculative_tokens = {}",
+            sp.num_speculative_tokens
+        );
+        let _ = writeln!(out, "prompt_lookup_min = {}", sp.prompt_lookup_min);
+        let _ = writeln!(out, "prompt_lookup_max = {}", sp.prompt_lookup_max);
+    }
     if repeats_differ {
         for spec in &chain.stages {
             out.push_str("\n[[stage]]\n");

@@ -139,15 +139,30 @@ fn device() -> impl Strategy<Value = DeviceConfig> {
         .prop_map(|(device, offload)| DeviceConfig { device, offload })
 }
 
+fn speculative() -> impl Strategy<Value = Option<chain_config::SpeculativeConfig>> {
+    prop::option::of(
+        (1usize..=64, 1usize..6, 0usize..4).prop_map(|(k, min, extra)| {
+            chain_config::SpeculativeConfig {
+                method: chain_config::SpeculativeMethod::Ngram,
+                num_speculative_tokens: k,
+                prompt_lookup_min: min,
+                prompt_lookup_max: min + extra,
+            }
+        }),
+    )
+}
+
 fn chain_config() -> impl Strategy<Value = ChainConfig> {
     (
         prop::collection::vec(stage(), 1..8),
         any::<Option<u64>>(),
         device(),
+        speculative(),
     )
-        .prop_map(|(stages, seed, device)| ChainConfig {
+        .prop_map(|(stages, seed, device, speculative)| ChainConfig {
             chain: ChainSpec::new(stages, seed),
             device,
+            speculative,
             diagnostics: Vec::new(),
         })
 }
@@ -328,13 +343,16 @@ proptest! {
     /// Acceptance: load -> serialise -> load gives the same chain.
     #[test]
     fn toml_round_trip(cfg in chain_config()) {
-        let cfg = ChainConfig::validated(cfg.chain, cfg.device, &NO_SELECT)
+        let speculative = cfg.speculative;
+        let mut cfg = ChainConfig::validated(cfg.chain, cfg.device, &NO_SELECT)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        cfg.speculative = speculative;
         let text = cfg.to_toml_string();
         let again = ChainConfig::from_toml_str_with(&text, &NO_SELECT)
             .map_err(|e| TestCaseError::fail(format!("{e}\n{text}")))?;
         prop_assert_eq!(&again.chain, &cfg.chain, "{}", text);
         prop_assert_eq!(&again.device, &cfg.device);
+        prop_assert_eq!(&again.speculative, &cfg.speculative);
         // Serialising is stable.
         prop_assert_eq!(again.to_toml_string(), text);
     }

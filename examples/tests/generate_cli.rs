@@ -148,6 +148,31 @@ fn speculative_greedy_is_plain_greedy() {
         .0
     };
     assert_eq!(ids(&sampled()), ids(&sampled()));
+    // A config's `[speculative]` table turns it on too.
+    let dir = std::env::temp_dir().join(format!("spec-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("chain.toml");
+    std::fs::write(
+        &cfg,
+        "samplers = \"greedy\"\n[greedy]\n[speculative]\nmethod = \"ngram\"\nnum_speculative_tokens = 5\n",
+    )
+    .unwrap();
+    let (from_cfg, _) = run_json(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "-n",
+        "150",
+        "--prompt",
+        prompt,
+    ]);
+    assert_eq!(ids(&from_cfg), ids(&plain));
+    for key in ["passes", "proposed", "accepted"] {
+        assert_eq!(
+            from_cfg["stats"]["speculative"][key],
+            spec["stats"]["speculative"][key]
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_generate"))
         .args([
             "--model",

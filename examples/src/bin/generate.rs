@@ -144,7 +144,8 @@ struct Args {
     /// earliest earlier occurrence of the context's longest suffix n-gram
     /// (prompt lookup); the model runs them with the last token in one pass
     /// and the chain verifies them (same tokens as plain decoding for a
-    /// greedy chain, the same distribution for a sampling one).
+    /// greedy chain, the same distribution for a sampling one). A config's
+    /// `[speculative]` table does the same; these flags take precedence.
     #[arg(long, value_name = "ngram", value_parser = ["ngram"])]
     speculative: Option<String>,
     /// Most draft tokens per pass (1..=64).
@@ -394,6 +395,7 @@ fn build_chain(a: &Args) -> Result<(ChainConfig, Vec<String>), AppError> {
     }
     // Re-validate after the flags (ranges, a selecting stage).
     let mut cfg = ChainConfig::validated(chain, device, &LoadOptions::default())?;
+    cfg.speculative = base.speculative;
     // The loader's notes, without the ones re-validation found again.
     for d in base.diagnostics {
         if !cfg.diagnostics.contains(&d) {
@@ -501,11 +503,20 @@ fn run(a: Args) -> Result<(), AppError> {
         eprintln!("note: {d}");
     }
     let (device, policy) = device_of(&cfg.device)?;
-    let drafter = match a.speculative.as_deref() {
-        Some(_) => {
+    // The flags, else the config's `[speculative]` table.
+    let drafter = match (a.speculative.as_deref(), &cfg.speculative) {
+        (Some(_), _) => {
             Some(NgramDrafter::new(a.ngram_min, a.ngram_max, a.draft_k).map_err(AppError::Usage)?)
         }
-        None => None,
+        (None, Some(sp)) => Some(
+            NgramDrafter::new(
+                sp.prompt_lookup_min,
+                sp.prompt_lookup_max,
+                sp.num_speculative_tokens,
+            )
+            .map_err(AppError::Usage)?,
+        ),
+        (None, None) => None,
     };
 
     let model_dir = model_path(&a)?;
