@@ -23,7 +23,12 @@
 //!   overrides the chain's), `logprobs`, `top_logprobs`,
 //!   `logprob_token_ids`, `logprobs_mode` and `stop_token_ids`;
 //! - `stop_token_ids` (with any chain): generation also stops at these
-//!   tokens (the model's end-of-text tokens always stop it).
+//!   tokens (the model's end-of-text tokens always stop it);
+//! - `speculative` (with any chain): speculative decoding with n-gram
+//!   drafts, `{"method": "ngram", "num_speculative_tokens": 4,
+//!   "prompt_lookup_min": 2, "prompt_lookup_max": 4}` (every key optional;
+//!   `docs/config.md`, `[speculative]`); a `toml` chain's `[speculative]`
+//!   table does the same.
 //!
 //! Every error names the key and what was expected; an unknown key gets the
 //! nearest known one as a suggestion.
@@ -34,7 +39,7 @@ use serde_json::{Map, Value};
 use crate::chat::Message;
 
 /// The request's own keys (the rest are sampling parameters).
-pub const REQUEST_KEYS: [&str; 7] = [
+pub const REQUEST_KEYS: [&str; 8] = [
     "id",
     "prompt",
     "messages",
@@ -42,6 +47,7 @@ pub const REQUEST_KEYS: [&str; 7] = [
     "arrival",
     "toml",
     "chain",
+    "speculative",
 ];
 
 /// Largest `max_tokens` accepted (the context caps it further).
@@ -307,6 +313,17 @@ pub fn parse_request(line: &str, index: usize) -> Result<Request, RequestError> 
         }
         None => parse_flat(sampling)?,
     };
+    let mut config = config;
+    if let Some(v) = obj.get("speculative") {
+        config.speculative = Some(
+            chain_config::SpeculativeConfig::from_json(v, "speculative").map_err(|source| {
+                RequestError::Sampling {
+                    what: "speculative",
+                    source,
+                }
+            })?,
+        );
+    }
     let stop = match obj.get("stop_token_ids") {
         None => Vec::new(),
         // Its type and range were checked by the flat parser.
@@ -382,6 +399,32 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("seed")
+        );
+    }
+
+    #[test]
+    fn speculative_settings() {
+        let r = parse_request(
+            r#"{"prompt": "a", "speculative": {"num_speculative_tokens": 3}}"#,
+            0,
+        )
+        .unwrap();
+        assert_eq!(r.config.speculative.unwrap().num_speculative_tokens, 3);
+        let r = parse_request(
+            r#"{"prompt": "a", "chain": "greedy", "speculative": {"method": "ngram"}}"#,
+            0,
+        )
+        .unwrap();
+        assert!(r.config.speculative.is_some());
+        let e = parse_request(
+            r#"{"prompt": "a", "speculative": {"num_speculative_tokens": 100}}"#,
+            0,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("speculative: `speculative.num_speculative_tokens` = 100"),
+            "{e}"
         );
     }
 

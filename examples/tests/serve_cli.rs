@@ -252,3 +252,52 @@ fn requests_from_stdin_and_chunked_prefill() {
         "{chunked}"
     );
 }
+
+/// Speculative decoding per request (`"speculative"`): greedy requests with
+/// n-gram drafts emit what they emit without (in a batch beside requests
+/// that do not draft, and alone), accepted drafts are reported, a seeded
+/// sampling request with drafts gives the same tokens alone and batched,
+/// and a bad setting is that request's error.
+#[test]
+fn speculative_requests_in_the_batch() {
+    let repeat = "Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom had a";
+    let spec = r#""speculative": {"method": "ngram", "num_speculative_tokens": 4}"#;
+    let lines = [
+        format!(r#"{{"id": "g", "prompt": "{repeat}", "max_tokens": 60, "temperature": 0, {spec}}}"#),
+        format!(r#"{{"id": "g0", "prompt": "{repeat}", "max_tokens": 60, "temperature": 0}}"#),
+        format!(r#"{{"id": "s", "prompt": "{repeat}", "max_tokens": 40, "top_k": 20, "seed": 9, {spec}, "arrival": 2}}"#),
+        r#"{"id": "plain", "prompt": "Once upon a time", "max_tokens": 30, "temperature": 0.8, "seed": 3, "arrival": 1}"#.to_string(),
+        r#"{"id": "bad", "prompt": "x", "speculative": {"num_speculative_tokens": 0}}"#.to_string(),
+    ];
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let (_, batched, err) = serve_file(&lines, &["--concurrency", "8", "--json"]);
+    let (_, alone, _) = serve_file(&lines, &["--concurrency", "1", "--json"]);
+    let get = |m: &std::collections::BTreeMap<String, serde_json::Value>, id: &str| {
+        m[&format!("\"{id}\"")].clone()
+    };
+    assert_eq!(
+        get(&batched, "g")["tokens"],
+        get(&batched, "g0")["tokens"],
+        "{err}"
+    );
+    let accepted = get(&batched, "g")["speculative"]["accepted"]
+        .as_u64()
+        .unwrap();
+    assert!(accepted > 0, "{}", get(&batched, "g"));
+    for id in ["g", "s", "plain"] {
+        assert_eq!(
+            get(&batched, id)["tokens"],
+            get(&alone, id)["tokens"],
+            "{id}"
+        );
+        assert_ne!(get(&batched, id)["finish_reason"], "error");
+    }
+    let bad = get(&batched, "bad");
+    assert!(
+        bad["error"]
+            .as_str()
+            .unwrap()
+            .contains("speculative.num_speculative_tokens"),
+        "{bad}"
+    );
+}

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use burn_tensor::{Int, Tensor, TensorData};
 use chain_config::SamplingParams;
 use clap::Parser;
-use sampler_backend::{RequestId, SamplingBatch};
+use sampler_backend::{Draft, RequestId, SamplingBatch};
 use sampler_core::logprobs::Logprobs;
 use sampler_core::{Chain, ChainSpec, OffloadPolicy, TokenId};
 use sampler_examples::ban_words::BanWords;
@@ -40,6 +40,7 @@ use sampler_examples::chat::ChatTokenizer;
 use sampler_examples::gguf::{Gguf, is_gguf, llama_checkpoint};
 use sampler_examples::llama2::generate::TextCodec;
 use sampler_examples::llama2::{Llama2, ModelFiles, Tokenizer};
+use sampler_examples::ngram::NgramDrafter;
 use sampler_examples::report::logprobs_json;
 use sampler_examples::requests::{Prompt, parse_request};
 use serde_json::{Value, json};
@@ -208,6 +209,8 @@ struct Job {
     max_tokens: usize,
     arrival: usize,
     stop: Vec<TokenId>,
+    /// Speculative decoding (the request's `speculative`).
+    speculative: Option<chain_config::SpeculativeConfig>,
 }
 
 /// The built-in stream: prompts and parameters cycled, request i arriving
@@ -232,6 +235,7 @@ fn builtin_jobs(a: &Args) -> Vec<Job> {
                 max_tokens: 16 + (i * 7) % 32,
                 arrival: i.saturating_mul(a.every),
                 stop: Vec::new(),
+                speculative: None,
             }
         })
         .collect()
@@ -270,6 +274,7 @@ fn file_jobs(path: &Path) -> Result<Vec<Job>, String> {
                     max_tokens: 1,
                     arrival: 0,
                     stop: Vec::new(),
+                    speculative: None,
                 });
                 continue;
             }
@@ -283,6 +288,7 @@ fn file_jobs(path: &Path) -> Result<Vec<Job>, String> {
                 max_tokens: r.max_tokens,
                 arrival: r.arrival,
                 stop: r.stop,
+                speculative: r.config.speculative,
             },
             Err(e) => Job {
                 index,
@@ -296,6 +302,7 @@ fn file_jobs(path: &Path) -> Result<Vec<Job>, String> {
                 max_tokens: 1,
                 arrival: 0,
                 stop: Vec::new(),
+                speculative: None,
             },
         });
     }
@@ -327,6 +334,35 @@ struct Live {
     started: usize,
     chain: String,
     seed: Option<u64>,
+    /// The request's drafter, when it asked for speculative decoding.
+    drafter: Option<NgramDrafter>,
+    /// Drafts proposed and accepted so far.
+    drafted: (usize, usize),
+}
+
+impl Live {
+    /// Record a generated token (with its logprobs); the reason the request
+    /// ends there, if it does.
+    fn emit(&mut self, tok: TokenId, lp: Option<Logprobs>, seq_len: usize) -> Option<String> {
+        // The first token after the prompt goes at its end.
+        self.pos = if self.tokens.is_empty() {
+            self.prompt.len()
+        } else {
+            self.pos + 1
+        };
+        self.tokens.push(tok);
+        self.logprobs.push(lp);
+        self.token = tok;
+        if self.stop.contains(&tok) {
+            Some("stop".to_string())
+        } else if self.tokens.len() >= self.max_tokens {
+            Some("length".into())
+        } else if self.pos >= seq_len {
+            Some("context".into())
+        } else {
+            None
+        }
+    }
 }
 
 /// What the run printed and measured.
@@ -362,6 +398,18 @@ impl Server<'_> {
         let origin = job.origin;
         let fail = |e: String| format!("{origin}: {e}");
         let (prompt, mut spec) = job.parsed?;
+        let drafter = match job.speculative {
+            Some(sp) => Some(
+                NgramDrafter::new(
+                    sp.prompt_lookup_min,
+                    sp.prompt_lookup_max,
+                    sp.num_speculative_tokens,
+                )
+                .map_err(fail)?,
+            ),
+            None => None,
+        };
+
         let prompt = self.codec.encode(&prompt).map_err(fail)?;
         let c = self.model.config();
         if prompt.is_empty() {
@@ -451,6 +499,8 @@ impl Server<'_> {
             started: step,
             chain,
             seed,
+            drafter,
+            drafted: (0, 0),
         })
     }
 
@@ -467,6 +517,10 @@ impl Server<'_> {
         let (mut tokens, mut positions, mut slots) = (Vec::new(), Vec::new(), Vec::new());
         // (live request, its row in the pass) for the requests sampled now.
         let mut take: Vec<(usize, usize)> = Vec::with_capacity(live.len());
+        // (live request, its first row, its drafts) for the requests that
+        // verify drafts now: the last token and the drafts, `k + 1` rows.
+        let mut drafted: Vec<(usize, usize, Vec<TokenId>)> = Vec::new();
+        let seq_len = self.model.config().seq_len;
         let mut budget = self.prefill_budget;
         for (k, r) in live.iter_mut().enumerate() {
             if r.prefilled < r.prompt.len() {
@@ -483,6 +537,23 @@ impl Server<'_> {
                     continue;
                 }
             } else {
+                if let Some(d) = &r.drafter
+                    && !r.tokens.is_empty()
+                {
+                    let mut context = r.prompt.clone();
+                    context.extend(&r.tokens);
+                    let mut drafts = d.propose(&context);
+                    let room = (r.max_tokens - r.tokens.len() - 1).min(seq_len - 1 - r.pos);
+                    drafts.truncate(room);
+                    if !drafts.is_empty() {
+                        drafted.push((k, tokens.len(), drafts.clone()));
+                        tokens.push(r.token);
+                        tokens.extend(&drafts);
+                        positions.extend(r.pos..=r.pos + drafts.len());
+                        slots.extend(std::iter::repeat_n(r.slot, drafts.len() + 1));
+                        continue;
+                    }
+                }
                 tokens.push(r.token);
                 positions.push(r.pos);
                 slots.push(r.slot);
@@ -497,62 +568,85 @@ impl Server<'_> {
         t.rows += tokens.len();
         t.max_rows = t.max_rows.max(tokens.len());
         let mut reasons = vec![None; live.len()];
-        if take.is_empty() {
+        if take.is_empty() && drafted.is_empty() {
             // Only prompt chunks this step: nothing to sample yet.
             t.model += t0.elapsed();
             return Ok(reasons);
         }
-        if take.len() != tokens.len() {
-            // Keep only the rows sampled now (each prompt's last row).
-            let rows: Vec<i64> = take.iter().map(|&(_, row)| row as i64).collect();
-            let index = Tensor::<1, Int>::from_data(
-                TensorData::new(rows, [take.len()]),
-                self.model.device(),
-            );
-            logits = logits.select(0, index);
-        }
-        let ids: Vec<RequestId> = take.iter().map(|&(k, _)| live[k].rid).collect();
+        let device = self.model.device().clone();
+        let pick = |logits: &Tensor<2>, rows: Vec<i64>| {
+            let n = rows.len();
+            logits.clone().select(
+                0,
+                Tensor::<1, Int>::from_data(TensorData::new(rows, [n]), &device),
+            )
+        };
         let t1 = Instant::now();
-        let out = self
-            .batch
-            .step(&ids, logits)
-            .map_err(|e| format!("step {step}: sampling: {e}"))?;
-        let t2 = Instant::now();
         t.model += t1 - t0;
-        t.sampling += t2 - t1;
-        t.max_sampled = t.max_sampled.max(ids.len());
-        t.bytes += out.bytes_read;
-        debug_assert_eq!(out.tokens.len(), ids.len());
-        debug_assert_eq!(out.logprobs.len(), ids.len());
-
-        let seq_len = self.model.config().seq_len;
-        for ((&(k, _), tok), lp) in take.iter().zip(out.tokens).zip(out.logprobs) {
-            let r = &mut live[k];
-            reasons[k] = match tok {
-                Ok(tok) => {
-                    // The first token after the prompt goes at its end.
-                    r.pos = if r.tokens.is_empty() {
-                        r.prompt.len()
-                    } else {
-                        r.pos + 1
-                    };
-                    r.tokens.push(tok);
-                    r.logprobs.push(lp);
-                    t.generated += 1;
-                    r.token = tok;
-                    if r.stop.contains(&tok) {
-                        Some("stop".to_string())
-                    } else if r.tokens.len() >= r.max_tokens {
-                        Some("length".into())
-                    } else if r.pos >= seq_len {
-                        Some("context".into())
-                    } else {
-                        None
+        if !drafted.is_empty() {
+            let rows: Vec<i64> = drafted
+                .iter()
+                .flat_map(|(_, first, d)| (*first..=first + d.len()).map(|r| r as i64))
+                .collect();
+            let drafts: Vec<Draft> = drafted
+                .iter()
+                .map(|(k, _, d)| Draft {
+                    id: live[*k].rid,
+                    tokens: d.clone(),
+                    probs: None,
+                })
+                .collect();
+            let out = self
+                .batch
+                .verify(&drafts, pick(&logits, rows))
+                .map_err(|e| format!("step {step}: verification: {e}"))?;
+            t.bytes += out.bytes_read;
+            for ((k, _, d), res) in drafted.iter().zip(out.results) {
+                let r = &mut live[*k];
+                reasons[*k] = match res {
+                    Ok(v) => {
+                        r.drafted.0 += d.len();
+                        r.drafted.1 += v.accepted;
+                        let mut lps = v.logprobs.into_iter();
+                        let mut why = None;
+                        for tok in v.tokens {
+                            why = r.emit(tok, lps.next(), seq_len);
+                            t.generated += 1;
+                            if why.is_some() {
+                                break;
+                            }
+                        }
+                        why
                     }
-                }
-                Err(e) => Some(format!("error: step {step}: {e}")),
-            };
+                    Err(e) => Some(format!("error: step {step}: {e}")),
+                };
+            }
         }
+        if !take.is_empty() {
+            if take.len() != tokens.len() {
+                // Keep only the rows sampled now (each prompt's last row).
+                logits = pick(&logits, take.iter().map(|&(_, row)| row as i64).collect());
+            }
+            let ids: Vec<RequestId> = take.iter().map(|&(k, _)| live[k].rid).collect();
+            let out = self
+                .batch
+                .step(&ids, logits)
+                .map_err(|e| format!("step {step}: sampling: {e}"))?;
+            t.max_sampled = t.max_sampled.max(ids.len());
+            t.bytes += out.bytes_read;
+            debug_assert_eq!(out.tokens.len(), ids.len());
+            debug_assert_eq!(out.logprobs.len(), ids.len());
+            for ((&(k, _), tok), lp) in take.iter().zip(out.tokens).zip(out.logprobs) {
+                reasons[k] = match tok {
+                    Ok(tok) => {
+                        t.generated += 1;
+                        live[k].emit(tok, lp, seq_len)
+                    }
+                    Err(e) => Some(format!("error: step {step}: {e}")),
+                };
+            }
+        }
+        t.sampling += t1.elapsed();
         Ok(reasons)
     }
 
@@ -583,6 +677,12 @@ impl Server<'_> {
             }
             if r.wants_logprobs {
                 line["logprobs"] = logprobs_json(codec, &r.logprobs);
+            }
+            if r.drafter.is_some() {
+                line["speculative"] = json!({
+                    "proposed": r.drafted.0,
+                    "accepted": r.drafted.1,
+                });
             }
             println!("{line}");
         } else {
