@@ -80,7 +80,7 @@ struct Args {
     )]
     n: usize,
     /// Chain declaration in TOML (chain-config; docs/config.md): stages,
-    /// parameters, seed, [device].
+    /// parameters, seed, `[device]`, `[speculative]`.
     #[arg(long, value_name = "chain.toml", conflicts_with = "samplers")]
     config: Option<PathBuf>,
     /// Chain as a llama.cpp sampler string, each stage with its default
@@ -159,7 +159,7 @@ struct Args {
     ngram_max: usize,
     /// Device for the model and the chain: flex (burn's CPU backend), ndarray,
     /// wgpu, vulkan, cuda or cuda:N; only compiled-in backends are accepted.
-    /// Default: the config's [device] kind, else flex.
+    /// Default: the config's `[device]` kind, else flex.
     #[arg(long, value_name = "DEVICE")]
     device: Option<String>,
     /// How much of the chain runs on the device: auto (longest capable

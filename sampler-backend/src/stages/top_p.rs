@@ -30,7 +30,7 @@ use crate::ops::{self, PAIRWISE_MAX, wide};
 use crate::recipes::{KeepFilter, or_fill};
 use crate::stage::{CutRule, DeviceStage, Fusable, InitContext, StepData};
 
-/// Iterations of the bisection on full rows ([`key_midpoint`]'s steps): one
+/// Iterations of the bisection on full rows (`key_midpoint`'s steps): one
 /// step across zero, at most 8 geometric ones down from the 277 binades of
 /// f32 (subnormals included) to a factor of 4, then at most 25 halvings of
 /// a range `[a, 4a]` (2^24 floats): 34 resolve any two adjacent f32
