@@ -59,7 +59,7 @@ mod step;
 
 pub use batch::pending::{PendingStep, ReturnedStep};
 pub use batch::request::RequestId;
-pub use batch::verify::{BatchVerify, Draft};
+pub use batch::verify::{BatchVerify, Draft, PendingVerify};
 pub use batch::{BatchFilter, BatchStep, SamplingBatch, is_cpu_device};
 pub use burn_tensor;
 pub use burn_tensor::{Device, Tensor, TensorData};

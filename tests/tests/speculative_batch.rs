@@ -273,7 +273,99 @@ fn bad_drafts_fail_their_own_request(d: &Device, dev: &str) {
     );
 }
 
+/// `submit_verify` + `finish_verify` gives what `verify` gives; while a
+/// verification is in flight the batch refuses what would change it; a
+/// dropped one records nothing; a mask holds for the verification's rows
+/// and is used up by it.
+fn pipelined_verification_equals_blocking(d: &Device, dev: &str) {
+    let v = 32;
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let specs: Vec<ChainSpec> = chains()
+        .into_iter()
+        .enumerate()
+        .map(|(i, st)| ChainSpec::new(st, Some(i as u64)))
+        .collect();
+    let mut a = SamplingBatch::new(v, d, OffloadPolicy::Auto).unwrap();
+    let mut b = SamplingBatch::new(v, d, OffloadPolicy::Auto).unwrap();
+    let ids_a: Vec<_> = specs
+        .iter()
+        .map(|s| a.insert(s.clone(), &[1]).unwrap())
+        .collect();
+    let ids_b: Vec<_> = specs
+        .iter()
+        .map(|s| b.insert(s.clone(), &[1]).unwrap())
+        .collect();
+    for round in 0..4 {
+        let ks: Vec<usize> = ids_a.iter().map(|_| rng.random_range(0..4)).collect();
+        let rows: usize = ks.iter().map(|k| k + 1).sum();
+        let logits: Vec<f32> = (0..rows * v).map(|_| rng.random_range(-2.0..2.0)).collect();
+        let drafts = |ids: &[sampler_backend::RequestId]| -> Vec<Draft> {
+            ids.iter()
+                .zip(&ks)
+                .map(|(&id, &k)| Draft {
+                    id,
+                    tokens: (0..k as u32).map(|i| (i * 7 + round) % v as u32).collect(),
+                    probs: None,
+                })
+                .collect()
+        };
+        let want = a
+            .verify(&drafts(&ids_a), upload(&logits, rows, v, d))
+            .unwrap();
+        let pending = b
+            .submit_verify(&drafts(&ids_b), upload(&logits, rows, v, d))
+            .unwrap();
+        let row = upload(&logits[..v], 1, v, d);
+        assert!(matches!(
+            b.step(&ids_b[..1], row.clone()),
+            Err(BackendError::StepPending { .. })
+        ));
+        assert!(matches!(
+            b.verify(&drafts(&ids_b)[..1], row),
+            Err(BackendError::StepPending { .. })
+        ));
+        let got = b.finish_verify(pending).unwrap();
+        assert_eq!(got, want, "{dev} round {round}");
+    }
+    // A dropped verification records nothing; the batch takes calls again.
+    let before = b.outputs(ids_b[0]).unwrap().to_vec();
+    let pending = b
+        .submit_verify(
+            &[Draft {
+                id: ids_b[0],
+                tokens: vec![1],
+                probs: None,
+            }],
+            upload(&vec![0.0; 2 * v], 2, v, d),
+        )
+        .unwrap();
+    drop(pending);
+    assert_eq!(b.outputs(ids_b[0]).unwrap(), before.as_slice(), "{dev}");
+    // A mask allowing only token 5 holds for every row of the verification.
+    let masked = b
+        .insert(ChainSpec::new(vec![S::Mask, S::Greedy], None), &[])
+        .unwrap();
+    b.set_mask(masked, Some(&[1 << 5])).unwrap();
+    let row: Vec<f32> = (0..v).map(|i| i as f32).collect();
+    let three: Vec<f32> = row.iter().copied().cycle().take(3 * v).collect();
+    let out = b
+        .verify(
+            &[Draft {
+                id: masked,
+                tokens: vec![5, 5],
+                probs: None,
+            }],
+            upload(&three, 3, v, d),
+        )
+        .unwrap();
+    assert_eq!(out.results[0].clone().unwrap().tokens, [5, 5, 5], "{dev}");
+    // Used up: the next step is unmasked (the argmax, v - 1).
+    let next = b.step(&[masked], upload(&row, 1, v, d)).unwrap();
+    assert_eq!(next.tokens[0], Ok(v as u32 - 1), "{dev}");
+}
+
 device_tests!(
+    pipelined_verification_equals_blocking,
     verification_matches_the_cpu_and_plain_greedy,
     bad_drafts_fail_their_own_request
 );
