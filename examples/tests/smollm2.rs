@@ -39,6 +39,23 @@ fn reference(d: &std::path::Path, name: &str) -> (Vec<u32>, Vec<u32>) {
 }
 
 /// `(3, 49152)` float32 C-order `.npy`.
+/// `generate --model MODEL --json --no-progress` with `args`: its JSON.
+fn generate_json(model: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_generate"))
+        .arg("--model")
+        .arg(model)
+        .args(["--json", "--no-progress"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn npy_rows(path: &std::path::Path) -> Vec<Vec<f32>> {
     let b = std::fs::read(path).unwrap();
     let header_len = u16::from_le_bytes([b[8], b[9]]) as usize;
@@ -158,19 +175,9 @@ fn generate_chats_with_the_gguf_model() {
     let Some(d) = dir() else { return };
     let model = d.join("SmolLM2-135M-Instruct.Q4_1.gguf");
     let run = |extra: &[&str]| -> serde_json::Value {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_generate"))
-            .arg("--model")
-            .arg(&model)
-            .args(["--json", "--no-progress", "--context", "128"])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        let mut args = vec!["--context", "128"];
+        args.extend_from_slice(extra);
+        generate_json(&model, &args)
     };
     let ids = |v: &serde_json::Value, k: &str| -> Vec<u32> {
         v[k].as_array()
@@ -245,27 +252,9 @@ fn speculative_greedy_equals_plain_greedy() {
     let Some(d) = dir() else { return };
     let model = d.join("SmolLM2-135M-Instruct.Q4_1.gguf");
     let run = |extra: &[&str]| -> serde_json::Value {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_generate"))
-            .arg("--model")
-            .arg(&model)
-            .args([
-                "--json",
-                "--no-progress",
-                "--context",
-                "256",
-                "--samplers",
-                "greedy",
-            ])
-            .args(["-n", "100"])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        let mut args = vec!["--context", "256", "--samplers", "greedy", "-n", "100"];
+        args.extend_from_slice(extra);
+        generate_json(&model, &args)
     };
     let text = "The river rose in the night, and by morning the old mill stood in water \
                 up to its windows. The miller and his daughter rowed to the hill.";

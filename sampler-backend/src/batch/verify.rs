@@ -3,7 +3,6 @@
 //! ([`sampler_cpu::speculative`] holds the rule), the emitted tokens
 //! recorded as plain steps would record them.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use burn_tensor::{DType, FloatDType, Tensor, Transaction};
@@ -105,39 +104,13 @@ impl SamplingBatch {
     ) -> Result<PendingVerify, BackendError> {
         self.idle("submit_verify")?;
         let rows: usize = drafts.iter().map(|d| d.tokens.len() + 1).sum();
-        let dims = logits.dims();
-        if dims != [rows, self.vocab] {
-            return Err(BackendError::Shape {
-                found: dims.to_vec(),
-                batch: rows,
-                vocab: self.vocab,
-            });
-        }
-        let ldev = logits.device();
-        if ldev != self.device {
-            return Err(BackendError::WrongDevice {
-                found: format!("{ldev:?}"),
-                expected: format!("{:?}", self.device),
-            });
-        }
-        let mut row_of = HashMap::with_capacity(drafts.len());
-        for (r, d) in drafts.iter().enumerate() {
-            if !self.requests.contains_key(&d.id) {
-                return Err(BackendError::UnknownRequest { id: d.id.0 });
-            }
-            if let Some(first) = row_of.insert(d.id, r) {
-                return Err(BackendError::DuplicateRow {
-                    id: d.id.0,
-                    first,
-                    second: r,
-                });
-            }
-        }
+        let ids: Vec<RequestId> = drafts.iter().map(|d| d.id).collect();
+        let row_of = self.check_step(&ids, rows, &logits)?;
         let mut step = PendingStep {
             serial: NEXT_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             alive: Arc::new(()),
             select: true,
-            ids: drafts.iter().map(|d| d.id).collect(),
+            ids,
             row_of,
             layout: StepLayout::default(),
             readback: None,

@@ -29,7 +29,7 @@ impl SamplingBatch {
         select: bool,
     ) -> Result<PendingStep, BackendError> {
         self.idle(if select { "step" } else { "filter" })?;
-        let row_of = self.check_step(ids, &logits)?;
+        let row_of = self.check_step(ids, ids.len(), &logits)?;
         let mut pending = PendingStep {
             serial: NEXT_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             alive: Arc::new(()),
@@ -108,18 +108,20 @@ impl SamplingBatch {
         Ok(pending)
     }
 
-    /// The whole step's errors: the logits' shape and device, unknown and
-    /// repeated ids. Returns each request's step row.
-    fn check_step(
+    /// The whole step's errors: the logits' shape (`[rows, vocab]`) and
+    /// device, unknown and repeated ids. Returns each request's position in
+    /// `ids`.
+    pub(crate) fn check_step(
         &self,
         ids: &[RequestId],
+        rows: usize,
         logits: &Tensor<2>,
     ) -> Result<HashMap<RequestId, usize>, BackendError> {
         let dims = logits.dims();
-        if dims != [ids.len(), self.vocab] {
+        if dims != [rows, self.vocab] {
             return Err(BackendError::Shape {
                 found: dims.to_vec(),
-                batch: ids.len(),
+                batch: rows,
                 vocab: self.vocab,
             });
         }
