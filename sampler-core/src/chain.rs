@@ -306,16 +306,19 @@ impl Chain {
     }
 
     /// The logprobs a step on the row `logits` `[vocab]` reports when it
-    /// emits `token`, without committing anything: `raw` from the row,
-    /// `processed` from the chain's final candidate set (or the candidates
-    /// entering a greedy temperature, as [`Chain::finish_logprobs`]). For
-    /// tokens chosen elsewhere, such as accepted speculative drafts.
+    /// emits `token`, given `set`, the chain's final candidate set for that
+    /// row ([`Chain::apply_logits`]), without committing anything: `raw`
+    /// from the row, `processed` from `set` (or, for a chain with a greedy
+    /// temperature, from the candidates entering it, as
+    /// [`Chain::finish_logprobs`]). For tokens chosen elsewhere, such as
+    /// accepted speculative drafts.
     ///
     /// # Errors
     /// As [`Chain::sample_logprobs`].
     pub fn logprobs_of(
         &mut self,
         logits: &[f32],
+        set: &Candidates,
         spec: &crate::LogprobsSpec,
         token: TokenId,
     ) -> Result<crate::Logprobs, SampleError> {
@@ -324,16 +327,15 @@ impl Chain {
         if spec.mode == crate::LogprobsMode::Raw {
             return crate::logprobs::raw(logits, spec, token);
         }
-        let set = match self.greedy_temperature(0) {
+        match self.greedy_temperature(0) {
             Some(j) => {
-                let mut row = Candidates::from_logits(logits);
-                row.validate()?;
-                self.apply_stages(0..j, &mut row)?;
-                row
+                let mut entering = Candidates::from_logits(logits);
+                entering.validate()?;
+                self.apply_stages(0..j, &mut entering)?;
+                crate::logprobs::processed(&entering, spec, token)
             }
-            None => self.apply_logits(logits)?,
-        };
-        crate::logprobs::processed(&set, spec, token)
+            None => crate::logprobs::processed(set, spec, token),
+        }
     }
 
     /// The first active stage at or after `start` (and before

@@ -263,12 +263,13 @@ fn run(
     logprobs: Option<&LogprobsSpec>,
 ) -> Result<Verified, SampleError> {
     let mut out = Verified::default();
-    let report = |chain: &mut Chain, row: &[f32], t: TokenId, out: &mut Verified| {
-        if let Some(spec) = logprobs {
-            out.logprobs.push(chain.logprobs_of(row, spec, t)?);
-        }
-        Ok::<(), SampleError>(())
-    };
+    let report =
+        |chain: &mut Chain, row: &[f32], set: &Candidates, t: TokenId, out: &mut Verified| {
+            if let Some(spec) = logprobs {
+                out.logprobs.push(chain.logprobs_of(row, set, spec, t)?);
+            }
+            Ok::<(), SampleError>(())
+        };
     for (i, (&d, row)) in drafts.iter().zip(logits.chunks_exact(vocab)).enumerate() {
         let set = chain.apply_logits(row)?;
         let p = target(&set, greedy);
@@ -283,7 +284,7 @@ fn run(
             .map_or(0.0, |at| p[at].1);
         let (seed, step) = (chain.seed(), chain.step());
         if uniform(seed, step, ACCEPT_LANE) * q(d) < p_d {
-            report(chain, row, d, &mut out)?;
+            report(chain, row, &set, d, &mut out)?;
             chain.commit(d);
             out.tokens.push(d);
             out.accepted += 1;
@@ -297,7 +298,7 @@ fn run(
         let t = draw(residual, u)
             .or_else(|| draw(p.iter().copied(), u))
             .ok_or(SampleError::AllMasked)?;
-        report(chain, row, t, &mut out)?;
+        report(chain, row, &set, t, &mut out)?;
         chain.commit(t);
         out.tokens.push(t);
         return Ok(out);

@@ -195,14 +195,13 @@ impl SamplingBatch {
             let mine = &rows[at..at + n];
             at += n;
             let req = self.requests.get_mut(&d.id).expect("checked at submit");
-            let lp = req.spec.logprobs.clone();
             let out = sampler_cpu::verify(
                 &mut req.chain,
                 &d.tokens,
                 d.probs.as_deref(),
                 mine,
                 v,
-                lp.as_ref(),
+                req.spec.logprobs.as_ref(),
             );
             if let Ok(ver) = &out {
                 for &t in &ver.tokens {
