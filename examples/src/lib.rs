@@ -5,7 +5,8 @@
 //! [`report`]: the JSON they print), [`ban_words`], a custom stage
 //! written against the library's `Sampler` trait, and [`gguf`], a GGUF v3
 //! reader (metadata, tensors, dequantisation) for real models, and [`ngram`],
-//! an n-gram (prompt lookup) drafter for speculative decoding.
+//! an n-gram (prompt lookup) drafter for speculative decoding, and
+//! [`stop`], stop strings over a stream of tokens.
 
 pub mod ban_words;
 pub mod chat;
@@ -15,6 +16,7 @@ pub mod ngram;
 pub mod report;
 pub mod requests;
 pub mod sample_cli;
+pub mod stop;
 
 /// The README's Rust snippets, compiled and run as doctests.
 #[doc = include_str!("../../README.md")]

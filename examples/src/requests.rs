@@ -24,6 +24,11 @@
 //!   `logprob_token_ids`, `logprobs_mode` and `stop_token_ids`;
 //! - `stop_token_ids` (with any chain): generation also stops at these
 //!   tokens (the model's end-of-text tokens always stop it);
+//! - `stop` (a string or a list of at most 16 non-empty strings, each at
+//!   most 256 bytes): generation stops where the text first contains one
+//!   ([`crate::stop`]: across token boundaries, held off by `min_tokens`);
+//!   the output's text ends before it, or after it with
+//!   `include_stop_str_in_output: true`;
 //! - `speculative` (with any chain): speculative decoding with n-gram
 //!   drafts, `{"method": "ngram", "num_speculative_tokens": 4,
 //!   "prompt_lookup_min": 2, "prompt_lookup_max": 4}` (every key optional;
@@ -39,7 +44,7 @@ use serde_json::{Map, Value};
 use crate::chat::Message;
 
 /// The request's own keys (the rest are sampling parameters).
-pub const REQUEST_KEYS: [&str; 8] = [
+pub const REQUEST_KEYS: [&str; 10] = [
     "id",
     "prompt",
     "messages",
@@ -48,6 +53,8 @@ pub const REQUEST_KEYS: [&str; 8] = [
     "toml",
     "chain",
     "speculative",
+    "stop",
+    "include_stop_str_in_output",
 ];
 
 /// Largest `max_tokens` accepted (the context caps it further).
@@ -91,7 +98,11 @@ pub struct Request {
     pub arrival: usize,
     /// Tokens that end the generation besides the model's own
     /// (`stop_token_ids`).
-    pub stop: Vec<sampler_core::TokenId>,
+    pub stop_ids: Vec<sampler_core::TokenId>,
+    /// Stop strings (`stop`), checked by [`crate::stop::check_stops`].
+    pub stop_strings: Vec<String>,
+    /// `include_stop_str_in_output`: the matched stop string ends the text.
+    pub include_stop_str: bool,
 }
 
 /// Why a request line was refused.
@@ -127,6 +138,9 @@ pub enum RequestError {
     /// Two ways of giving the chain at once.
     #[error("`{0}` and `{1}` both give the sampling chain: give one")]
     Conflict(String, &'static str),
+    /// A bad stop string.
+    #[error(transparent)]
+    Stop(#[from] crate::stop::StopError),
     /// The sampling parameters or the chain declaration.
     #[error("{what}: {source}")]
     Sampling {
@@ -337,14 +351,57 @@ pub fn parse_request(line: &str, index: usize) -> Result<Request, RequestError> 
             })
             .unwrap_or_default(),
     };
+    let stop_strings = stop_strings(obj.get("stop"))?;
+    let include_stop_str = match obj.get("include_stop_str_in_output") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(RequestError::WrongValue {
+                key: "include_stop_str_in_output",
+                expected: "a boolean",
+                found: type_word(v).into(),
+            });
+        }
+    };
     Ok(Request {
         id: obj.get("id").cloned().unwrap_or(Value::from(index)),
         prompt,
         config,
         max_tokens,
         arrival,
-        stop,
+        stop_ids: stop,
+        stop_strings,
+        include_stop_str,
     })
+}
+
+/// `stop`: absent or null (none), a string, or a list of strings; checked
+/// by [`crate::stop::check_stops`].
+///
+/// # Errors
+/// [`RequestError::WrongValue`] for another type, [`RequestError::Stop`]
+/// for an empty, too long or too many strings.
+pub fn stop_strings(v: Option<&Value>) -> Result<Vec<String>, RequestError> {
+    let wrong = |found: String| RequestError::WrongValue {
+        key: "stop",
+        expected: "a string or a list of strings",
+        found,
+    };
+    let stops = match v {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, x)| match x {
+                Value::String(s) => Ok(s.clone()),
+                other => Err(wrong(format!("item {i}: {}", type_word(other)))),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => return Err(wrong(type_word(other).into())),
+    };
+    crate::stop::check_stops(&stops)?;
+    Ok(stops)
 }
 
 #[cfg(test)]
@@ -393,13 +450,42 @@ mod tests {
         .unwrap();
         assert_eq!(r.config.chain.chain_string(), "min_p;temperature;dist");
         assert_eq!(r.config.chain.logprobs.as_ref().map(|l| l.top_n), Some(3));
-        assert_eq!(r.stop, vec![7, 9]);
+        assert_eq!(r.stop_ids, vec![7, 9]);
         assert!(
             parse_request(r#"{"prompt": "x", "chain": "top_k;dist", "seed": -1}"#, 0)
                 .unwrap_err()
                 .to_string()
                 .contains("seed")
         );
+    }
+
+    #[test]
+    fn stop_strings_one_or_a_list() {
+        let r = parse_request(r#"{"prompt": "a", "stop": "\n"}"#, 0).unwrap();
+        assert_eq!(
+            (r.stop_strings, r.include_stop_str),
+            (vec!["\n".to_string()], false)
+        );
+        let r = parse_request(
+            r#"{"prompt": "a", "chain": "greedy", "stop": ["x", "日"], "include_stop_str_in_output": true}"#,
+            0,
+        )
+        .unwrap();
+        assert_eq!(
+            (r.stop_strings, r.include_stop_str),
+            (vec!["x".into(), "日".into()], true)
+        );
+        let err = |line: &str| parse_request(line, 0).unwrap_err().to_string();
+        assert_eq!(
+            err(r#"{"prompt": "a", "stop": 3}"#),
+            "`stop`: expected a string or a list of strings, found a number"
+        );
+        assert_eq!(
+            err(r#"{"prompt": "a", "stop": ["a", 1]}"#),
+            "`stop`: expected a string or a list of strings, found item 1: a number"
+        );
+        assert!(err(r#"{"prompt": "a", "stop": ["a", ""]}"#).contains("item 1 is an empty string"));
+        assert!(err(r#"{"prompt": "a", "include_stop_str_in_output": 1}"#).contains("a boolean"));
     }
 
     #[test]

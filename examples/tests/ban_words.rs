@@ -50,7 +50,10 @@ fn run(
         .insert_chain(Chain::new(stages, Some(seed)), None, &[])
         .unwrap();
     let prompt = encode_prompt(model, tok, "Once upon a time").unwrap();
-    let out = generate(model, tok, &mut batch, id, &prompt, 60, |_, _| {}).unwrap();
+    let out = generate(model, tok, &mut batch, id, &prompt, 60, |_, _| {
+        std::ops::ControlFlow::Continue(())
+    })
+    .unwrap();
     (prompt, out.tokens, batch, id)
 }
 

@@ -140,6 +140,14 @@ struct Args {
     /// sets the chain's own.
     #[arg(long, value_name = "N")]
     min_tokens: Option<usize>,
+    /// Stop where the generated text first contains this string (repeat
+    /// for several, at most 16, each 1..=256 bytes; found across token
+    /// boundaries, held off by --min-tokens). The text ends before it.
+    #[arg(long, value_name = "TEXT")]
+    stop: Vec<String>,
+    /// With --stop: the matched stop string ends the text.
+    #[arg(long, requires = "stop")]
+    include_stop_str: bool,
     /// Speculative decoding: `ngram` proposes the tokens that followed the
     /// earliest earlier occurrence of the context's longest suffix n-gram
     /// (prompt lookup); the model runs them with the last token in one pass
@@ -490,6 +498,8 @@ fn device_of(cfg: &DeviceConfig) -> Result<(burn_tensor::Device, OffloadPolicy),
 }
 
 fn run(a: Args) -> Result<(), AppError> {
+    sampler_examples::stop::check_stops(&a.stop)
+        .map_err(|e| AppError::Usage(e.to_string().replacen("`stop`", "--stop", 1)))?;
     if a.n == 0 {
         return Err(AppError::Usage(
             "-n 0: the number of tokens to generate must be at least 1".into(),
@@ -575,6 +585,20 @@ fn run(a: Args) -> Result<(), AppError> {
         out.flush()?;
     }
     let stream = !a.json;
+    let min_tokens = cfg
+        .chain
+        .stages
+        .iter()
+        .filter_map(|s| match s {
+            StageSpec::MinTokens { n, .. } => Some(*n),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    let mut text_stream =
+        sampler_examples::stop::TextStream::new(a.stop.clone(), a.include_stop_str, min_tokens)
+            .map_err(|e| AppError::Usage(e.to_string().replacen("`stop`", "--stop", 1)))?;
+    let mut stop_string = None;
     let generation: Generation = generate_with(
         &model,
         tokenizer,
@@ -587,14 +611,28 @@ fn run(a: Args) -> Result<(), AppError> {
             if let Some(pb) = &progress {
                 pb.inc(1);
             }
+            let delta = text_stream.push(bytes);
             if stream
                 && write_err.is_none()
-                && let Err(e) = out.write_all(bytes).and_then(|()| out.flush())
+                && let Err(e) = out
+                    .write_all(delta.text.as_bytes())
+                    .and_then(|()| out.flush())
             {
                 write_err = Some(e);
             }
+            match delta.stop {
+                Some(s) => {
+                    stop_string = Some(s);
+                    std::ops::ControlFlow::Break(())
+                }
+                None => std::ops::ControlFlow::Continue(()),
+            }
         },
     )?;
+    let tail = text_stream.finish();
+    if stream && write_err.is_none() {
+        out.write_all(tail.as_bytes())?;
+    }
     if let Some(pb) = &progress {
         pb.finish_and_clear();
     }
@@ -605,10 +643,18 @@ fn run(a: Args) -> Result<(), AppError> {
     let plan = batch.plan(id).expect("the request is live");
     let mut all = generation.prompt_tokens.clone();
     all.extend(&generation.tokens);
-    let text = String::from_utf8_lossy(&tokenizer.decode_bytes(&all)).into_owned();
-    let generated_text = {
+    let (text, generated_text) = if a.stop.is_empty() {
         let p = tokenizer.decode_bytes(&generation.prompt_tokens).len();
-        String::from_utf8_lossy(&tokenizer.decode_bytes(&all)[p..]).into_owned()
+        let all = tokenizer.decode_bytes(&all);
+        (
+            String::from_utf8_lossy(&all).into_owned(),
+            String::from_utf8_lossy(&all[p..]).into_owned(),
+        )
+    } else {
+        // Cut at the stop string.
+        let prompt = tokenizer.decode_bytes(&generation.prompt_tokens);
+        let g = text_stream.text().to_string();
+        (format!("{}{g}", String::from_utf8_lossy(&prompt)), g)
     };
     let device_name = cfg.device.device.clone();
 
@@ -625,6 +671,7 @@ fn run(a: Args) -> Result<(), AppError> {
             "text": text,
             "generated_text": generated_text,
             "stop_reason": generation.stop.as_str(),
+            "stop_string": stop_string,
             "logprobs": sampler_examples::report::logprobs_json(tokenizer, &generation.logprobs),
             "plan": sampler_examples::report::plan_json(plan, &device_name, policy),
             "stats": {

@@ -3,6 +3,7 @@
 //! request's plan reads back (token ids when the whole chain is offloaded)
 //! crosses to the host.
 
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use sampler_backend::{BackendError, Draft, RequestId, SamplingBatch, launches};
@@ -21,6 +22,8 @@ pub enum StopReason {
     EndOfText,
     /// The context window is full.
     Context,
+    /// The caller stopped it (`on_token` returned `Break`: a stop string).
+    Stop,
 }
 
 impl StopReason {
@@ -30,6 +33,7 @@ impl StopReason {
             StopReason::Length => "length",
             StopReason::EndOfText => "end_of_text",
             StopReason::Context => "context",
+            StopReason::Stop => "stop",
         }
     }
 }
@@ -237,7 +241,9 @@ pub fn encode_prompt(
 /// then every step hands the `[1, vocab]` logits tensor to
 /// [`SamplingBatch::step`], which samples on the device and reads back only the
 /// plan's readback format. `on_token(token, bytes)` is called for each
-/// generated token with its decoded bytes (empty for BOS/EOS), for streaming.
+/// generated token with its decoded bytes (empty for BOS/EOS), for streaming;
+/// returning `ControlFlow::Break(())` ends the generation there
+/// ([`StopReason::Stop`]: the caller found a stop string, [`crate::stop`]).
 /// Stops early when the model emits one of the tokenizer's stop ids
 /// ([`TextCodec::stop_ids`]), or the context is full.
 ///
@@ -251,7 +257,7 @@ pub fn generate(
     id: RequestId,
     prompt_tokens: &[TokenId],
     max_new_tokens: usize,
-    on_token: impl FnMut(TokenId, &[u8]),
+    on_token: impl FnMut(TokenId, &[u8]) -> ControlFlow<()>,
 ) -> Result<Generation, GenerateError> {
     generate_with(
         model,
@@ -284,7 +290,7 @@ pub fn generate_with(
     prompt_tokens: &[TokenId],
     max_new_tokens: usize,
     drafter: Option<&NgramDrafter>,
-    mut on_token: impl FnMut(TokenId, &[u8]),
+    mut on_token: impl FnMut(TokenId, &[u8]) -> ControlFlow<()>,
 ) -> Result<Generation, GenerateError> {
     if max_new_tokens == 0 {
         return Err(GenerateError::ZeroTokens);
@@ -378,10 +384,12 @@ pub fn generate_with(
                 tokens.push(next);
                 context.push(next);
                 if stops.contains(&next) {
-                    on_token(next, &[]);
+                    let _ = on_token(next, &[]);
                     break 'decode StopReason::EndOfText;
                 }
-                on_token(next, &tokenizer.piece_bytes(Some(prev), next));
+                if on_token(next, &tokenizer.piece_bytes(Some(prev), next)).is_break() {
+                    break 'decode StopReason::Stop;
+                }
                 prev = next;
                 if tokens.len() >= max_new_tokens {
                     break 'decode StopReason::Length;
@@ -427,10 +435,12 @@ pub fn generate_with(
         tokens.push(next);
         context.push(next);
         if stops.contains(&next) {
-            on_token(next, &[]);
+            let _ = on_token(next, &[]);
             break StopReason::EndOfText;
         }
-        on_token(next, &tokenizer.piece_bytes(Some(prev), next));
+        if on_token(next, &tokenizer.piece_bytes(Some(prev), next)).is_break() {
+            break StopReason::Stop;
+        }
         prev = next;
         if tokens.len() >= max_new_tokens {
             break StopReason::Length;

@@ -12,13 +12,15 @@
 //! Models: a llama2.c checkpoint directory (default `models/stories260K`)
 //! or a Llama-architecture GGUF file (`--model FILE.gguf`, e.g.
 //! SmolLM2-135M-Instruct, whose requests may be chat `messages`).
-//! Requests: a built-in stream of mixed parameters (`--requests N`) or a
+//! Requests: a built-in stream of mixed parameters (`--requests N`), a
 //! JSON-lines file (`--requests-file FILE.jsonl`, format in
-//! `sampler_examples::requests`), one JSON line out per request.
+//! `sampler_examples::requests`), one JSON line out per request, or an
+//! OpenAI-compatible HTTP server (`--http ADDR`, see [`http`]).
 //!
 //! ```text
 //! cargo run --release -p sampler-examples --bin serve -- --requests 12 --device flex
 //! cargo run --release -p sampler-examples --bin serve -- --model smollm2.gguf --requests-file requests.jsonl
+//! cargo run --release -p sampler-examples --bin serve -- --http 127.0.0.1:8080
 //! ```
 //!
 //! See `docs/serving.md`.
@@ -43,7 +45,10 @@ use sampler_examples::llama2::{Llama2, ModelFiles, Tokenizer};
 use sampler_examples::ngram::NgramDrafter;
 use sampler_examples::report::logprobs_json;
 use sampler_examples::requests::{Prompt, parse_request};
+use sampler_examples::stop::TextStream;
 use serde_json::{Value, json};
+
+mod http;
 
 const DEFAULT_MODEL_DIRS: [&str; 2] = [
     "models/stories260K",
@@ -99,8 +104,21 @@ struct Args {
     /// `seed`, `arrival` (step), and the sampling chain as flat keys
     /// (`temperature`, `top_p`, ...), `toml` or `chain`. Prints one JSON
     /// line per request.
-    #[arg(long, value_name = "FILE.jsonl")]
+    #[arg(long, value_name = "FILE.jsonl", conflicts_with = "http")]
     requests_file: Option<PathBuf>,
+    /// Serve the OpenAI API over HTTP on this address (e.g.
+    /// 127.0.0.1:8080): /v1/completions, /v1/chat/completions, /v1/models,
+    /// /health. Stops on Ctrl-C after the running requests finish.
+    #[arg(long, value_name = "ADDR", conflicts_with = "requests")]
+    http: Option<std::net::SocketAddr>,
+    /// HTTP: requests waiting or running at most; one more is answered
+    /// 429.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    max_queue: u64,
+    /// HTTP: refuse request fields the server does not know (400), instead
+    /// of ignoring them as OpenAI does.
+    #[arg(long)]
+    strict: bool,
     /// Built-in stream: a new request arrives every this many steps (0:
     /// all at once).
     #[arg(long, default_value_t = 3, conflicts_with = "requests_file")]
@@ -147,9 +165,9 @@ impl Codec {
     fn encode(&self, prompt: &Prompt) -> Result<Vec<TokenId>, String> {
         match (self, prompt) {
             (Codec::Llama2(t), Prompt::Text(p)) => Ok(t.encode(p, true, false)),
-            (Codec::Llama2(_), Prompt::Messages(_)) => Err(
-                "`messages` needs a GGUF chat model (--model FILE.gguf): a llama2.c checkpoint has no chat template".into(),
-            ),
+            // No chat template in a llama2.c checkpoint: ChatML, as
+            // llama.cpp's server falls back to.
+            (Codec::Llama2(t), Prompt::Messages(m)) => Ok(t.encode(&chatml(m), true, false)),
             (Codec::Chat(t), Prompt::Text(p)) if p.is_empty() => Ok(vec![t.bos]),
             (Codec::Chat(t), Prompt::Text(p)) => t.encode(p).map_err(|e| e.to_string()),
             (Codec::Chat(t), Prompt::Messages(m)) => t
@@ -175,6 +193,20 @@ impl Codec {
             }
         }
     }
+}
+
+/// Messages in ChatML, the assistant's turn opened: the chat format of a
+/// model without a template of its own.
+fn chatml(messages: &[sampler_examples::chat::Message]) -> String {
+    let mut text = String::new();
+    for m in messages {
+        text.push_str(&format!(
+            "<|im_start|>{}\n{}<|im_end|>\n",
+            m.role, m.content
+        ));
+    }
+    text.push_str("<|im_start|>assistant\n");
+    text
 }
 
 fn load(a: &Args, device: &burn_tensor::Device) -> Result<(Llama2, Codec), String> {
@@ -209,8 +241,54 @@ struct Job {
     max_tokens: usize,
     arrival: usize,
     stop: Vec<TokenId>,
+    /// Stop strings and `include_stop_str_in_output`.
+    stop_strings: Vec<String>,
+    include_stop_str: bool,
     /// Speculative decoding (the request's `speculative`).
     speculative: Option<chain_config::SpeculativeConfig>,
+    /// Where its events go (HTTP requests); `None`: printed at the end.
+    sink: Option<http::Sink>,
+    /// Refuse it when the prompt and `max_tokens` do not fit the context
+    /// (HTTP requests that give `max_tokens`); otherwise it stops there.
+    fit_context: bool,
+}
+
+impl Job {
+    /// A job from a parsed request.
+    fn new(index: usize, origin: String, r: sampler_examples::requests::Request) -> Self {
+        Job {
+            index,
+            origin,
+            id: r.id,
+            parsed: Ok((r.prompt, r.config.chain)),
+            max_tokens: r.max_tokens,
+            arrival: r.arrival,
+            stop: r.stop_ids,
+            stop_strings: r.stop_strings,
+            include_stop_str: r.include_stop_str,
+            speculative: r.config.speculative,
+            sink: None,
+            fit_context: false,
+        }
+    }
+
+    /// A job that fails with `error` when it is admitted.
+    fn failed(index: usize, origin: String, id: Value, error: String) -> Self {
+        Job {
+            index,
+            origin,
+            id,
+            parsed: Err(error),
+            max_tokens: 1,
+            arrival: 0,
+            stop: Vec::new(),
+            stop_strings: Vec::new(),
+            include_stop_str: false,
+            speculative: None,
+            sink: None,
+            fit_context: false,
+        }
+    }
 }
 
 /// The built-in stream: prompts and parameters cycled, request i arriving
@@ -228,14 +306,10 @@ fn builtin_jobs(a: &Args) -> Vec<Job> {
                 })
                 .map_err(|e| e.to_string());
             Job {
-                index: i,
-                origin: format!("request {i}"),
-                id: Value::from(i),
-                parsed,
                 max_tokens: 16 + (i * 7) % 32,
                 arrival: i.saturating_mul(a.every),
-                stop: Vec::new(),
-                speculative: None,
+                parsed,
+                ..Job::failed(i, format!("request {i}"), Value::from(i), String::new())
             }
         })
         .collect()
@@ -266,44 +340,22 @@ fn file_jobs(path: &Path) -> Result<Vec<Job>, String> {
             Ok(l) if l.trim().is_empty() => continue,
             Ok(l) => l,
             Err(e) => {
-                jobs.push(Job {
-                    index,
-                    origin: origin.clone(),
-                    id: Value::from(index),
-                    parsed: Err(format!("{origin}: not UTF-8: {e}")),
-                    max_tokens: 1,
-                    arrival: 0,
-                    stop: Vec::new(),
-                    speculative: None,
-                });
+                let error = format!("{origin}: not UTF-8: {e}");
+                jobs.push(Job::failed(index, origin, Value::from(index), error));
                 continue;
             }
         };
         jobs.push(match parse_request(line, index) {
-            Ok(r) => Job {
-                index,
-                origin,
-                id: r.id,
-                parsed: Ok((r.prompt, r.config.chain)),
-                max_tokens: r.max_tokens,
-                arrival: r.arrival,
-                stop: r.stop,
-                speculative: r.config.speculative,
-            },
-            Err(e) => Job {
-                index,
+            Ok(r) => Job::new(index, origin, r),
+            Err(e) => {
                 // The line's own `id` when it has one, for the error line.
-                id: serde_json::from_str::<Value>(line)
+                let id = serde_json::from_str::<Value>(line)
                     .ok()
                     .and_then(|v| v.get("id").cloned())
-                    .unwrap_or(Value::from(index)),
-                parsed: Err(format!("{origin}: {e}")),
-                origin,
-                max_tokens: 1,
-                arrival: 0,
-                stop: Vec::new(),
-                speculative: None,
-            },
+                    .unwrap_or(Value::from(index));
+                let error = format!("{origin}: {e}");
+                Job::failed(index, origin, id, error)
+            }
         });
     }
     if jobs.is_empty() {
@@ -338,22 +390,51 @@ struct Live {
     drafter: Option<NgramDrafter>,
     /// Drafts proposed and accepted so far.
     drafted: (usize, usize),
+    /// The generated text and its stop strings.
+    text: TextStream,
+    /// Why it stopped, beyond the finish reason: the stop string matched or
+    /// the stop token sampled (vLLM's `stop_reason`).
+    stop_reason: Value,
+    /// Where its events go (HTTP requests).
+    sink: Option<http::Sink>,
 }
 
 impl Live {
     /// Record a generated token (with its logprobs); the reason the request
     /// ends there, if it does.
-    fn emit(&mut self, tok: TokenId, lp: Option<Logprobs>, seq_len: usize) -> Option<String> {
+    fn emit(
+        &mut self,
+        codec: &dyn TextCodec,
+        tok: TokenId,
+        lp: Option<Logprobs>,
+        seq_len: usize,
+    ) -> Option<String> {
         // The first token after the prompt goes at its end.
         self.pos = if self.tokens.is_empty() {
             self.prompt.len()
         } else {
             self.pos + 1
         };
+        let prev = self.tokens.last().copied().or(self.prompt.last().copied());
         self.tokens.push(tok);
+        let stop_token = self.stop.contains(&tok);
+        // A stop token adds no text.
+        let bytes = if stop_token {
+            Vec::new()
+        } else {
+            codec.piece_bytes(prev, tok)
+        };
+        let delta = self.text.push(&bytes);
+        if let Some(sink) = &self.sink {
+            sink.token(codec, &delta.text, lp.as_ref());
+        }
         self.logprobs.push(lp);
         self.token = tok;
-        if self.stop.contains(&tok) {
+        if let Some(s) = delta.stop {
+            self.stop_reason = Value::from(s);
+            Some("stop".to_string())
+        } else if stop_token {
+            self.stop_reason = Value::from(tok);
             Some("stop".to_string())
         } else if self.tokens.len() >= self.max_tokens {
             Some("length".into())
@@ -422,6 +503,14 @@ impl Server<'_> {
                 c.seq_len
             )));
         }
+        if job.fit_context && prompt.len() + job.max_tokens > c.seq_len {
+            return Err(fail(format!(
+                "the prompt has {} tokens and max_tokens asks for {} more: more than the context ({} tokens; --context)",
+                prompt.len(),
+                job.max_tokens,
+                c.seq_len
+            )));
+        }
         if let Some(&t) = prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(fail(format!(
                 "prompt token {t} is outside the model's vocabulary (0..{})",
@@ -440,6 +529,17 @@ impl Server<'_> {
                 }
             }
         }
+        let min_tokens = spec
+            .stages
+            .iter()
+            .filter_map(|s| match s {
+                sampler_core::StageSpec::MinTokens { n, .. } => Some(*n),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let text = TextStream::new(job.stop_strings, job.include_stop_str, min_tokens)
+            .map_err(|e| fail(e.to_string()))?;
         let mut stop = model_stops;
         for t in job.stop {
             if !stop.contains(&t) {
@@ -501,6 +601,9 @@ impl Server<'_> {
             seed,
             drafter,
             drafted: (0, 0),
+            text,
+            stop_reason: Value::Null,
+            sink: job.sink,
         })
     }
 
@@ -610,7 +713,7 @@ impl Server<'_> {
                         let mut lps = v.logprobs.into_iter();
                         let mut why = None;
                         for tok in v.tokens {
-                            why = r.emit(tok, lps.next(), seq_len);
+                            why = r.emit(self.codec.text(), tok, lps.next(), seq_len);
                             t.generated += 1;
                             if why.is_some() {
                                 break;
@@ -640,7 +743,7 @@ impl Server<'_> {
                 reasons[k] = match tok {
                     Ok(tok) => {
                         t.generated += 1;
-                        live[k].emit(tok, lp, seq_len)
+                        live[k].emit(self.codec.text(), tok, lp, seq_len)
                     }
                     Err(e) => Some(format!("error: step {step}: {e}")),
                 };
@@ -664,8 +767,9 @@ impl Server<'_> {
                 "prompt_tokens": r.prompt.len(),
                 "completion_tokens": r.tokens.len(),
                 "tokens": r.tokens,
-                "text": String::from_utf8_lossy(&codec.decode_bytes(&r.tokens)),
+                "text": r.text.text(),
                 "finish_reason": finish,
+                "stop_reason": r.stop_reason,
                 "arrival": r.arrival,
                 "start_step": r.started,
                 "end_step": step,
@@ -714,16 +818,24 @@ impl Server<'_> {
         eprintln!("request {index}: {e}");
     }
 
-    /// Take a finished request out of the batch and print it.
-    fn finish(&mut self, r: Live, why: &str, step: usize) -> Result<(), String> {
+    /// Take a finished request out of the batch and print it (or send its
+    /// end to its HTTP client).
+    fn finish(&mut self, mut r: Live, why: &str, step: usize) -> Result<(), String> {
         self.batch.remove(r.rid).map_err(|e| e.to_string())?;
         self.free.push(r.slot);
-        self.report(&r, why, step);
+        let tail = r.text.finish();
+        match &r.sink {
+            Some(sink) => sink.finish(&tail, why, &r.stop_reason, r.prompt.len(), r.tokens.len()),
+            None => self.report(&r, why, step),
+        }
         Ok(())
     }
 }
 
 fn run(a: Args) -> Result<(), String> {
+    if a.http.is_some() {
+        return http::run(a);
+    }
     let policy: OffloadPolicy = a.offload.parse().map_err(|e| format!("--offload {e}"))?;
     let (device, policy) =
         sampler_backend::resolve_device(&a.device, policy).map_err(|e| e.to_string())?;

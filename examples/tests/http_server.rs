@@ -1,0 +1,364 @@
+//! `serve --http`: the OpenAI API on a loopback port, driven by a small
+//! HTTP/1.1 client over `TcpStream` (no client crate): many concurrent
+//! streaming clients each get exactly their own tokens, clients that leave
+//! free their rows, a full queue answers 429, bad requests answer 400 with
+//! OpenAI's error body. Every request loop here is bounded in count and
+//! time and talks to 127.0.0.1 only.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// A `serve --http 127.0.0.1:0` process, killed on drop.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_serve"))
+            .args(["--http", "127.0.0.1:0", "--device", "flex"])
+            .args(extra)
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("serve starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("the listening line");
+        let port = line
+            .trim()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        Server { child, port }
+    }
+
+    fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        s
+    }
+
+    /// One request; the status and the body.
+    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
+        let mut s = self.connect();
+        send(&mut s, method, path, body);
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).expect("response");
+        let raw = String::from_utf8(raw).expect("UTF-8 response");
+        let (head, body) = raw.split_once("\r\n\r\n").expect("a head");
+        let status = head[9..12].parse().expect("a status");
+        let body = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            dechunk(body)
+        } else {
+            body.to_string()
+        };
+        (status, body)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (status, text) = self.call("POST", path, Some(body));
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")),
+        )
+    }
+
+    fn health(&self) -> Value {
+        let (status, text) = self.call("GET", "/health", None);
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str(&text).expect("health JSON")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn send(s: &mut TcpStream, method: &str, path: &str, body: Option<&Value>) {
+    let body = body.map(Value::to_string).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+}
+
+/// A chunked body's data.
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = &rest[n + 2..];
+    }
+    out
+}
+
+/// A streaming request read event by event: the `data:` payloads, until
+/// `[DONE]` (included) or `limit` events.
+fn stream_events(s: &mut TcpStream, limit: usize) -> Vec<String> {
+    let mut reader = BufReader::new(s);
+    let mut events = Vec::new();
+    let mut line = String::new();
+    while events.len() < limit {
+        line.clear();
+        if reader.read_line(&mut line).expect("read") == 0 {
+            break;
+        }
+        // Chunked framing lines and blank lines carry no `data:`.
+        if let Some(d) = line.trim_end().strip_prefix("data: ") {
+            events.push(d.to_string());
+            if d == "[DONE]" {
+                break;
+            }
+        }
+    }
+    events
+}
+
+/// The text of a completions stream, its finish reason and whether it
+/// ended with `[DONE]`.
+fn stream_text(events: &[String]) -> (String, Option<String>, bool) {
+    let mut text = String::new();
+    let mut finish = None;
+    for e in events.iter().filter(|e| *e != "[DONE]") {
+        let v: Value = serde_json::from_str(e).unwrap_or_else(|err| panic!("{err}: {e}"));
+        for c in v["choices"].as_array().expect("choices") {
+            text.push_str(c["text"].as_str().unwrap_or_default());
+            if let Some(f) = c["finish_reason"].as_str() {
+                finish = Some(f.to_string());
+            }
+        }
+    }
+    (text, finish, events.last().is_some_and(|e| e == "[DONE]"))
+}
+
+const PROMPTS: [&str; 4] = [
+    "Once upon a time",
+    "The little dog",
+    "Lily wanted to",
+    "In the park",
+];
+
+fn body(i: usize, stream: bool) -> Value {
+    // Half greedy, half seeded sampling; each its own prompt and seed.
+    let mut b = json!({
+        "prompt": PROMPTS[i % 4],
+        "max_tokens": 10 + i % 5,
+        "seed": 100 + i,
+        "stream": stream,
+    });
+    if i.is_multiple_of(2) {
+        b["temperature"] = json!(0);
+    } else {
+        b["temperature"] = json!(0.9);
+        b["top_p"] = json!(0.95);
+    }
+    b
+}
+
+#[test]
+fn concurrent_streaming_clients_each_get_their_own_tokens() {
+    const CLIENTS: usize = 64;
+    let server = Server::start(&["--concurrency", "64"]);
+    // Each request alone first (non-streaming), one after the other.
+    let alone: Vec<(String, String)> = (0..CLIENTS)
+        .map(|i| {
+            let (status, v) = server.post("/v1/completions", &body(i, false));
+            assert_eq!(status, 200, "{v}");
+            assert_eq!(v["object"], "text_completion");
+            let usage = &v["usage"];
+            assert_eq!(
+                usage["total_tokens"].as_u64(),
+                Some(
+                    usage["prompt_tokens"].as_u64().unwrap()
+                        + usage["completion_tokens"].as_u64().unwrap()
+                )
+            );
+            let c = &v["choices"][0];
+            (
+                c["text"].as_str().unwrap().to_string(),
+                c["finish_reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    // Then all at once, streaming.
+    let started = Instant::now();
+    let handles: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let port = server.port;
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+                send(&mut s, "POST", "/v1/completions", Some(&body(i, true)));
+                stream_events(&mut s, 10_000)
+            })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let events = h.join().expect("client thread");
+        let (text, finish, done) = stream_text(&events);
+        assert!(done, "client {i}: no [DONE]: {events:?}");
+        assert_eq!(
+            (text.as_str(), finish.as_deref()),
+            (alone[i].0.as_str(), Some(alone[i].1.as_str())),
+            "client {i}"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(300));
+    let h = server.health();
+    assert_eq!(
+        (h["running"].as_u64(), h["waiting"].as_u64()),
+        (Some(0), Some(0)),
+        "{h}"
+    );
+}
+
+#[test]
+fn clients_that_leave_free_their_rows_and_a_full_queue_answers_429() {
+    let server = Server::start(&["--max-queue", "6", "--concurrency", "6"]);
+    // Six long requests (min_tokens holds off the end of text) fill the queue.
+    let long = json!({
+        "prompt": "Once upon a time",
+        "max_tokens": 480,
+        "min_tokens": 480,
+        "stream": true,
+        "seed": 1,
+    });
+    let mut clients: Vec<TcpStream> = (0..6)
+        .map(|_| {
+            let mut s = server.connect();
+            send(&mut s, "POST", "/v1/completions", Some(&long));
+            s
+        })
+        .collect();
+    // Each has streamed a first chunk: all six are in the batch.
+    for s in &mut clients {
+        let mut reader = BufReader::new(s);
+        let mut line = String::new();
+        while !line.starts_with("data: ") {
+            line.clear();
+            assert!(reader.read_line(&mut line).expect("read") > 0);
+        }
+    }
+    assert_eq!(server.health()["running"], 6);
+    let (status, v) = server.post("/v1/completions", &json!({"prompt": "x"}));
+    assert_eq!(status, 429, "{v}");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-queue")
+    );
+    // They leave: their rows are freed at the next step.
+    drop(clients);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let h = server.health();
+        if h["running"] == 0 && h["waiting"] == 0 {
+            assert_eq!(h["cancelled"], 6, "{h}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "rows not freed: {h}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // And the server takes requests again.
+    let (status, v) = server.post("/v1/completions", &json!({"prompt": "x", "max_tokens": 2}));
+    assert_eq!(status, 200, "{v}");
+}
+
+#[test]
+fn chat_models_errors_and_stop_strings() {
+    let server = Server::start(&[]);
+    let (status, text) = server.call("GET", "/v1/models", None);
+    assert_eq!(status, 200);
+    let models: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(models["data"][0]["id"], "stories260K");
+    // Chat on a checkpoint without a template: ChatML.
+    let (status, v) = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    // Errors: OpenAI's body, the param named.
+    let cases = [
+        (json!({"prompt": "x", "temperature": "hot"}), "temperature"),
+        (json!({"prompt": "x", "top_p": 1.5}), "top_p"),
+        (json!({"prompt": "x", "stop": 3}), "stop"),
+        (json!({"prompt": "x ".repeat(600)}), "prompt"),
+        (json!({"prompt": "Once", "max_tokens": 600}), "prompt"),
+    ];
+    for (b, param) in cases {
+        let (status, v) = server.post("/v1/completions", &b);
+        assert_eq!(status, 400, "{b}: {v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert_eq!(v["error"]["param"], param, "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+    }
+    let (status, text) = server.call("POST", "/v1/completions", None);
+    assert_eq!(status, 400, "{text}");
+    // A stop string spanning two tokens: greedy text, then the same request
+    // stopping inside it.
+    let greedy =
+        json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "logprobs": 0});
+    let (_, v) = server.post("/v1/completions", &greedy);
+    let full = v["choices"][0]["text"].as_str().unwrap().to_string();
+    let tokens: Vec<String> = v["choices"][0]["logprobs"]["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(tokens.concat(), full);
+    let k = (2..tokens.len() - 1)
+        .find(|&k| tokens[k].len() >= 2 && tokens[k + 1].len() >= 2)
+        .expect("two adjacent tokens of two bytes or more");
+    let stop = format!(
+        "{}{}",
+        &tokens[k][tokens[k].len() - 1..],
+        &tokens[k + 1][..1]
+    );
+    let cut = full.find(&stop).unwrap();
+    let mut b = greedy.clone();
+    b["stop"] = json!([stop]);
+    let (_, v) = server.post("/v1/completions", &b);
+    let c = &v["choices"][0];
+    assert_eq!(c["text"], full[..cut], "stop {stop:?} in {full:?}");
+    assert_eq!(c["finish_reason"], "stop");
+    assert_eq!(c["stop_reason"], stop);
+    b["include_stop_str_in_output"] = json!(true);
+    b["stream"] = json!(true);
+    let mut s = server.connect();
+    send(&mut s, "POST", "/v1/completions", Some(&b));
+    let (text, finish, done) = stream_text(&stream_events(&mut s, 1000));
+    assert_eq!(
+        (text.as_str(), finish.as_deref(), done),
+        (&full[..cut + stop.len()], Some("stop"), true)
+    );
+}
