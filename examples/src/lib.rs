@@ -5,12 +5,14 @@
 //! [`report`]: the JSON they print), [`ban_words`], a custom stage
 //! written against the library's `Sampler` trait, and [`gguf`], a GGUF v3
 //! reader (metadata, tensors, dequantisation) for real models, and [`ngram`],
-//! an n-gram (prompt lookup) drafter for speculative decoding, and
-//! [`stop`], stop strings over a stream of tokens.
+//! an n-gram (prompt lookup) drafter for speculative decoding,
+//! [`stop`], stop strings over a stream of tokens, and [`http_client`], a
+//! minimal client for `serve --http`'s tests and load benchmark.
 
 pub mod ban_words;
 pub mod chat;
 pub mod gguf;
+pub mod http_client;
 pub mod llama2;
 pub mod ngram;
 pub mod report;

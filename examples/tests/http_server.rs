@@ -5,11 +5,12 @@
 //! OpenAI's error body. Every request loop here is bounded in count and
 //! time and talks to 127.0.0.1 only.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use sampler_examples::http_client::{call, connect, read_events, send};
 use serde_json::{Value, json};
 
 /// A `serve --http 127.0.0.1:0` process, killed on drop.
@@ -41,30 +42,17 @@ impl Server {
         Server { child, port }
     }
 
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
     fn connect(&self) -> TcpStream {
-        let s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-        s
+        connect(self.addr(), Duration::from_secs(120)).expect("connect")
     }
 
     /// One request; the status and the body.
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
-        let mut s = self.connect();
-        send(&mut s, method, path, body);
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).expect("response");
-        let raw = String::from_utf8(raw).expect("UTF-8 response");
-        let (head, body) = raw.split_once("\r\n\r\n").expect("a head");
-        let status = head[9..12].parse().expect("a status");
-        let body = if head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked")
-        {
-            dechunk(body)
-        } else {
-            body.to_string()
-        };
-        (status, body)
+        call(self.addr(), method, path, body).expect("a response")
     }
 
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {
@@ -89,49 +77,14 @@ impl Drop for Server {
     }
 }
 
-fn send(s: &mut TcpStream, method: &str, path: &str, body: Option<&Value>) {
-    let body = body.map(Value::to_string).unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-}
-
-/// A chunked body's data.
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = &rest[n + 2..];
-    }
-    out
-}
-
-/// A streaming request read event by event: the `data:` payloads, until
-/// `[DONE]` (included) or `limit` events.
-fn stream_events(s: &mut TcpStream, limit: usize) -> Vec<String> {
-    let mut reader = BufReader::new(s);
+/// A streaming request's `data:` payloads, `[DONE]` included.
+fn stream_events(s: &mut TcpStream) -> Vec<String> {
     let mut events = Vec::new();
-    let mut line = String::new();
-    while events.len() < limit {
-        line.clear();
-        if reader.read_line(&mut line).expect("read") == 0 {
-            break;
-        }
-        // Chunked framing lines and blank lines carry no `data:`.
-        if let Some(d) = line.trim_end().strip_prefix("data: ") {
-            events.push(d.to_string());
-            if d == "[DONE]" {
-                break;
-            }
-        }
-    }
+    read_events(s, |d| {
+        events.push(d.to_string());
+        true
+    })
+    .expect("read");
     events
 }
 
@@ -207,10 +160,10 @@ fn concurrent_streaming_clients_each_get_their_own_tokens() {
         .map(|i| {
             let port = server.port;
             std::thread::spawn(move || {
-                let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-                s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-                send(&mut s, "POST", "/v1/completions", Some(&body(i, true)));
-                stream_events(&mut s, 10_000)
+                let addr = SocketAddr::from(([127, 0, 0, 1], port));
+                let mut s = connect(addr, Duration::from_secs(120)).expect("connect");
+                send(&mut s, "POST", "/v1/completions", Some(&body(i, true))).expect("send");
+                stream_events(&mut s)
             })
         })
         .collect();
@@ -247,7 +200,7 @@ fn clients_that_leave_free_their_rows_and_a_full_queue_answers_429() {
     let mut clients: Vec<TcpStream> = (0..6)
         .map(|_| {
             let mut s = server.connect();
-            send(&mut s, "POST", "/v1/completions", Some(&long));
+            send(&mut s, "POST", "/v1/completions", Some(&long)).expect("send");
             s
         })
         .collect();
@@ -355,8 +308,8 @@ fn chat_models_errors_and_stop_strings() {
     b["include_stop_str_in_output"] = json!(true);
     b["stream"] = json!(true);
     let mut s = server.connect();
-    send(&mut s, "POST", "/v1/completions", Some(&b));
-    let (text, finish, done) = stream_text(&stream_events(&mut s, 1000));
+    send(&mut s, "POST", "/v1/completions", Some(&b)).expect("send");
+    let (text, finish, done) = stream_text(&stream_events(&mut s));
     assert_eq!(
         (text.as_str(), finish.as_deref(), done),
         (&full[..cut + stop.len()], Some("stop"), true)
