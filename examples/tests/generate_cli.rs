@@ -346,6 +346,67 @@ fn text_output_streams_prompt_and_continuation() {
     assert!(text.ends_with('\n'));
 }
 
+/// `--stop`: generation ends where the text first contains a stop string
+/// (here one spanning two tokens of the greedy text); the JSON and the
+/// streamed text end before it (`--include-stop-str`: after it), the
+/// tokens up to the one that completed it; a bad stop list is refused.
+#[test]
+fn stop_strings_cut_the_text() {
+    let (full, _) = run_json(&[
+        "--samplers",
+        "greedy",
+        "-n",
+        "40",
+        "--prompt",
+        "Once upon a time",
+    ]);
+    let text = full["generated_text"].as_str().unwrap().to_string();
+    // ", there was" spans several tokens; "e w" spans "there" and " was".
+    let stop = "e w";
+    let cut = text.find(stop).expect("the stop occurs in the greedy text");
+    let (v, _) = run_json(&[
+        "--samplers",
+        "greedy",
+        "-n",
+        "40",
+        "--prompt",
+        "Once upon a time",
+        "--stop",
+        stop,
+        "--stop",
+        "zzz",
+    ]);
+    assert_eq!(v["generated_text"], text[..cut], "{v}");
+    assert_eq!(v["stop_reason"], "stop");
+    assert_eq!(v["stop_string"], stop);
+    let n = ids(&v).len();
+    assert!(n < 40 && ids(&full)[..n] == ids(&v)[..], "{v}");
+    let out = Command::new(env!("CARGO_BIN_EXE_generate"))
+        .args(["--model", MODEL_DIR, "--samplers", "greedy", "-n", "40"])
+        .args([
+            "--prompt",
+            "Once upon a time",
+            "--stop",
+            stop,
+            "--include-stop-str",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let printed = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        printed.trim_end(),
+        format!("Once upon a time{}", &text[..cut + stop.len()])
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_generate"))
+        .args(["--model", MODEL_DIR, "--stop", ""])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--stop: item 0 is an empty string"), "{err}");
+}
+
 #[test]
 fn config_file_and_flags() {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("generate_cli_config");

@@ -315,3 +315,42 @@ fn chat_models_errors_and_stop_strings() {
         (&full[..cut + stop.len()], Some("stop"), true)
     );
 }
+
+/// Ctrl-C (SIGINT): no new connections, the running stream finishes with
+/// its `[DONE]`, and the process exits with status 0.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_finishes_the_running_requests_then_exits() {
+    let mut server = Server::start(&[]);
+    let mut s = server.connect();
+    let long =
+        json!({"prompt": "Once", "max_tokens": 300, "min_tokens": 300, "stream": true, "seed": 2});
+    send(&mut s, "POST", "/v1/completions", Some(&long)).expect("send");
+    let mut events = Vec::new();
+    let mut interrupted = false;
+    read_events(&mut s, |d| {
+        events.push(d.to_string());
+        if !interrupted {
+            interrupted = true;
+            let pid = server.child.id().to_string();
+            let sent = Command::new("kill").args(["-INT", &pid]).status();
+            assert!(sent.is_ok_and(|st| st.success()), "kill -INT {pid}");
+        }
+        true
+    })
+    .expect("read");
+    let (_, finish, done) = stream_text(&events);
+    assert!(done && finish.as_deref() == Some("length"), "{events:?}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = server.child.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server did not exit after Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+}

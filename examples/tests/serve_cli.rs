@@ -3,6 +3,8 @@
 
 use std::process::Command;
 
+use serde_json::json;
+
 fn line_of(stdout: &str, i: usize) -> String {
     let tag = format!("[request {i:>2}]");
     stdout
@@ -302,4 +304,39 @@ fn speculative_requests_in_the_batch() {
             .contains("speculative.num_speculative_tokens"),
         "{bad}"
     );
+}
+
+/// `stop` in a request line: the text ends before the first stop string
+/// (across token boundaries), `finish_reason` `stop` and `stop_reason` the
+/// string; the tokens are the free run's up to the one that completed it.
+#[test]
+fn stop_strings_in_request_lines() {
+    let (_, free, _) = serve_file(
+        &[r#"{"id": "a", "prompt": "Once upon a time", "max_tokens": 30, "temperature": 0}"#],
+        &["--concurrency", "3"],
+    );
+    let text = free["\"a\""]["text"].as_str().unwrap().to_string();
+    let cut = text
+        .find("e w")
+        .expect("the stop occurs in the greedy text");
+    let (ok, stopped, err) = serve_file(
+        &[
+            r#"{"id": "a", "prompt": "Once upon a time", "max_tokens": 30, "temperature": 0, "stop": ["zz", "e w"]}"#,
+            r#"{"id": "b", "prompt": "Once upon a time", "max_tokens": 30, "temperature": 0, "stop": "e w", "include_stop_str_in_output": true}"#,
+        ],
+        &["--concurrency", "2"],
+    );
+    assert!(ok, "{err}");
+    let a = &stopped["\"a\""];
+    assert_eq!(a["text"], text[..cut], "{a}");
+    assert_eq!(
+        (&a["finish_reason"], &a["stop_reason"]),
+        (&json!("stop"), &json!("e w"))
+    );
+    let n = a["tokens"].as_array().unwrap().len();
+    assert_eq!(
+        a["tokens"].as_array().unwrap()[..],
+        free["\"a\""]["tokens"].as_array().unwrap()[..n]
+    );
+    assert_eq!(stopped["\"b\""]["text"], text[..cut + 3]);
 }

@@ -425,7 +425,7 @@ fn to_request(
                 };
                 line.insert(key.clone(), v.clone());
             }
-            "stop" | "include_stop_str_in_output" => {
+            "stop" | "include_stop_str_in_output" | "speculative" => {
                 line.insert(key.clone(), v.clone());
             }
             k if k == other_prompt || !flat.contains(&k) => {
@@ -1069,6 +1069,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.config.chain.chain_string(), "greedy");
+        // Speculative decoding per request, as in the request lines.
+        let (r, _) = req(
+            r#"{"prompt": "x", "speculative": {"num_speculative_tokens": 3}}"#,
+            Endpoint::Completions,
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            r.config.speculative.map(|s| s.num_speculative_tokens),
+            Some(3)
+        );
     }
 
     #[test]
