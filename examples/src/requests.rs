@@ -13,6 +13,10 @@
 //! - `prompt` (text) or `messages` (`[{role, content}]`, rendered with the
 //!   model's chat template; GGUF chat models only); exactly one of them;
 //! - `max_tokens` (tokens to generate, `1..=1048576`; default 64);
+//! - `n` (choices, `1..=256`; default 1): the prompt runs through the model
+//!   once, then the request forks into `n` sequences
+//!   (`SamplingBatch::fork`: choice `i` has the seed
+//!   `sampler_core::rng::child_seed(seed, i)`, choice 0 the request's own);
 //! - `arrival` (the step at which the request arrives; default 0);
 //! - the sampling chain, one of: the flat OpenAI / vLLM sampling keys at the
 //!   top level (`temperature`, `top_p`, `top_k`, `min_p`, the penalties,
@@ -44,7 +48,7 @@ use serde_json::{Map, Value};
 use crate::chat::Message;
 
 /// The request's own keys (the rest are sampling parameters).
-pub const REQUEST_KEYS: [&str; 10] = [
+pub const REQUEST_KEYS: [&str; 11] = [
     "id",
     "prompt",
     "messages",
@@ -55,7 +59,12 @@ pub const REQUEST_KEYS: [&str; 10] = [
     "speculative",
     "stop",
     "include_stop_str_in_output",
+    "n",
 ];
+
+/// Largest `n` (choices per request): the parent and
+/// [`sampler_backend::MAX_FORK`] children.
+pub const MAX_N: u64 = sampler_backend::MAX_FORK as u64 + 1;
 
 /// Largest `max_tokens` accepted (the context caps it further).
 pub const MAX_TOKENS_LIMIT: u64 = 1 << 20;
@@ -103,6 +112,8 @@ pub struct Request {
     pub stop_strings: Vec<String>,
     /// `include_stop_str_in_output`: the matched stop string ends the text.
     pub include_stop_str: bool,
+    /// Choices (`n`), at least 1.
+    pub n: usize,
 }
 
 /// Why a request line was refused.
@@ -274,6 +285,7 @@ pub fn parse_request(line: &str, index: usize) -> Result<Request, RequestError> 
         "an integer in 1..=1048576",
         DEFAULT_MAX_TOKENS,
     )?;
+    let n = count(&obj, "n", 1..=MAX_N, "an integer in 1..=256", 1)?;
     let arrival = count(
         &obj,
         "arrival",
@@ -372,6 +384,7 @@ pub fn parse_request(line: &str, index: usize) -> Result<Request, RequestError> 
         stop_ids: stop,
         stop_strings,
         include_stop_str,
+        n,
     })
 }
 
@@ -486,6 +499,12 @@ mod tests {
         );
         assert!(err(r#"{"prompt": "a", "stop": ["a", ""]}"#).contains("item 1 is an empty string"));
         assert!(err(r#"{"prompt": "a", "include_stop_str_in_output": 1}"#).contains("a boolean"));
+        assert_eq!(parse_request(r#"{"prompt": "a", "n": 4}"#, 0).unwrap().n, 4);
+        assert_eq!(
+            err(r#"{"prompt": "a", "n": 0}"#),
+            "`n`: expected an integer in 1..=256, found 0"
+        );
+        assert!(err(r#"{"prompt": "a", "n": 257}"#).contains("1..=256"));
     }
 
     #[test]

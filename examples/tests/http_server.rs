@@ -316,6 +316,42 @@ fn chat_models_errors_and_stop_strings() {
     );
 }
 
+/// `n`: several choices in one response (non-streaming and streaming, the
+/// same texts per index for the same seed), usage summing their tokens.
+#[test]
+fn n_choices_in_one_response() {
+    let server = Server::start(&[]);
+    let b = json!({"prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.0, "seed": 5, "n": 3});
+    let (status, v) = server.post("/v1/completions", &b);
+    assert_eq!(status, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3, "{v}");
+    let texts: Vec<&str> = choices
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert!(texts[0] != texts[1] || texts[1] != texts[2], "{texts:?}");
+    assert_eq!(v["usage"]["completion_tokens"], 36, "{v}");
+    let mut sb = b.clone();
+    sb["stream"] = json!(true);
+    let mut s = server.connect();
+    send(&mut s, "POST", "/v1/completions", Some(&sb)).expect("send");
+    let events = stream_events(&mut s);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let mut streamed = vec![String::new(); 3];
+    for e in events.iter().filter(|e| *e != "[DONE]") {
+        let v: Value = serde_json::from_str(e).unwrap();
+        let c = &v["choices"][0];
+        streamed[c["index"].as_u64().unwrap() as usize]
+            .push_str(c["text"].as_str().unwrap_or_default());
+    }
+    assert_eq!(streamed, texts);
+    let (status, v) = server.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "n": 2, "seed": 1}));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"].as_array().map(Vec::len), Some(2), "{v}");
+    assert_eq!(server.health()["running"], 0);
+}
+
 /// Ctrl-C (SIGINT): no new connections, the running stream finishes with
 /// its `[DONE]`, and the process exits with status 0.
 #[cfg(unix)]

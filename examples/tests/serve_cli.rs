@@ -340,3 +340,46 @@ fn stop_strings_in_request_lines() {
     );
     assert_eq!(stopped["\"b\""]["text"], text[..cut + 3]);
 }
+
+/// `n`: the prompt runs once, then the request forks into `n` sequences
+/// (the KV cache slot copied); choice `i` equals a separate request with
+/// the seed `child_seed(seed, i)`, token for token. One output line with
+/// the choices in order.
+#[test]
+fn n_choices_equal_separate_requests_with_the_derived_seeds() {
+    let seed = 77u64;
+    let body = |seed: u64, n: usize| {
+        format!(
+            r#"{{"id": "s{seed}-{n}", "prompt": "Once upon a time", "max_tokens": 20, "temperature": 0.9, "top_k": 40, "frequency_penalty": 0.4, "seed": {seed}, "n": {n}}}"#
+        )
+    };
+    let one = body(seed, 4);
+    let mut lines = vec![one.as_str()];
+    let separate: Vec<String> = (0..4)
+        .map(|i| body(sampler_core::rng::child_seed(seed, i), 1))
+        .collect();
+    lines.extend(separate.iter().map(String::as_str));
+    let (ok, out, err) = serve_file(&lines, &["--concurrency", "5"]);
+    assert!(ok, "{err}");
+    let forked = &out[&format!("\"s{seed}-4\"")];
+    let choices = forked["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 4, "{forked}");
+    let mut total = 0;
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        let s = sampler_core::rng::child_seed(seed, i as u64);
+        assert_eq!(c["seed"], s);
+        let alone = &out[&format!("\"s{s}-1\"")];
+        assert_eq!(c["tokens"], alone["tokens"], "choice {i}");
+        assert_eq!(c["text"], alone["text"], "choice {i}");
+        total += c["completion_tokens"].as_u64().unwrap();
+    }
+    assert_eq!(forked["completion_tokens"], total);
+    // Different seeds: the choices differ.
+    assert_ne!(choices[0]["tokens"], choices[1]["tokens"]);
+    let (ok, _, err) = serve_file(&[r#"{"prompt": "x", "n": 0}"#], &["--concurrency", "4"]);
+    assert!(
+        !ok && err.contains("`n`: expected an integer in 1..=256"),
+        "{err}"
+    );
+}

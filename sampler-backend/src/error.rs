@@ -160,6 +160,17 @@ pub enum BackendError {
         /// The request.
         id: u64,
     },
+    /// [`crate::SamplingBatch::fork`] asked for no children or more than
+    /// [`crate::MAX_FORK`].
+    #[error("request {id}: cannot fork {n} children: expected 1 to {max}")]
+    ForkCount {
+        /// The request.
+        id: u64,
+        /// Children asked for.
+        n: usize,
+        /// The most allowed ([`crate::MAX_FORK`]).
+        max: usize,
+    },
     /// Reading the step's results back from the device failed.
     #[error("device readback failed: {0}")]
     Readback(String),

@@ -57,6 +57,10 @@ mod stage;
 pub mod stages;
 mod step;
 
+/// The most children one [`SamplingBatch::fork`] call makes (a request's
+/// `n` is at most `MAX_FORK + 1`).
+pub const MAX_FORK: usize = 255;
+
 pub use batch::pending::{PendingStep, ReturnedStep};
 pub use batch::request::RequestId;
 pub use batch::verify::{BatchVerify, Draft, PendingVerify};

@@ -75,6 +75,11 @@ impl Chain {
     pub fn seed(&self) -> u64 {
         self.seed
     }
+    /// Change the row's seed; the step counter and every stage's state stay
+    /// (a forked request continuing with its own random numbers).
+    pub fn set_seed(&mut self, seed: u64) {
+        self.seed = seed;
+    }
     /// Tokens sampled (or committed) since the last reset.
     pub fn step(&self) -> u64 {
         self.step

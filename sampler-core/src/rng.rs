@@ -46,6 +46,30 @@ pub fn uniform(seed: u64, step: u64, lane: u32) -> f64 {
     bits as f64 * (1.0 / (1u64 << 53) as f64)
 }
 
+/// The seed of child `index` of a request with seed `seed`
+/// (`SamplingBatch::fork`, a request's `n` choices): SplitMix64's output for
+/// the state `seed + index · 0x9E3779B97F4A7C15`. Child 0 is the request
+/// itself (`child_seed(s, 0)` is `s`); children `1, 2, ...` get seeds that
+/// depend only on the parent's seed and the index, never on the step at
+/// which they were forked or on the order of the forks, and a child's own
+/// children are seeded apart from its siblings.
+///
+/// ```
+/// use sampler_core::rng::child_seed;
+/// assert_eq!(child_seed(42, 0), 42);
+/// assert_ne!(child_seed(42, 1), child_seed(42, 2));
+/// assert_ne!(child_seed(child_seed(42, 1), 1), child_seed(42, 2));
+/// ```
+pub fn child_seed(seed: u64, index: u64) -> u64 {
+    if index == 0 {
+        return seed;
+    }
+    let mut z = seed.wrapping_add(index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// A fresh seed from the operating system, for rows declared without a seed.
 pub fn entropy_seed() -> u64 {
     rand::random()

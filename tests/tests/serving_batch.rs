@@ -515,12 +515,117 @@ fn cpu_device_auto_uses_the_cpu_kernels(d: &Device, name: &str) {
     assert!(forced.plan(f).unwrap().fully_offloaded());
 }
 
+/// `fork`: children continue from the parent's exact state with their own
+/// seeds (`child_seed(parent, i)`): the same tokens as sampler-cpu's chain
+/// run on the parent's rows up to the fork, then cloned with the child's
+/// seed; a fork before any step equals fresh requests with the derived
+/// seeds (a request's `n` choices). Random chains (penalties, DRY,
+/// mirostat, ...), forks at steps 0 and 5, every offload policy.
+fn fork_continues_from_the_parents_state(d: &Device, name: &str) {
+    const CHILDREN: usize = 3;
+    let mut r = ChaCha8Rng::seed_from_u64(0xf0e1);
+    let prompt: Vec<TokenId> = vec![3, 9, 9, 4];
+    for case in 0..6 {
+        let spec = random_chain(&mut r);
+        let seed = spec.seed.expect("seeded");
+        let fork_at = if case % 2 == 0 { 0 } else { 5 };
+        let policy = [
+            OffloadPolicy::Auto,
+            OffloadPolicy::Device,
+            OffloadPolicy::Off,
+        ][case % 3];
+        let mut batch = SamplingBatch::new(VOCAB, d, policy).unwrap();
+        // A neighbour that is never forked.
+        let other = batch.insert(random_chain(&mut r), &[1]).unwrap();
+        let parent = batch.insert(spec.clone(), &prompt).unwrap();
+        let mut cpu = sampler_cpu::build_chain(&spec).unwrap();
+        cpu.accept_prompt(&prompt);
+        for k in 0..fork_at {
+            let out = batch
+                .step(
+                    &[other, parent],
+                    upload(&[logits_of(1, k), logits_of(2, k)], d),
+                )
+                .unwrap();
+            let want = sampler_cpu::fast::sample_row(&logits_of(2, k), &mut cpu);
+            assert_eq!(out.tokens[1], want, "[{name}] case {case}, step {k}");
+        }
+        let children = batch.fork(parent, CHILDREN).unwrap();
+        assert_eq!(children.len(), CHILDREN);
+        let mut ids = vec![parent];
+        ids.extend(&children);
+        let mut refs: Vec<_> = (0..=CHILDREN as u64)
+            .map(|i| {
+                let mut c = cpu.clone();
+                c.set_seed(sampler_core::rng::child_seed(seed, i));
+                c
+            })
+            .collect();
+        // A fork before any step: fresh requests with the derived seeds.
+        let mut fresh: Vec<_> = (0..=CHILDREN as u64)
+            .map(|i| {
+                let mut sp = spec.clone();
+                sp.seed = Some(sampler_core::rng::child_seed(seed, i));
+                let mut c = sampler_cpu::build_chain(&sp).unwrap();
+                c.accept_prompt(&prompt);
+                c
+            })
+            .collect();
+        for (i, &c) in children.iter().enumerate() {
+            assert_eq!(
+                batch.spec(c).unwrap().seed,
+                Some(sampler_core::rng::child_seed(seed, i as u64 + 1))
+            );
+        }
+        for k in fork_at..fork_at + 6 {
+            // Each sequence its own rows from here; rows shuffled.
+            let mut order: Vec<usize> = (0..ids.len()).collect();
+            order.shuffle(&mut r);
+            let rows: Vec<Vec<f32>> = order.iter().map(|&j| logits_of(10 + j, k)).collect();
+            let step_ids: Vec<RequestId> = order.iter().map(|&j| ids[j]).collect();
+            let out = batch.step(&step_ids, upload(&rows, d)).unwrap();
+            for (&j, got) in order.iter().zip(&out.tokens) {
+                let want = sampler_cpu::fast::sample_row(&logits_of(10 + j, k), &mut refs[j]);
+                assert_eq!(
+                    *got, want,
+                    "[{name}] case {case} ({policy:?}), sequence {j}, step {k}"
+                );
+                if fork_at == 0 {
+                    let f = sampler_cpu::fast::sample_row(&logits_of(10 + j, k), &mut fresh[j]);
+                    assert_eq!(
+                        *got, f,
+                        "[{name}] case {case}: fork at 0 vs fresh, sequence {j}"
+                    );
+                }
+            }
+        }
+    }
+    // Bad counts and ids are errors naming them.
+    let mut batch = SamplingBatch::new(VOCAB, d, OffloadPolicy::Auto).unwrap();
+    let id = batch
+        .insert(ChainSpec::new(vec![StageSpec::Dist], Some(1)), &[])
+        .unwrap();
+    let e = batch.fork(id, 0).unwrap_err();
+    assert!(matches!(e, BackendError::ForkCount { n: 0, .. }), "{e}");
+    assert!(e.to_string().contains("expected 1 to 255"), "{e}");
+    assert!(matches!(
+        batch.fork(id, sampler_backend::MAX_FORK + 1),
+        Err(BackendError::ForkCount { .. })
+    ));
+    batch.remove(id).unwrap();
+    assert!(matches!(
+        batch.fork(id, 1),
+        Err(BackendError::UnknownRequest { .. })
+    ));
+}
+
 device_tests!(
     continuous_batching_matches_each_request_alone,
     mixed_chains_read_back_what_each_plan_says,
     batch_errors_name_the_request,
     update_and_reset_keep_the_request_reproducible,
     cpu_device_auto_uses_the_cpu_kernels,
+    fork_continues_from_the_parents_state,
 );
 
 /// The batch feeds a device stage accepted tokens and per-step inputs

@@ -215,6 +215,34 @@ impl Llama2 {
         cache.slots = slots;
     }
 
+    /// Copy the keys and values of cache slot `from` into slot `to` (a
+    /// forked sequence continuing from the same prompt without running it
+    /// again). Both slots must exist.
+    ///
+    /// # Errors
+    /// [`Llama2Error::CacheMismatch`] for a slot outside the cache.
+    pub fn copy_slot(
+        &self,
+        cache: &mut BatchKvCache,
+        from: usize,
+        to: usize,
+    ) -> Result<(), Llama2Error> {
+        if from >= cache.slots || to >= cache.slots {
+            return Err(Llama2Error::CacheMismatch);
+        }
+        if from == to {
+            return Ok(());
+        }
+        let (n, width) = (self.config.seq_len, self.config.kv_dim());
+        for t in cache.k.iter_mut().chain(cache.v.iter_mut()) {
+            let rows = t.clone().slice([from * n..(from + 1) * n, 0..width]);
+            *t = t
+                .clone()
+                .slice_assign([to * n..(to + 1) * n, 0..width], rows);
+        }
+        Ok(())
+    }
+
     /// Tokens of several sequences in one pass: row `r` is token `tokens[r]`
     /// at position `positions[r]` of the sequence in cache slot `slots[r]`.
     /// Rows may be at different positions, and one sequence may have several

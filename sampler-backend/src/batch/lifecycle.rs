@@ -121,6 +121,66 @@ impl SamplingBatch {
         Ok(())
     }
 
+    /// Fork a request into `n` more: each child continues from the
+    /// parent's exact state (step counter, history and penalty window, DRY
+    /// and `min_tokens` counts, mirostat `mu`, the next step's mask) with
+    /// its own randomness: child `i` (1-based, in the order returned) gets
+    /// the seed [`sampler_core::rng::child_seed`]`(parent_seed, i)`, the
+    /// parent being child 0. The seeds depend only on the parent's seed and
+    /// the index, so a child continues exactly as a fresh request with that
+    /// seed fed the same history (prompt, then the generated tokens
+    /// committed) would, whatever the step of the fork. The parent is
+    /// unchanged; a request's `n` choices (OpenAI / vLLM `n`) are the parent
+    /// and `fork(id, n - 1)`.
+    ///
+    /// # Errors
+    /// [`BackendError::UnknownRequest`], [`BackendError::ForkCount`] for
+    /// `n` of 0 or above [`crate::MAX_FORK`], [`BackendError::StepPending`].
+    pub fn fork(&mut self, id: RequestId, n: usize) -> Result<Vec<RequestId>, BackendError> {
+        self.idle("fork")?;
+        if n == 0 || n > crate::MAX_FORK {
+            return Err(BackendError::ForkCount {
+                id: id.0,
+                n,
+                max: crate::MAX_FORK,
+            });
+        }
+        let parent = self
+            .requests
+            .get(&id)
+            .ok_or(BackendError::UnknownRequest { id: id.0 })?;
+        let seed = parent.chain.seed();
+        let children: Vec<Request> = (1..=n as u64)
+            .map(|i| {
+                let child_seed = sampler_core::rng::child_seed(seed, i);
+                let mut chain = parent.chain.clone();
+                chain.set_seed(child_seed);
+                let mut spec = parent.spec.clone();
+                spec.seed = Some(child_seed);
+                Request {
+                    spec,
+                    chain,
+                    plan: parent.plan.clone(),
+                    key: parent.key.clone(),
+                    keep: parent.keep,
+                    drop_masked: parent.drop_masked,
+                    history: parent.history.clone(),
+                    outputs: parent.outputs.clone(),
+                    mask: parent.mask.clone(),
+                }
+            })
+            .collect();
+        let mut ids = Vec::with_capacity(n);
+        for req in children {
+            let child = RequestId(self.next_id);
+            self.next_id += 1;
+            self.groups.join(child, &req.key);
+            self.requests.insert(child, req);
+            ids.push(child);
+        }
+        Ok(ids)
+    }
+
     /// Forget a request's history (prompt and generated tokens, adaptive
     /// state) and restart its step counter: its seed then replays the same
     /// random numbers. Other requests are unaffected.

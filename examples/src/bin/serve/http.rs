@@ -47,11 +47,14 @@ pub enum Event {
     /// as a possible stop string or an unfinished character) and its
     /// logprobs when asked for.
     Token {
+        /// The choice (0 to `n - 1`).
+        index: usize,
         text: String,
         logprobs: Option<TokenLogprobs>,
     },
     /// The end: the text held back until now, the reason, the counts.
     Finished {
+        index: usize,
         text: String,
         finish_reason: &'static str,
         stop_reason: Value,
@@ -75,9 +78,9 @@ struct Piece {
     logprob: f32,
 }
 
-/// Where a request's events go.
+/// Where a request's events go, and which of its choices sends them.
 #[derive(Debug, Clone)]
-pub struct Sink(mpsc::UnboundedSender<Event>);
+pub struct Sink(mpsc::UnboundedSender<Event>, usize);
 
 fn piece(codec: &dyn TextCodec, (t, l): (TokenId, f32)) -> Piece {
     let bytes = codec.piece_bytes(None, t);
@@ -89,6 +92,11 @@ fn piece(codec: &dyn TextCodec, (t, l): (TokenId, f32)) -> Piece {
 }
 
 impl Sink {
+    /// The sink of choice `index` of the same request.
+    pub fn choice(self, index: usize) -> Sink {
+        Sink(self.0, index)
+    }
+
     /// A generated token.
     pub fn token(&self, codec: &dyn TextCodec, text: &str, lp: Option<&Logprobs>) {
         let logprobs = lp.map(|lp| TokenLogprobs {
@@ -96,6 +104,7 @@ impl Sink {
             top: lp.top.iter().map(|&e| piece(codec, e)).collect(),
         });
         let _ = self.0.send(Event::Token {
+            index: self.1,
             text: text.to_string(),
             logprobs,
         });
@@ -122,6 +131,7 @@ impl Sink {
             ),
         };
         let _ = self.0.send(Event::Finished {
+            index: self.1,
             text: text.to_string(),
             finish_reason,
             stop_reason: stop_reason.clone(),
@@ -241,6 +251,8 @@ enum Endpoint {
 #[derive(Debug, Clone, Copy)]
 struct Shape {
     endpoint: Endpoint,
+    /// Choices.
+    n: usize,
     stream: bool,
     include_usage: bool,
     logprobs: bool,
@@ -308,6 +320,7 @@ fn to_request(
     let mut line = Map::new();
     let mut shape = Shape {
         endpoint,
+        n: 1,
         stream: false,
         include_usage: false,
         logprobs: false,
@@ -331,11 +344,14 @@ fn to_request(
                     }
                 }
             }
-            "n" | "best_of" => {
-                if v.as_u64() != Some(1) {
+            "n" => {
+                line.insert(key.clone(), v.clone());
+            }
+            "best_of" => {
+                if v != obj.get("n").unwrap_or(&Value::from(1)) {
                     return Err(ApiError::invalid(
                         format!(
-                            "`{key}` = {v}: only 1 is supported (several sequences per request are not built yet)"
+                            "`best_of` = {v}: only equal to `n` is supported (every sequence is returned)"
                         ),
                         Some(key),
                     ));
@@ -477,7 +493,20 @@ fn to_request(
             ..ApiError::invalid(e.to_string(), None)
         }
     })?;
+    shape.n = request.n;
     Ok((request, shape))
+}
+
+/// One sequence of request `index` ended: whether it was the last.
+fn ended(left: &mut std::collections::HashMap<usize, usize>, index: usize) -> bool {
+    let n = left.entry(index).or_insert(1);
+    *n = n.saturating_sub(1);
+    if *n == 0 {
+        left.remove(&index);
+        true
+    } else {
+        false
+    }
 }
 
 /// The model thread: the continuous-batching loop over the jobs that
@@ -497,6 +526,8 @@ fn model_loop(
     let done = |n: usize| {
         pending.fetch_sub(n, Ordering::SeqCst);
     };
+    // Sequences still running per request (its `n` choices).
+    let mut left: std::collections::HashMap<usize, usize> = Default::default();
     loop {
         if live.is_empty() && queue.is_empty() {
             match jobs.recv() {
@@ -520,6 +551,7 @@ fn model_loop(
                     if let Some(s) = &sink {
                         s.started();
                     }
+                    left.insert(r.index, r.n);
                     live.push(r);
                 }
                 Err(e) => {
@@ -534,11 +566,14 @@ fn model_loop(
         for k in (0..live.len()).rev() {
             if live[k].sink.as_ref().is_some_and(Sink::closed) {
                 let r = live.remove(k);
+                let index = r.index;
                 if let Err(e) = server.finish(r, "cancelled", step) {
                     eprintln!("step {step}: {e}");
                 }
-                done(1);
-                cancelled.fetch_add(1, Ordering::SeqCst);
+                if ended(&mut left, index) {
+                    done(1);
+                    cancelled.fetch_add(1, Ordering::SeqCst);
+                }
             }
         }
         running.store(server.batch.len(), Ordering::SeqCst);
@@ -553,10 +588,13 @@ fn model_loop(
         for (k, why) in reasons.into_iter().enumerate().rev() {
             let Some(why) = why else { continue };
             let r = live.remove(k);
+            let index = r.index;
             if let Err(e) = server.finish(r, &why, step) {
                 eprintln!("step {step}: {e}");
             }
-            done(1);
+            if ended(&mut left, index) {
+                done(1);
+            }
         }
         running.store(server.batch.len(), Ordering::SeqCst);
         step += 1;
@@ -639,6 +677,7 @@ pub fn run(a: super::Args) -> Result<(), String> {
                 prefill_budget: a.prefill_budget as usize,
                 ban,
                 json: true,
+                choices: Default::default(),
             };
             model_loop(&mut server, rx, concurrency, &pending, &running, &cancelled);
         });
@@ -762,15 +801,16 @@ impl Reply {
     /// finish reason on the last.
     fn chunk(
         &self,
+        index: usize,
         text: &str,
         lps: &[TokenLogprobs],
         offset: usize,
         finish: Option<(&str, &Value)>,
     ) -> Value {
         let mut choice = match self.shape.endpoint {
-            Endpoint::Completions => json!({"index": 0, "text": text}),
+            Endpoint::Completions => json!({"index": index, "text": text}),
             Endpoint::Chat => {
-                json!({"index": 0, "delta": if text.is_empty() { json!({}) } else { json!({"content": text}) }})
+                json!({"index": index, "delta": if text.is_empty() { json!({}) } else { json!({"content": text}) }})
             }
         };
         choice["logprobs"] = if lps.is_empty() {
@@ -833,7 +873,7 @@ async fn start(
     let n = s.next_id.fetch_add(1, Ordering::SeqCst);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut job = Job::new(n as usize, "request".into(), request);
-    job.sink = Some(Sink(tx));
+    job.sink = Some(Sink(tx, 0));
     job.fit_context = shape.max_tokens_given;
     if s.jobs.send(job).is_err() {
         s.pending.fetch_sub(1, Ordering::SeqCst);
@@ -870,21 +910,39 @@ async fn start(
     Ok((reply, rx))
 }
 
-/// The whole response at once.
+/// One choice's text, logprobs and end, as they arrive.
+#[derive(Default)]
+struct ChoiceState {
+    text: String,
+    lps: Vec<TokenLogprobs>,
+    /// Bytes of text sent (streaming: completions' `text_offset`).
+    offset: usize,
+    end: Option<(&'static str, Value)>,
+    completion_tokens: usize,
+}
+
+/// The whole response at once, when every choice has ended.
 async fn whole(
     reply: Reply,
     mut events: mpsc::UnboundedReceiver<Event>,
 ) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let mut lps = Vec::new();
+    let mut choices: Vec<ChoiceState> =
+        (0..reply.shape.n).map(|_| ChoiceState::default()).collect();
     while let Some(ev) = events.recv().await {
         match ev {
-            Event::Token { text: t, logprobs } => {
-                text.push_str(&t);
-                lps.extend(logprobs);
+            Event::Token {
+                index,
+                text,
+                logprobs,
+            } => {
+                if let Some(c) = choices.get_mut(index) {
+                    c.text.push_str(&text);
+                    c.lps.extend(logprobs);
+                }
             }
             Event::Finished {
-                text: t,
+                index,
+                text,
                 finish_reason,
                 stop_reason,
                 error,
@@ -894,25 +952,40 @@ async fn whole(
                 if let Some(e) = error {
                     return Err(server_error(e));
                 }
-                text.push_str(&t);
-                let mut choice = match reply.shape.endpoint {
-                    Endpoint::Completions => json!({"index": 0, "text": text}),
-                    Endpoint::Chat => {
-                        json!({"index": 0, "message": {"role": "assistant", "content": text}})
-                    }
-                };
-                choice["logprobs"] = reply.logprobs(&lps, 0);
-                choice["finish_reason"] = Value::from(finish_reason);
-                choice["stop_reason"] = stop_reason;
-                return Ok(axum::Json(json!({
-                    "id": reply.id,
-                    "object": reply.object(false),
-                    "created": reply.created,
-                    "model": reply.model,
-                    "choices": [choice],
-                    "usage": Reply::usage(prompt_tokens, completion_tokens),
-                }))
-                .into_response());
+                if let Some(c) = choices.get_mut(index) {
+                    c.text.push_str(&text);
+                    c.end = Some((finish_reason, stop_reason));
+                    c.completion_tokens = completion_tokens;
+                }
+                if choices.iter().all(|c| c.end.is_some()) {
+                    let completion = choices.iter().map(|c| c.completion_tokens).sum();
+                    let out: Vec<Value> = choices
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, c)| {
+                            let mut choice = match reply.shape.endpoint {
+                                Endpoint::Completions => json!({"index": i, "text": c.text}),
+                                Endpoint::Chat => {
+                                    json!({"index": i, "message": {"role": "assistant", "content": c.text}})
+                                }
+                            };
+                            choice["logprobs"] = reply.logprobs(&c.lps, 0);
+                            let (finish, stop) = c.end.unwrap_or(("stop", Value::Null));
+                            choice["finish_reason"] = Value::from(finish);
+                            choice["stop_reason"] = stop;
+                            choice
+                        })
+                        .collect();
+                    return Ok(axum::Json(json!({
+                        "id": reply.id,
+                        "object": reply.object(false),
+                        "created": reply.created,
+                        "model": reply.model,
+                        "choices": out,
+                        "usage": Reply::usage(prompt_tokens, completion),
+                    }))
+                    .into_response());
+                }
             }
             Event::Started | Event::Refused(_) => {}
         }
@@ -921,47 +994,53 @@ async fn whole(
 }
 
 /// Server-sent events: a chunk per token that releases text (or carries
-/// logprobs), the last with the finish reason, the usage chunk when asked,
-/// then `[DONE]`.
+/// logprobs), tagged with its choice's index; each choice's last chunk with
+/// its finish reason; when every choice has ended, the usage chunk when
+/// asked, then `[DONE]`.
 fn stream(
     reply: Reply,
     events: mpsc::UnboundedReceiver<Event>,
 ) -> Sse<impl futures_lite::Stream<Item = Result<SseEvent, std::convert::Infallible>>> {
     let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
-    // The chat stream opens with the assistant's role.
-    let mut first = Vec::new();
+    // The chat stream opens with the assistant's role, per choice.
+    let mut first = VecDeque::new();
     if reply.shape.endpoint == Endpoint::Chat {
-        let mut c = reply.chunk("", &[], 0, None);
-        c["choices"][0]["delta"] = json!({"role": "assistant", "content": ""});
-        first.push(data(c));
+        for i in 0..reply.shape.n {
+            let mut c = reply.chunk(i, "", &[], 0, None);
+            c["choices"][0]["delta"] = json!({"role": "assistant", "content": ""});
+            first.push_back(data(c));
+        }
     }
-    let state = (
-        reply,
-        events,
-        first.into_iter().collect::<VecDeque<_>>(),
-        0usize,
-        false,
-    );
+    let choices: Vec<ChoiceState> = (0..reply.shape.n).map(|_| ChoiceState::default()).collect();
+    let state = (reply, events, first, choices, false);
     let s = futures_lite::stream::unfold(
         state,
-        move |(reply, mut events, mut out, mut offset, mut ended)| async move {
+        move |(reply, mut events, mut out, mut choices, mut ended)| async move {
             loop {
                 if let Some(item) = out.pop_front() {
-                    return Some((item, (reply, events, out, offset, ended)));
+                    return Some((item, (reply, events, out, choices, ended)));
                 }
                 if ended {
                     return None;
                 }
                 match events.recv().await {
-                    Some(Event::Token { text, logprobs }) => {
+                    Some(Event::Token {
+                        index,
+                        text,
+                        logprobs,
+                    }) => {
                         if text.is_empty() && logprobs.is_none() {
                             continue;
                         }
+                        let Some(c) = choices.get_mut(index) else {
+                            continue;
+                        };
                         let lps: Vec<TokenLogprobs> = logprobs.into_iter().collect();
-                        out.push_back(data(reply.chunk(&text, &lps, offset, None)));
-                        offset += text.len();
+                        out.push_back(data(reply.chunk(index, &text, &lps, c.offset, None)));
+                        c.offset += text.len();
                     }
                     Some(Event::Finished {
+                        index,
                         text,
                         finish_reason,
                         stop_reason,
@@ -971,26 +1050,37 @@ fn stream(
                     }) => {
                         if let Some(e) = error {
                             out.push_back(data(server_error(e).body()));
-                        } else {
-                            out.push_back(data(reply.chunk(
-                                &text,
-                                &[],
-                                offset,
-                                Some((finish_reason, &stop_reason)),
-                            )));
+                            out.push_back(Ok(SseEvent::default().data("[DONE]")));
+                            ended = true;
+                            continue;
+                        }
+                        let Some(c) = choices.get_mut(index) else {
+                            continue;
+                        };
+                        out.push_back(data(reply.chunk(
+                            index,
+                            &text,
+                            &[],
+                            c.offset,
+                            Some((finish_reason, &stop_reason)),
+                        )));
+                        c.end = Some((finish_reason, stop_reason));
+                        c.completion_tokens = completion_tokens;
+                        if choices.iter().all(|c| c.end.is_some()) {
                             if reply.shape.include_usage {
+                                let completion = choices.iter().map(|c| c.completion_tokens).sum();
                                 out.push_back(data(json!({
                                     "id": reply.id,
                                     "object": reply.object(true),
                                     "created": reply.created,
                                     "model": reply.model,
                                     "choices": [],
-                                    "usage": Reply::usage(prompt_tokens, completion_tokens),
+                                    "usage": Reply::usage(prompt_tokens, completion),
                                 })));
                             }
+                            out.push_back(Ok(SseEvent::default().data("[DONE]")));
+                            ended = true;
                         }
-                        out.push_back(Ok(SseEvent::default().data("[DONE]")));
-                        ended = true;
                     }
                     Some(Event::Started | Event::Refused(_)) => {}
                     None => {
@@ -1132,8 +1222,22 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("stop"));
-        let e = req(r#"{"prompt": "x", "n": 2}"#, Endpoint::Completions, false).unwrap_err();
+        let e = req(r#"{"prompt": "x", "n": 0}"#, Endpoint::Completions, false).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("n"));
+        let (r, shape) = req(
+            r#"{"prompt": "x", "n": 3, "best_of": 3}"#,
+            Endpoint::Completions,
+            false,
+        )
+        .unwrap();
+        assert_eq!((r.n, shape.n), (3, 3));
+        let e = req(
+            r#"{"prompt": "x", "n": 2, "best_of": 4}"#,
+            Endpoint::Completions,
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("best_of"));
         let e = req(
             r#"{"prompt": "x", "logit_bias": {"abc": 1}}"#,
             Endpoint::Completions,

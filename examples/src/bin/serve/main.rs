@@ -251,6 +251,9 @@ struct Job {
     /// Refuse it when the prompt and `max_tokens` do not fit the context
     /// (HTTP requests that give `max_tokens`); otherwise it stops there.
     fit_context: bool,
+    /// Choices (`n`): the request forks into `n` sequences once its prompt
+    /// is through the model.
+    n: usize,
 }
 
 impl Job {
@@ -269,6 +272,7 @@ impl Job {
             speculative: r.config.speculative,
             sink: None,
             fit_context: false,
+            n: r.n,
         }
     }
 
@@ -287,6 +291,7 @@ impl Job {
             speculative: None,
             sink: None,
             fit_context: false,
+            n: 1,
         }
     }
 }
@@ -364,8 +369,15 @@ fn file_jobs(path: &Path) -> Result<Vec<Job>, String> {
     Ok(jobs)
 }
 
+#[derive(Clone)]
 struct Live {
     index: usize,
+    /// Which of the request's `n` choices this sequence is (0: the request
+    /// itself), and `n`.
+    choice: usize,
+    n: usize,
+    /// The request forks into its other choices when its prompt is through.
+    fork_pending: bool,
     id: Value,
     rid: RequestId,
     /// Its slot in the batch KV cache.
@@ -471,9 +483,60 @@ struct Server<'a> {
     prefill_budget: usize,
     ban: Option<BanWords>,
     json: bool,
+    /// Finished choices of requests with `n > 1`, by request index, until
+    /// the last one ends.
+    choices: std::collections::HashMap<usize, Vec<Value>>,
 }
 
 impl Server<'_> {
+    /// A free cache slot (the cache grows when none is free).
+    fn alloc_slot(&mut self) -> usize {
+        match self.free.pop() {
+            Some(s) => s,
+            None => {
+                let s = self.cache.slots();
+                let grown = (2 * s).clamp(s + 1, self.max_slots.max(s + 1));
+                self.model.grow_batch_cache(&mut self.cache, grown);
+                self.free.extend((s + 1..self.cache.slots()).rev());
+                s
+            }
+        }
+    }
+
+    /// Fork live request `k` into its other choices: `SamplingBatch::fork`,
+    /// a cache slot each with a copy of the parent's keys and values (its
+    /// prompt, just through the model); the children sample from the
+    /// parent's row `row` in this step.
+    fn fork(
+        &mut self,
+        live: &mut Vec<Live>,
+        k: usize,
+        row: usize,
+        take: &mut Vec<(usize, usize)>,
+    ) -> Result<(), String> {
+        live[k].fork_pending = false;
+        let n = live[k].n;
+        let ids = self
+            .batch
+            .fork(live[k].rid, n - 1)
+            .map_err(|e| e.to_string())?;
+        for (i, rid) in ids.into_iter().enumerate() {
+            let slot = self.alloc_slot();
+            self.model
+                .copy_slot(&mut self.cache, live[k].slot, slot)
+                .map_err(|e| e.to_string())?;
+            let mut child = live[k].clone();
+            child.rid = rid;
+            child.slot = slot;
+            child.choice = i + 1;
+            child.seed = self.batch.spec(rid).and_then(|s| s.seed);
+            child.sink = child.sink.map(|s| s.choice(i + 1));
+            live.push(child);
+            take.push((live.len() - 1, row));
+        }
+        Ok(())
+    }
+
     /// Put a job into the batch and give it a cache slot.
     fn admit(&mut self, job: Job, step: usize) -> Result<Live, String> {
         let origin = job.origin;
@@ -570,19 +633,13 @@ impl Server<'_> {
             }
         };
         let rid = rid.map_err(|e| fail(e.to_string()))?;
-        let slot = match self.free.pop() {
-            Some(s) => s,
-            None => {
-                let s = self.cache.slots();
-                let grown = (2 * s).clamp(s + 1, self.max_slots.max(s + 1));
-                self.model.grow_batch_cache(&mut self.cache, grown);
-                self.free.extend((s + 1..self.cache.slots()).rev());
-                s
-            }
-        };
+        let slot = self.alloc_slot();
         let seed = self.batch.spec(rid).and_then(|s| s.seed);
         Ok(Live {
             index: job.index,
+            choice: 0,
+            n: job.n,
+            fork_pending: job.n > 1,
             id: job.id,
             rid,
             slot,
@@ -613,7 +670,7 @@ impl Server<'_> {
     /// row to sample; returns each live request's stop reason (or none).
     fn step(
         &mut self,
-        live: &mut [Live],
+        live: &mut Vec<Live>,
         step: usize,
         t: &mut Totals,
     ) -> Result<Vec<Option<String>>, String> {
@@ -670,7 +727,24 @@ impl Server<'_> {
             .map_err(|e| format!("step {step}: model: {e}"))?; // [rows, vocab], on the device
         t.rows += tokens.len();
         t.max_rows = t.max_rows.max(tokens.len());
+        // Requests with `n` choices whose prompt is through: fork now, the
+        // children sampling from the parent's row.
+        let mut fork_errors = Vec::new();
+        let pending: Vec<(usize, usize)> = take
+            .iter()
+            .copied()
+            .filter(|&(k, _)| live[k].fork_pending)
+            .collect();
+        for (k, row) in pending {
+            if let Err(e) = self.fork(live, k, row, &mut take) {
+                fork_errors.push((k, e));
+            }
+        }
         let mut reasons = vec![None; live.len()];
+        for (k, e) in fork_errors {
+            reasons[k] = Some(format!("error: step {step}: fork: {e}"));
+            take.retain(|&(j, _)| j != k);
+        }
         if take.is_empty() && drafted.is_empty() {
             // Only prompt chunks this step: nothing to sample yet.
             t.model += t0.elapsed();
@@ -726,7 +800,8 @@ impl Server<'_> {
             }
         }
         if !take.is_empty() {
-            if take.len() != tokens.len() {
+            if take.len() != tokens.len() || take.iter().enumerate().any(|(i, &(_, row))| row != i)
+            {
                 // Keep only the rows sampled now (each prompt's last row).
                 logits = pick(&logits, take.iter().map(|&(_, row)| row as i64).collect());
             }
@@ -754,12 +829,56 @@ impl Server<'_> {
     }
 
     /// Print a finished request.
-    fn report(&self, r: &Live, why: &str, step: usize) {
+    fn report(&mut self, r: &Live, why: &str, step: usize) {
         let codec = self.codec.text();
         let (finish, error) = match why.strip_prefix("error: ") {
             Some(e) => ("error", Some(e)),
             None => (why, None),
         };
+        if self.json && r.n > 1 {
+            // One of several choices: kept until the last one ends, then
+            // one line with them all.
+            let mut c = json!({
+                "index": r.choice,
+                "completion_tokens": r.tokens.len(),
+                "tokens": r.tokens,
+                "text": r.text.text(),
+                "finish_reason": finish,
+                "stop_reason": r.stop_reason,
+                "seed": r.seed,
+            });
+            if let Some(e) = error {
+                c["error"] = json!(e);
+            }
+            if r.wants_logprobs {
+                c["logprobs"] = logprobs_json(codec, &r.logprobs);
+            }
+            let done = self.choices.entry(r.index).or_default();
+            done.push(c);
+            if done.len() < r.n {
+                return;
+            }
+            let mut done = self.choices.remove(&r.index).unwrap_or_default();
+            done.sort_by_key(|c| c["index"].as_u64());
+            let completion: u64 = done
+                .iter()
+                .filter_map(|c| c["completion_tokens"].as_u64())
+                .sum();
+            let line = json!({
+                "id": r.id,
+                "index": r.index,
+                "prompt_tokens": r.prompt.len(),
+                "completion_tokens": completion,
+                "choices": done,
+                "arrival": r.arrival,
+                "start_step": r.started,
+                "end_step": step,
+                "chain": r.chain,
+                "seed": done.first().map_or(Value::Null, |c| c["seed"].clone()),
+            });
+            println!("{line}");
+            return;
+        }
         if self.json {
             let mut line = json!({
                 "id": r.id,
@@ -795,9 +914,13 @@ impl Server<'_> {
             }
             let mut all = r.prompt.clone();
             all.extend(&r.tokens);
+            let tag = if r.n > 1 {
+                format!("{:>2}.{}", r.index, r.choice)
+            } else {
+                format!("{:>2}", r.index)
+            };
             println!(
-                "[request {:>2}] steps {}..{} ({finish}), {} tokens, {}: {}",
-                r.index,
+                "[request {tag}] steps {}..{} ({finish}), {} tokens, {}: {}",
                 r.started,
                 step,
                 r.tokens.len(),
@@ -866,6 +989,7 @@ fn run(a: Args) -> Result<(), String> {
             Some(codec.ban_words(&words)?)
         },
         json: a.json || a.requests_file.is_some(),
+        choices: Default::default(),
     };
 
     let mut queue: VecDeque<Job> = jobs.into();
