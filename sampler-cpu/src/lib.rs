@@ -28,6 +28,7 @@
 #![warn(missing_docs)]
 
 mod batch;
+pub mod beam;
 mod build;
 pub mod fast;
 pub mod speculative;
