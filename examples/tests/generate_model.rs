@@ -185,3 +185,106 @@ fn locate_accepts_a_checkpoint_file() {
     let f = ModelFiles::locate(Path::new(MODEL_DIR), None).unwrap();
     assert!(f.checkpoint.ends_with("stories260K.bin"));
 }
+
+/// Beam search (`beam_search`): every returned sequence's score is the sum
+/// of its tokens' logprobs recomputed by a plain forward pass (one token at
+/// a time, the chain's processors on a CPU chain, a log-softmax), within
+/// 1e-4, and its length-penalised score follows; the host path (offload
+/// off) and the device path (the processors as device recipes) return the
+/// same sequences and scores; a GPU device (few steps) returns flex's
+/// sequences.
+#[test]
+fn beam_search_scores_are_the_sequences_logprobs() {
+    use sampler_core::{ChainSpec, HistoryScope, OffloadPolicy, StageSpec};
+    use sampler_cpu::beam::{BeamParams, EarlyStopping, top_logprobs};
+    use sampler_examples::llama2::generate::beam_search;
+    let (ckpt, tok) = load();
+    let spec = ChainSpec::new(
+        vec![
+            StageSpec::Penalties {
+                last_n: 16,
+                repeat: 1.3,
+                frequency: 0.1,
+                presence: 0.0,
+                scope: HistoryScope::PromptAndOutput,
+            },
+            StageSpec::LogitBias {
+                bias: vec![(13, -2.0), (400, 1.5)],
+            },
+        ],
+        Some(1),
+    );
+    let prompt = tok.encode("Once upon a time", true, false);
+    let params = |w: usize, r: usize, max: usize| BeamParams {
+        num_beams: w,
+        num_return_sequences: r,
+        length_penalty: 1.0,
+        early_stopping: EarlyStopping::False,
+        eos: Vec::new(),
+        max_new_tokens: max,
+    };
+    let search = |device: &Device, policy: OffloadPolicy, p: BeamParams| {
+        let model = Llama2::new(&ckpt, device);
+        let mut batch = sampler_backend::SamplingBatch::new(512, device, policy).unwrap();
+        let out = beam_search(&model, &tok, &mut batch, &spec, &prompt, p).unwrap();
+        assert!(batch.is_empty(), "every beam's request removed");
+        out.hypotheses
+    };
+    let flex = sampler_backend::parse_device("flex").unwrap();
+    let host = search(&flex, OffloadPolicy::Off, params(4, 3, 24));
+    assert_eq!(host.len(), 3);
+    // Recompute each sequence's logprobs.
+    let model = Llama2::new(&ckpt, &flex);
+    for h in &host {
+        let mut cache = model.new_cache();
+        let mut chain = sampler_cpu::build_chain(&spec).unwrap();
+        chain.accept_prompt(&prompt[1..]);
+        for (pos, &t) in prompt[..prompt.len() - 1].iter().enumerate() {
+            drop(model.forward(t, pos, &mut cache).unwrap());
+        }
+        let mut token = prompt[prompt.len() - 1];
+        let mut sum = 0.0f64;
+        for (i, &next) in h.tokens.iter().enumerate() {
+            let logits = row(model
+                .forward(token, prompt.len() - 1 + i, &mut cache)
+                .unwrap());
+            let c = chain.apply_logits(&logits).unwrap();
+            let lp = top_logprobs(c.logits(), Some(c.ids()), 512);
+            let l = lp
+                .iter()
+                .find(|e| e.0 == next)
+                .expect("the token survives")
+                .1;
+            sum += f64::from(l);
+            chain.commit(next);
+            token = next;
+        }
+        assert!(
+            (sum - h.sum_logprobs).abs() < 1e-4,
+            "{sum} vs {}",
+            h.sum_logprobs
+        );
+        let len = h.tokens.len() as f64;
+        assert!((h.score - h.sum_logprobs / len).abs() < 1e-9);
+    }
+    assert!(host.windows(2).all(|p| p[0].score >= p[1].score));
+    let device = search(&flex, OffloadPolicy::Device, params(4, 3, 24));
+    for (a, b) in host.iter().zip(&device) {
+        assert_eq!(a.tokens, b.tokens, "host vs device path");
+        assert!((a.score - b.score).abs() < 1e-4);
+    }
+    // GPU devices: a short search (a model step is slow on software Vulkan).
+    for (name, d) in devices().into_iter().filter(|(n, _)| is_gpu(n)) {
+        let want = search(&flex, OffloadPolicy::Off, params(2, 2, 4));
+        let got = search(&d, OffloadPolicy::Device, params(2, 2, 4));
+        for (a, b) in want.iter().zip(&got) {
+            assert_eq!(a.tokens, b.tokens, "{name}");
+            assert!(
+                (a.score - b.score).abs() < 1e-3,
+                "{name}: {} vs {}",
+                a.score,
+                b.score
+            );
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! [`BackendError`]: what can go wrong for the whole batch (per-row problems
 //! are [`sampler_core::SampleError`]s in [`crate::StepOutput::tokens`]).
 
+use sampler_core::TokenId;
 use thiserror::Error;
 
 /// An error that concerns the whole executor or the whole step.
@@ -159,6 +160,17 @@ pub enum BackendError {
     NoMaskStage {
         /// The request.
         id: u64,
+    },
+    /// [`crate::SamplingBatch::commit`] was given a token outside the
+    /// vocabulary.
+    #[error("request {id}: token {token} is outside the vocabulary (0..{vocab})")]
+    TokenOutOfRange {
+        /// The request.
+        id: u64,
+        /// The token given.
+        token: TokenId,
+        /// The vocabulary size.
+        vocab: usize,
     },
     /// [`crate::SamplingBatch::fork`] asked for no children or more than
     /// [`crate::MAX_FORK`].

@@ -140,6 +140,34 @@ struct Args {
     /// sets the chain's own.
     #[arg(long, value_name = "N")]
     min_tokens: Option<usize>,
+    /// Beam search with this many beams (1..=256; Hugging Face semantics):
+    /// the chain may hold logits processors only (penalties, logit_bias,
+    /// min_tokens, dry, no_repeat_ngram, mask) and is empty by default.
+    #[arg(long, value_name = "W")]
+    num_beams: Option<usize>,
+    /// Beam search: sequences printed, best first (1..=num_beams).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "num_beams")]
+    num_return_sequences: usize,
+    /// Beam search: a finished sequence scores sum_logprobs / length^P
+    /// (length counts the end-of-text token).
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 1.0,
+        requires = "num_beams",
+        allow_negative_numbers = true
+    )]
+    length_penalty: f64,
+    /// Beam search: stop when num_beams sequences have finished (true),
+    /// when the best running beam cannot beat them at its current length
+    /// (false), or when no running beam can at the length limit (never).
+    #[arg(
+        long,
+        value_name = "true|false|never",
+        default_value = "false",
+        requires = "num_beams"
+    )]
+    early_stopping: String,
     /// Stop where the generated text first contains this string (repeat
     /// for several, at most 16, each 1..=256 bytes; found across token
     /// boundaries, held off by --min-tokens). The text ends before it.
@@ -356,9 +384,21 @@ fn apply_overrides(chain: &mut ChainSpec, a: &Args) -> Result<Vec<String>, AppEr
 
 /// The chain: `--config` or `--samplers` (or the default), then the flags.
 fn build_chain(a: &Args) -> Result<(ChainConfig, Vec<String>), AppError> {
+    // Beam search takes a chain of logits processors only (no selecting
+    // stage), by default none.
+    let beam = a.num_beams.is_some();
+    let opts = LoadOptions {
+        require_selection: !beam,
+    };
     let base = match (&a.config, &a.samplers) {
+        (Some(path), _) if beam => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| AppError::Usage(format!("{}: {e}", path.display())))?;
+            ChainConfig::from_toml_str_with(&text, &opts)?
+        }
         (Some(path), _) => ChainConfig::from_toml_file(path)?,
-        (None, Some(s)) => ChainConfig::from_chain_string(s)?,
+        (None, Some(s)) => ChainConfig::from_chain_string_with(s, &opts)?,
+        (None, None) if beam => ChainConfig::new(ChainSpec::new(Vec::new(), None)),
         (None, None) => ChainConfig::from_chain_string(DEFAULT_SAMPLERS)?,
     };
     let mut chain = base.chain;
@@ -402,7 +442,13 @@ fn build_chain(a: &Args) -> Result<(ChainConfig, Vec<String>), AppError> {
         device.offload = parse_offload(o)?;
     }
     // Re-validate after the flags (ranges, a selecting stage).
-    let mut cfg = ChainConfig::validated(chain, device, &LoadOptions::default())?;
+    let mut cfg = if beam && chain.stages.is_empty() {
+        let mut c = ChainConfig::new(chain);
+        c.device = device;
+        c
+    } else {
+        ChainConfig::validated(chain, device, &opts)?
+    };
     cfg.speculative = base.speculative;
     // The loader's notes, without the ones re-validation found again.
     for d in base.diagnostics {
@@ -557,6 +603,18 @@ fn run(a: Args) -> Result<(), AppError> {
     };
 
     let mut batch = SamplingBatch::new(c.vocab_size, &device, policy)?;
+    if let Some(w) = a.num_beams {
+        return run_beams(
+            &a,
+            w,
+            &cfg,
+            &model,
+            tokenizer,
+            &mut batch,
+            &prompt_tokens,
+            n,
+        );
+    }
     let id = batch.insert(cfg.chain.clone(), &[])?;
     // The seed actually used (drawn from the OS when none was given), so a
     // run can be replayed from its own output.
@@ -708,6 +766,101 @@ fn run(a: Args) -> Result<(), AppError> {
 
     if a.stats {
         print_stats(&model_file, &c, &device_name, plan, seed, &generation);
+    }
+    Ok(())
+}
+
+/// `--num-beams`: beam search; the best sequences, best first.
+#[allow(clippy::too_many_arguments)]
+fn run_beams(
+    a: &Args,
+    num_beams: usize,
+    cfg: &ChainConfig,
+    model: &Llama2,
+    tokenizer: &dyn TextCodec,
+    batch: &mut SamplingBatch,
+    prompt_tokens: &[TokenId],
+    n: usize,
+) -> Result<(), AppError> {
+    let early_stopping = sampler_cpu::beam::EarlyStopping::from_word(&a.early_stopping)
+        .ok_or_else(|| {
+            AppError::Usage(format!(
+                "--early-stopping {}: expected true, false or never",
+                a.early_stopping
+            ))
+        })?;
+    let params = sampler_cpu::beam::BeamParams {
+        num_beams,
+        num_return_sequences: a.num_return_sequences,
+        length_penalty: a.length_penalty,
+        early_stopping,
+        eos: Vec::new(),
+        max_new_tokens: n,
+    };
+    let out = sampler_examples::llama2::generate::beam_search(
+        model,
+        tokenizer,
+        batch,
+        &cfg.chain,
+        prompt_tokens,
+        params,
+    )?;
+    let prompt = tokenizer.decode_bytes(prompt_tokens);
+    let text_of = |tokens: &[TokenId]| {
+        let mut all = prompt_tokens.to_vec();
+        all.extend(tokens);
+        let bytes = tokenizer.decode_bytes(&all);
+        String::from_utf8_lossy(&bytes[prompt.len().min(bytes.len())..]).into_owned()
+    };
+    let mut stdout = std::io::stdout().lock();
+    if a.json {
+        let v = json!({
+            "chain": cfg.chain.chain_string(),
+            "prompt": a.prompt,
+            "prompt_tokens": prompt_tokens,
+            "num_beams": num_beams,
+            "length_penalty": a.length_penalty,
+            "early_stopping": a.early_stopping,
+            "sequences": out.hypotheses.iter().map(|h| json!({
+                "tokens": h.tokens,
+                "text": text_of(&h.tokens),
+                "sum_logprobs": h.sum_logprobs,
+                "score": h.score,
+            })).collect::<Vec<_>>(),
+            "stats": {
+                "steps": out.steps,
+                "beam_rows": out.rows,
+                "bytes_read": out.bytes_read,
+                "prompt_seconds": out.prompt_time.as_secs_f64(),
+                "search_seconds": out.gen_time.as_secs_f64(),
+                "sampling_seconds": out.sampling_time.as_secs_f64(),
+            },
+        });
+        writeln!(stdout, "{v}")?;
+    } else {
+        for (i, h) in out.hypotheses.iter().enumerate() {
+            writeln!(
+                stdout,
+                "[{i}] score {:.4} (sum of logprobs {:.4}, {} tokens): {}{}",
+                h.score,
+                h.sum_logprobs,
+                h.tokens.len(),
+                String::from_utf8_lossy(&prompt),
+                text_of(&h.tokens)
+            )?;
+        }
+    }
+    if a.stats {
+        let secs = out.gen_time.as_secs_f64().max(1e-9);
+        eprintln!(
+            "beam search: {} beams, {} steps, {} beam rows ({:.1} rows/s), the chain and top-2W selection {:.1} % of the search time, {} bytes read back",
+            num_beams,
+            out.steps,
+            out.rows,
+            out.rows as f64 / secs,
+            100.0 * out.sampling_time.as_secs_f64() / secs,
+            out.bytes_read
+        );
     }
     Ok(())
 }

@@ -161,6 +161,9 @@ pub enum GenerateError {
         /// Generation step.
         step: usize,
     },
+    /// Beam search settings, or a chain beam search cannot honour.
+    #[error("beam search: {0}")]
+    Beam(String),
 }
 
 /// What generation needs of a tokenizer: the bytes of tokens, for
@@ -463,5 +466,209 @@ pub fn generate_with(
         logprobs,
         speculative: spec_stats,
         kernels,
+    })
+}
+
+/// Stages beam search honours: the logits processors, which only edit
+/// logits from the history (bans, biases, penalties, masks). Truncation,
+/// temperature and selecting stages are sampling-only: beam search scores
+/// the model's log-probabilities after the processors and picks by score
+/// (Hugging Face ignores its warpers when `do_sample` is false; here they
+/// are refused, so that nothing is silently dropped).
+pub const BEAM_STAGES: [sampler_core::StageKind; 6] = [
+    sampler_core::StageKind::Penalties,
+    sampler_core::StageKind::LogitBias,
+    sampler_core::StageKind::Mask,
+    sampler_core::StageKind::MinTokens,
+    sampler_core::StageKind::Dry,
+    sampler_core::StageKind::NoRepeatNgram,
+];
+
+/// The most beams `beam_search` takes (cache slots and forks per step).
+pub const MAX_SEARCH_BEAMS: usize = 256;
+
+/// The result of [`beam_search`].
+#[derive(Debug, Clone)]
+pub struct BeamOutput {
+    /// The best `num_return_sequences` sequences, best first.
+    pub hypotheses: Vec<sampler_cpu::beam::Hypothesis>,
+    /// Steps (model passes over the beams).
+    pub steps: usize,
+    /// Beam rows processed (model rows sampled), over all steps.
+    pub rows: usize,
+    /// Bytes read back from the device.
+    pub bytes_read: usize,
+    /// Time of the prompt pass.
+    pub prompt_time: Duration,
+    /// Time of the search (model passes, the chain's processors, the
+    /// bookkeeping).
+    pub gen_time: Duration,
+    /// Of which in the batch's `filter` and the top-`2W` selection.
+    pub sampling_time: Duration,
+}
+
+/// Beam search over `model` (Hugging Face semantics, [`sampler_cpu::beam`]):
+/// each beam is a request of `batch` with the chain `spec` (processors only,
+/// [`BEAM_STAGES`]) and a slot of one KV cache. Per step one batched model
+/// pass over the beams' last tokens, one [`SamplingBatch::filter`] over
+/// their rows (the processors run where the plan puts them), the top `2W`
+/// logprobs per beam, then the beams are reordered by parent: a parent with
+/// several children is forked ([`SamplingBatch::fork`], cache slot copied),
+/// one without any is removed, and each child's token is committed
+/// ([`SamplingBatch::commit`]). The end-of-sequence tokens are the
+/// tokenizer's stop ids; `params.eos` is set from them.
+///
+/// # Errors
+/// [`GenerateError::Beam`] for a stage beam search cannot honour or
+/// settings out of range; model, batch and per-row errors.
+pub fn beam_search(
+    model: &Llama2,
+    tokenizer: &dyn TextCodec,
+    batch: &mut SamplingBatch,
+    spec: &sampler_core::ChainSpec,
+    prompt_tokens: &[TokenId],
+    mut params: sampler_cpu::beam::BeamParams,
+) -> Result<BeamOutput, GenerateError> {
+    use sampler_cpu::beam::{BeamSearch, top_logprobs};
+    if let Some(st) = spec
+        .stages
+        .iter()
+        .find(|s| !BEAM_STAGES.contains(&s.kind()))
+    {
+        return Err(GenerateError::Beam(format!(
+            "the chain has `{}`, which beam search cannot honour: it scores the model's log-probabilities after the logits processors ({}) and keeps the best beams, it does not sample",
+            st.kind().meta().name,
+            BEAM_STAGES.map(|k| k.meta().name).join(", ")
+        )));
+    }
+    if params.num_beams > MAX_SEARCH_BEAMS {
+        return Err(GenerateError::Beam(format!(
+            "num_beams = {}: expected 1 to {MAX_SEARCH_BEAMS}",
+            params.num_beams
+        )));
+    }
+    params.eos = tokenizer.stop_ids();
+    let seq_len = model.config().seq_len;
+    if prompt_tokens.is_empty() || prompt_tokens.len() > seq_len {
+        return Err(Llama2Error::PromptTooLong {
+            tokens: prompt_tokens.len(),
+            seq_len,
+        }
+        .into());
+    }
+    params.max_new_tokens = params.max_new_tokens.min(seq_len + 1 - prompt_tokens.len());
+    let mut search = BeamSearch::new(params).map_err(|e| GenerateError::Beam(e.to_string()))?;
+    let w = search.params().num_beams;
+    let bos = tokenizer.bos();
+    let history: Vec<TokenId> = prompt_tokens
+        .iter()
+        .copied()
+        .filter(|&t| Some(t) != bos)
+        .collect();
+    let root = batch.insert(spec.clone(), &history)?;
+
+    let mut cache = model.new_batch_cache(w);
+    let t0 = Instant::now();
+    let last = prompt_tokens.len() - 1;
+    if last > 0 {
+        let positions: Vec<usize> = (0..last).collect();
+        drop(model.forward_batch(
+            &prompt_tokens[..last],
+            &positions,
+            &vec![0; last],
+            &mut cache,
+        )?);
+    }
+    let prompt_time = t0.elapsed();
+    let t1 = Instant::now();
+    // Running beams: request, cache slot, last token; all at position `pos`.
+    let mut beams: Vec<(RequestId, usize, TokenId)> = vec![(root, 0, prompt_tokens[last])];
+    let mut free: Vec<usize> = (1..w).rev().collect();
+    let mut pos = last;
+    let (mut steps, mut rows, mut bytes_read) = (0, 0, 0);
+    let mut sampling_time = Duration::ZERO;
+    let result = (|| -> Result<(), GenerateError> {
+        while !search.is_done() {
+            let tokens: Vec<TokenId> = beams.iter().map(|b| b.2).collect();
+            let slots: Vec<usize> = beams.iter().map(|b| b.1).collect();
+            let logits =
+                model.forward_batch(&tokens, &vec![pos; beams.len()], &slots, &mut cache)?;
+            let ts = Instant::now();
+            let ids: Vec<RequestId> = beams.iter().map(|b| b.0).collect();
+            let out = batch.filter(&ids, logits)?;
+            bytes_read += out.bytes_read;
+            let mut cands = Vec::with_capacity(beams.len());
+            for row in out.rows {
+                let c = row.map_err(|source| GenerateError::Sample {
+                    step: steps,
+                    source,
+                })?;
+                cands.push(top_logprobs(
+                    c.logits(),
+                    Some(c.ids()),
+                    search.candidates_per_beam(),
+                ));
+            }
+            sampling_time += ts.elapsed();
+            rows += beams.len();
+            steps += 1;
+            let next = search
+                .step(&cands)
+                .map_err(|e| GenerateError::Beam(e.to_string()))?;
+            if next.is_empty() {
+                break;
+            }
+            // Reorder by parent: beams without a child leave (their slots
+            // freed first); the first child keeps the parent's request and
+            // slot, the others are forks (before any commit).
+            let mut has_child = vec![false; beams.len()];
+            for &(parent, _) in &next {
+                has_child[parent] = true;
+            }
+            for (parent, &(rid, slot, _)) in beams.iter().enumerate() {
+                if !has_child[parent] {
+                    batch.remove(rid)?;
+                    free.push(slot);
+                }
+            }
+            let mut taken = vec![false; beams.len()];
+            let mut new_beams = Vec::with_capacity(next.len());
+            for &(parent, token) in &next {
+                let (rid, slot, _) = beams[parent];
+                if !taken[parent] {
+                    taken[parent] = true;
+                    new_beams.push((rid, slot, token));
+                } else {
+                    let child = batch.fork(rid, 1)?[0];
+                    let s = free
+                        .pop()
+                        .ok_or(GenerateError::Beam("no free cache slot".into()))?;
+                    model.copy_slot(&mut cache, slot, s)?;
+                    new_beams.push((child, s, token));
+                }
+            }
+            for &(rid, _, token) in &new_beams {
+                batch.commit(rid, token)?;
+            }
+            beams = new_beams;
+            pos += 1;
+            if pos >= seq_len {
+                break;
+            }
+        }
+        Ok(())
+    })();
+    for (rid, _, _) in &beams {
+        let _ = batch.remove(*rid);
+    }
+    result?;
+    Ok(BeamOutput {
+        hypotheses: search.finish(),
+        steps,
+        rows,
+        bytes_read,
+        prompt_time,
+        gen_time: t1.elapsed(),
+        sampling_time,
     })
 }

@@ -121,6 +121,37 @@ impl SamplingBatch {
         Ok(())
     }
 
+    /// Record `token` as the request's next generated token, chosen by the
+    /// engine rather than sampled (beam search picks among the candidates
+    /// [`SamplingBatch::filter`] returns): its history-based stages accept
+    /// it (penalty window, DRY, `min_tokens` count) and its step counter
+    /// advances, exactly as if a step had sampled it. The request's device
+    /// state is rebuilt from its history at its group's next step.
+    ///
+    /// # Errors
+    /// [`BackendError::UnknownRequest`], [`BackendError::TokenOutOfRange`]
+    /// for a token outside the vocabulary, [`BackendError::StepPending`].
+    pub fn commit(&mut self, id: RequestId, token: TokenId) -> Result<(), BackendError> {
+        self.idle("commit")?;
+        if token as usize >= self.vocab {
+            return Err(BackendError::TokenOutOfRange {
+                id: id.0,
+                token,
+                vocab: self.vocab,
+            });
+        }
+        let req = self
+            .requests
+            .get_mut(&id)
+            .ok_or(BackendError::UnknownRequest { id: id.0 })?;
+        req.chain.commit(token);
+        req.outputs.push(token);
+        req.history.push((token, TokenOrigin::Output));
+        let key = req.key.clone();
+        self.groups.dirty(&key);
+        Ok(())
+    }
+
     /// Fork a request into `n` more: each child continues from the
     /// parent's exact state (step counter, history and penalty window, DRY
     /// and `min_tokens` counts, mirostat `mu`, the next step's mask) with
