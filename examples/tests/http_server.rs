@@ -352,6 +352,81 @@ fn n_choices_in_one_response() {
     assert_eq!(server.health()["running"], 0);
 }
 
+/// Found by trying to break the server: a client sending one request at a
+/// time never meets a full queue (the finished request is counted out
+/// before its client hears of the end); streamed `text_offset`s equal the
+/// whole response's (counted in characters) when a possible stop holds text
+/// back; a bias for a token outside the vocabulary and a bad
+/// `logprob_token_ids` are 400s naming the field; unknown routes and
+/// methods get OpenAI's error body; prompt and output never exceed the
+/// context.
+#[test]
+fn findings_of_the_breaker() {
+    let server = Server::start(&["--max-queue", "1"]);
+    for i in 0..30 {
+        let b = json!({"prompt": "b", "max_tokens": 3, "stream": i % 2 == 0});
+        let (status, text) = server.call("POST", "/v1/completions", Some(&b));
+        assert_eq!(status, 200, "request {i}: {text}");
+        assert_eq!(server.health()["running"], 0, "after request {i}");
+    }
+    // text_offset, streamed and not, with a stop that holds text back.
+    let b = json!({"prompt": "Once upon a time", "max_tokens": 10, "seed": 2, "temperature": 1.0, "logprobs": 0, "stop": ["little girl"]});
+    let (_, whole) = server.post("/v1/completions", &b);
+    let want = whole["choices"][0]["logprobs"]["text_offset"].clone();
+    let mut sb = b.clone();
+    sb["stream"] = json!(true);
+    let mut s = server.connect();
+    send(&mut s, "POST", "/v1/completions", Some(&sb)).expect("send");
+    let mut offsets = Vec::new();
+    for e in stream_events(&mut s).iter().filter(|e| *e != "[DONE]") {
+        let v: Value = serde_json::from_str(e).unwrap();
+        if let Some(o) = v["choices"][0]["logprobs"]["text_offset"].as_array() {
+            offsets.extend(o.iter().cloned());
+        }
+    }
+    assert_eq!(Value::Array(offsets), want);
+    for (b, param) in [
+        (
+            json!({"prompt": "a", "logit_bias": {"999999": 1}}),
+            "logit_bias",
+        ),
+        (
+            json!({"prompt": "a", "logprobs": 1, "logprob_token_ids": [999999]}),
+            "logprob_token_ids",
+        ),
+    ] {
+        let (status, v) = server.post("/v1/completions", &b);
+        assert_eq!((status, &v["error"]["param"]), (400, &json!(param)), "{v}");
+    }
+    for (method, path, status) in [
+        ("GET", "/v1/foo", 404),
+        ("POST", "/v1/models", 405),
+        ("GET", "/v1/completions", 405),
+    ] {
+        let (got, text) = server.call(method, path, None);
+        let v: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}: {text:?}"));
+        assert_eq!(got, status);
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{v}"
+        );
+    }
+    // A long chat prompt without max_tokens (chat's default: the context's
+    // room): prompt and output fill the context (512), never more.
+    let (status, v) = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "x ".repeat(150)}], "min_tokens": 512}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt > 150, "{v}");
+    assert_eq!(v["usage"]["total_tokens"], 512, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+}
+
 /// Ctrl-C (SIGINT): no new connections, the running stream finishes with
 /// its `[DONE]`, and the process exits with status 0.
 #[cfg(unix)]

@@ -17,6 +17,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -497,8 +498,16 @@ fn to_request(
     Ok((request, shape))
 }
 
-/// One sequence of request `index` ended: whether it was the last.
-fn ended(left: &mut std::collections::HashMap<usize, usize>, index: usize) -> bool {
+/// One sequence of request `index` ends (its row leaves `running`): whether
+/// it was the request's last.
+fn retire(
+    left: &mut std::collections::HashMap<usize, usize>,
+    index: usize,
+    running: &AtomicUsize,
+) -> bool {
+    let _ = running.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| {
+        Some(r.saturating_sub(1))
+    });
     let n = left.entry(index).or_insert(1);
     *n = n.saturating_sub(1);
     if *n == 0 {
@@ -555,10 +564,11 @@ fn model_loop(
                     live.push(r);
                 }
                 Err(e) => {
+                    // Counted out before the client hears of it.
+                    done(1);
                     if let Some(s) = &sink {
                         s.refuse(e);
                     }
-                    done(1);
                 }
             }
         }
@@ -566,13 +576,12 @@ fn model_loop(
         for k in (0..live.len()).rev() {
             if live[k].sink.as_ref().is_some_and(Sink::closed) {
                 let r = live.remove(k);
-                let index = r.index;
-                if let Err(e) = server.finish(r, "cancelled", step) {
-                    eprintln!("step {step}: {e}");
-                }
-                if ended(&mut left, index) {
+                if retire(&mut left, r.index, running) {
                     done(1);
                     cancelled.fetch_add(1, Ordering::SeqCst);
+                }
+                if let Err(e) = server.finish(r, "cancelled", step) {
+                    eprintln!("step {step}: {e}");
                 }
             }
         }
@@ -588,16 +597,41 @@ fn model_loop(
         for (k, why) in reasons.into_iter().enumerate().rev() {
             let Some(why) = why else { continue };
             let r = live.remove(k);
-            let index = r.index;
+            // The counts first: a client that hears of the end and sends its
+            // next request at once finds the room free.
+            if retire(&mut left, r.index, running) {
+                done(1);
+            }
             if let Err(e) = server.finish(r, &why, step) {
                 eprintln!("step {step}: {e}");
-            }
-            if ended(&mut left, index) {
-                done(1);
             }
         }
         running.store(server.batch.len(), Ordering::SeqCst);
         step += 1;
+    }
+}
+
+/// Ctrl-C, its handler installed when made (SIGINT on Unix).
+struct CtrlC {
+    #[cfg(unix)]
+    sig: Option<tokio::signal::unix::Signal>,
+}
+
+impl CtrlC {
+    fn new() -> Self {
+        Self {
+            #[cfg(unix)]
+            sig: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok(),
+        }
+    }
+
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        if let Some(sig) = &mut self.sig {
+            sig.recv().await;
+            return;
+        }
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
@@ -610,7 +644,35 @@ pub fn run(a: super::Args) -> Result<(), String> {
         a.offload.parse().map_err(|e| format!("--offload {e}"))?;
     let (device, policy) =
         sampler_backend::resolve_device(&a.device, policy).map_err(|e| e.to_string())?;
+    // Ctrl-C is watched from the start: one during the model's loading
+    // ends the process once the load returns.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let shutdown = Arc::new(tokio::sync::Notify::new());
+    {
+        let (interrupted, shutdown) = (interrupted.clone(), shutdown.clone());
+        let (tx, rx) = std_mpsc::channel();
+        runtime.spawn(async move {
+            let mut ctrl_c = CtrlC::new();
+            let _ = tx.send(());
+            ctrl_c.recv().await;
+            interrupted.store(true, Ordering::SeqCst);
+            eprintln!("Ctrl-C: finishing the running requests (Ctrl-C again: exit now)");
+            shutdown.notify_one();
+            ctrl_c.recv().await;
+            std::process::exit(130);
+        });
+        // The handler is in place before the (long) load starts.
+        let _ = rx.recv();
+    }
     let (model, codec) = super::load(&a, &device)?;
+    if interrupted.load(Ordering::SeqCst) {
+        return Ok(());
+    }
     let context = model.config().seq_len;
     let model_name = a
         .model
@@ -648,11 +710,6 @@ pub fn run(a: super::Args) -> Result<(), String> {
             .map_or(0, |d| d.as_secs()),
     });
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tokio runtime: {e}"))?;
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind(addr))
         .map_err(|e| format!("--http {addr}: {e}"))?;
@@ -662,6 +719,8 @@ pub fn run(a: super::Args) -> Result<(), String> {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(shared);
 
     std::thread::scope(|scope| {
@@ -685,14 +744,7 @@ pub fn run(a: super::Args) -> Result<(), String> {
         println!("listening on http://{local}");
         let served = runtime.block_on(async move {
             axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = tokio::signal::ctrl_c().await;
-                    eprintln!("Ctrl-C: finishing the running requests (Ctrl-C again: exit now)");
-                    tokio::spawn(async {
-                        let _ = tokio::signal::ctrl_c().await;
-                        std::process::exit(130);
-                    });
-                })
+                .with_graceful_shutdown(async move { shutdown.notified().await })
                 .await
         });
         // The router (and with it the job sender) is gone: the model thread
@@ -729,12 +781,43 @@ async fn models(State(s): State<Arc<Shared>>) -> Response {
     .into_response()
 }
 
-async fn completions(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+async fn completions(
+    State(s): State<Arc<Shared>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     respond(s, Endpoint::Completions, body).await
 }
 
-async fn chat_completions(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+async fn chat_completions(
+    State(s): State<Arc<Shared>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     respond(s, Endpoint::Chat, body).await
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!(
+            "no route {}: the routes are POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health",
+            uri.path()
+        ),
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("not_found"),
+    }
+    .into_response()
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: format!("{method} is not allowed on {}", uri.path()),
+        kind: "invalid_request_error",
+        param: None,
+        code: Some("method_not_allowed"),
+    }
+    .into_response()
 }
 
 /// A request's response so far.
@@ -775,7 +858,7 @@ impl Reply {
                 let mut offsets = Vec::with_capacity(lps.len());
                 for lp in lps {
                     offsets.push(at);
-                    at += lp.token.text.len();
+                    at += lp.token.text.chars().count();
                 }
                 json!({
                     "tokens": lps.iter().map(|lp| lp.token.text.clone()).collect::<Vec<_>>(),
@@ -842,7 +925,26 @@ fn server_error(message: String) -> ApiError {
     }
 }
 
-async fn respond(s: Arc<Shared>, endpoint: Endpoint, body: Bytes) -> Response {
+async fn respond(
+    s: Arc<Shared>,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    // A body that could not be read (too large, cut off): its status, in
+    // OpenAI's error body.
+    let body = match body {
+        Ok(b) => b,
+        Err(rej) => {
+            return ApiError {
+                status: rej.status(),
+                message: rej.body_text(),
+                kind: "invalid_request_error",
+                param: None,
+                code: None,
+            }
+            .into_response();
+        }
+    };
     match start(&s, endpoint, &body).await {
         Err(e) => e.into_response(),
         Ok((reply, events)) if reply.shape.stream => stream(reply, events).into_response(),
@@ -883,14 +985,16 @@ async fn start(
         Some(Event::Started) => {}
         Some(Event::Refused(e)) => {
             let e = e.strip_prefix("request: ").unwrap_or(&e).to_string();
-            let param = if e.contains("context") || e.contains("prompt") {
-                Some(match endpoint {
-                    Endpoint::Completions => "prompt",
-                    Endpoint::Chat => "messages",
-                })
-            } else {
-                None
+            // The field the refusal is about (the batch names its stage
+            // and parameter; the prompt checks name the prompt).
+            let prompt_field = match endpoint {
+                Endpoint::Completions => "prompt",
+                Endpoint::Chat => "messages",
             };
+            let param = ["logit_bias", "logprob_token_ids", "stop_token_ids"]
+                .into_iter()
+                .find(|k| e.contains(k))
+                .or((e.contains("context") || e.contains("prompt")).then_some(prompt_field));
             return Err(ApiError::invalid(e, param));
         }
         _ => return Err(server_error("the request ended before it started".into())),
@@ -915,7 +1019,8 @@ async fn start(
 struct ChoiceState {
     text: String,
     lps: Vec<TokenLogprobs>,
-    /// Bytes of text sent (streaming: completions' `text_offset`).
+    /// Characters of the tokens' texts so far (completions'
+    /// `text_offset` of the next token, as the whole response counts it).
     offset: usize,
     end: Option<(&'static str, Value)>,
     completion_tokens: usize,
@@ -1037,7 +1142,10 @@ fn stream(
                         };
                         let lps: Vec<TokenLogprobs> = logprobs.into_iter().collect();
                         out.push_back(data(reply.chunk(index, &text, &lps, c.offset, None)));
-                        c.offset += text.len();
+                        c.offset += lps
+                            .iter()
+                            .map(|l| l.token.text.chars().count())
+                            .sum::<usize>();
                     }
                     Some(Event::Finished {
                         index,

@@ -450,7 +450,8 @@ impl Live {
             Some("stop".to_string())
         } else if self.tokens.len() >= self.max_tokens {
             Some("length".into())
-        } else if self.pos >= seq_len {
+        } else if self.pos + 1 >= seq_len {
+            // Prompt and generated tokens fill the context.
             Some("context".into())
         } else {
             None
@@ -559,20 +560,45 @@ impl Server<'_> {
         if prompt.is_empty() {
             return Err(fail("the prompt encodes to no tokens".into()));
         }
+        // `--context` sets a GGUF model's; a llama2.c checkpoint has its own.
+        let flag = if matches!(self.codec, Codec::Chat(_)) {
+            "; --context"
+        } else {
+            ""
+        };
         if prompt.len() > c.seq_len {
             return Err(fail(format!(
-                "the prompt has {} tokens, more than the context ({}; --context)",
+                "the prompt has {} tokens, more than the context ({}{flag})",
+                prompt.len(),
+                c.seq_len
+            )));
+        }
+        if prompt.len() == c.seq_len {
+            return Err(fail(format!(
+                "the prompt has {} tokens, the whole context ({}{flag}): no room to generate",
                 prompt.len(),
                 c.seq_len
             )));
         }
         if job.fit_context && prompt.len() + job.max_tokens > c.seq_len {
             return Err(fail(format!(
-                "the prompt has {} tokens and max_tokens asks for {} more: more than the context ({} tokens; --context)",
+                "the prompt has {} tokens and max_tokens asks for {} more: more than the context ({} tokens{flag})",
                 prompt.len(),
                 job.max_tokens,
                 c.seq_len
             )));
+        }
+        // A bias for a token the model does not have would fail every
+        // step of this request: refused before it starts.
+        for st in &spec.stages {
+            if let sampler_core::StageSpec::LogitBias { bias } = st
+                && let Some(&(t, _)) = bias.iter().find(|&&(t, _)| t as usize >= c.vocab_size)
+            {
+                return Err(fail(format!(
+                    "`logit_bias`: token id {t} is outside the model's vocabulary (0..{})",
+                    c.vocab_size
+                )));
+            }
         }
         if let Some(&t) = prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
             return Err(fail(format!(
