@@ -380,3 +380,51 @@ fn cli_param_beyond_f32_is_refused_as_written() {
         &["`1e39` is beyond the f32 range"],
     );
 }
+
+/// Beam search settings out of range and chains it cannot honour: each a
+/// clear error naming the setting or the stage.
+#[test]
+fn cli_beam_search_bad_settings() {
+    let base = ["--model", MODEL_DIR, "-n", "4", "--no-progress"];
+    let with = |extra: &[&'static str]| {
+        let mut a = base.to_vec();
+        a.extend_from_slice(extra);
+        a
+    };
+    assert_fails(&with(&["--num-beams", "0"]), &["num_beams = 0", "1 to"]);
+    assert_fails(
+        &with(&["--num-beams", "300"]),
+        &["num_beams = 300", "1 to 256"],
+    );
+    assert_fails(
+        &with(&["--num-beams", "2", "--num-return-sequences", "3"]),
+        &["num_return_sequences = 3", "num_beams (2)"],
+    );
+    assert_fails(
+        &with(&["--num-beams", "2", "--early-stopping", "sometimes"]),
+        &["--early-stopping sometimes", "true, false or never"],
+    );
+    assert_fails(
+        &with(&["--num-beams", "2", "--samplers", "penalties;temperature"]),
+        &["`temperature`", "cannot honour"],
+    );
+    assert_fails(
+        &with(&["--num-beams", "2", "--length-penalty", "nan"]),
+        &["length_penalty"],
+    );
+    // A processors-only chain runs.
+    let (ok, out, err) = generate(&with(&[
+        "--num-beams",
+        "2",
+        "--num-return-sequences",
+        "2",
+        "--samplers",
+        "penalties",
+    ]));
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with('[')).count(),
+        2,
+        "{out}"
+    );
+}
