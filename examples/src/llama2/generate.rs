@@ -317,19 +317,7 @@ pub fn generate_with(
 
     // One cache slot; the prompt (but its last token) in one batched pass.
     let mut cache = model.new_batch_cache(1);
-    let t0 = Instant::now();
-    let last = prompt_tokens.len() - 1;
-    if last > 0 {
-        let positions: Vec<usize> = (0..last).collect();
-        // Logits of inner prompt positions are not needed; they are dropped on the device.
-        drop(model.forward_batch(
-            &prompt_tokens[..last],
-            &positions,
-            &vec![0; last],
-            &mut cache,
-        )?);
-    }
-    let prompt_time = t0.elapsed();
+    let (last, prompt_time) = prefill(model, prompt_tokens, &mut cache)?;
 
     let t1 = Instant::now();
     let mut tokens = Vec::with_capacity(max_new_tokens);
@@ -469,6 +457,23 @@ pub fn generate_with(
     })
 }
 
+/// The prompt but its last token through the model in one batched pass, in
+/// cache slot 0 (the logits of inner positions are not needed: dropped on
+/// the device); the index of the last token and the time taken.
+fn prefill(
+    model: &Llama2,
+    prompt_tokens: &[TokenId],
+    cache: &mut super::BatchKvCache,
+) -> Result<(usize, Duration), GenerateError> {
+    let t0 = Instant::now();
+    let last = prompt_tokens.len().saturating_sub(1);
+    if last > 0 {
+        let positions: Vec<usize> = (0..last).collect();
+        drop(model.forward_batch(&prompt_tokens[..last], &positions, &vec![0; last], cache)?);
+    }
+    Ok((last, t0.elapsed()))
+}
+
 /// Stages beam search honours: the logits processors, which only edit
 /// logits from the history (bans, biases, penalties, masks). Truncation,
 /// temperature and selecting stages are sampling-only: beam search scores
@@ -568,18 +573,7 @@ pub fn beam_search(
     let root = batch.insert(spec.clone(), &history)?;
 
     let mut cache = model.new_batch_cache(w);
-    let t0 = Instant::now();
-    let last = prompt_tokens.len() - 1;
-    if last > 0 {
-        let positions: Vec<usize> = (0..last).collect();
-        drop(model.forward_batch(
-            &prompt_tokens[..last],
-            &positions,
-            &vec![0; last],
-            &mut cache,
-        )?);
-    }
-    let prompt_time = t0.elapsed();
+    let (last, prompt_time) = prefill(model, prompt_tokens, &mut cache)?;
     let t1 = Instant::now();
     // Running beams: request, cache slot, last token; all at position `pos`.
     let mut beams: Vec<(RequestId, usize, TokenId)> = vec![(root, 0, prompt_tokens[last])];
