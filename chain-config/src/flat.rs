@@ -172,6 +172,23 @@ pub struct SamplingParams {
     /// Stop token ids (vLLM); `min_tokens` bans them. Default none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_token_ids: Option<Vec<TokenId>>,
+    /// Independent samples of the prompt, `1..=256` (OpenAI / vLLM). Default 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub n: Option<i64>,
+    /// Beam search width, `1..=256`; 1 samples (Hugging Face). Default 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_beams: Option<i64>,
+    /// Sequences a beam search returns, `1..=num_beams`; without beam
+    /// search the same as `n` (Hugging Face). Default 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_return_sequences: Option<i64>,
+    /// Beam search: exponent of the length in a finished hypothesis' score,
+    /// finite (Hugging Face). Default 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub length_penalty: Option<f32>,
+    /// Beam search: `true`, `false` or `"never"` (Hugging Face). Default false.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub early_stopping: Option<crate::sequences::EarlyStoppingFlag>,
     /// The keys that stages declare in the stage registry
     /// ([`sampler_core::StageMeta::flat_key`]: `epsilon_cutoff`,
     /// `eta_cutoff`), written at the top level like the others. Each sets
@@ -329,7 +346,7 @@ impl<'de> Deserialize<'de> for StageKeys {
 
 /// The JSON keys of [`SamplingParams`]'s own fields (and their aliases);
 /// [`flat_keys`] adds the registry's.
-pub const FIELDS: [&str; 34] = [
+pub const FIELDS: [&str; 39] = [
     "temperature",
     "top_k",
     "top_p",
@@ -364,6 +381,11 @@ pub const FIELDS: [&str; 34] = [
     "logprobs_mode",
     "min_tokens",
     "stop_token_ids",
+    "n",
+    "num_beams",
+    "num_return_sequences",
+    "length_penalty",
+    "early_stopping",
 ];
 
 /// Every flat key: the keys of `SamplingParams`'s own fields, then the keys stages declare in the
@@ -397,11 +419,13 @@ pub(crate) enum FieldKind {
     Ids,
     /// One of a fixed set of strings.
     Word(&'static [&'static str]),
+    /// `true` / `false` or one of a fixed set of strings.
+    BoolOrWord(&'static [&'static str]),
 }
 
 /// Every JSON key of [`SamplingParams`] with its kind and valid range in
 /// words (used verbatim in errors, also for `generation_config.json`).
-pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 34] = [
+pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 39] = [
     (
         "temperature",
         FieldKind::Float,
@@ -508,6 +532,23 @@ pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 34] = [
     ),
     ("min_tokens", FieldKind::Int, "an integer >= 0 (0 = off)"),
     ("stop_token_ids", FieldKind::Ids, "a list of token ids"),
+    ("n", FieldKind::Int, "an integer in 1..=256"),
+    (
+        "num_beams",
+        FieldKind::Int,
+        "an integer in 1..=256 (1 = no beam search)",
+    ),
+    (
+        "num_return_sequences",
+        FieldKind::Int,
+        "an integer in 1..=num_beams",
+    ),
+    ("length_penalty", FieldKind::Float, "a finite number"),
+    (
+        "early_stopping",
+        FieldKind::BoolOrWord(&["true", "false", "never"]),
+        "true, false or \"never\"",
+    ),
 ];
 
 /// An [`ConfigError::OutOfRange`] from [`SamplingParams::check`] (which
@@ -593,7 +634,8 @@ pub(crate) fn check_field_type(doc: Doc<'_>, entry: &Entry) -> Result<(), Config
             LValue::Array(_) => parse_token_ids(at, key, v).map(|_| ()),
             _ => Err(wrong(doc.found(v), range)),
         },
-        FieldKind::Word(words) => match v.as_str() {
+        FieldKind::BoolOrWord(_) if matches!(v.value, LValue::Bool(_)) => Ok(()),
+        FieldKind::Word(words) | FieldKind::BoolOrWord(words) => match v.as_str() {
             Some(w) if words.contains(&w) => Ok(()),
             Some(w) => Err(ConfigError::OutOfRange {
                 path: key.to_string(),
@@ -928,6 +970,7 @@ impl SamplingParams {
             range_of("mirostat_eta"),
         )?;
         check_i("min_keep", self.min_keep, ge0, range_of("min_keep"))?;
+        self.sequences()?;
         if let Some(bias) = &self.logit_bias {
             for (t, b) in bias {
                 if !(b.is_finite() || *b == f32::NEG_INFINITY) {
@@ -993,7 +1036,12 @@ impl SamplingParams {
             logprob_token_ids,
             logprobs_mode,
             min_tokens,
-            stop_token_ids
+            stop_token_ids,
+            n,
+            num_beams,
+            num_return_sequences,
+            length_penalty,
+            early_stopping
         );
         let mut keys = file.stage_keys.0.clone();
         keys.extend(self.stage_keys.0.iter().map(|(k, v)| (k.clone(), *v)));
@@ -1017,6 +1065,23 @@ impl SamplingParams {
             }
         }
         (merged, notes)
+    }
+
+    /// The sequences the five keys declare (`n`, `num_beams`,
+    /// `num_return_sequences`, `length_penalty`, `early_stopping`).
+    ///
+    /// # Errors
+    /// [`ConfigError::OutOfRange`] naming the key.
+    pub fn sequences(&self) -> Result<sampler_core::Sequences, ConfigError> {
+        crate::sequences::SeqFields {
+            n: self.n,
+            num_beams: self.num_beams,
+            num_return_sequences: self.num_return_sequences,
+            length_penalty: self.length_penalty.map(f64::from),
+            early_stopping: self.early_stopping.clone(),
+        }
+        .build()
+        .map_err(|(key, value, expected)| range_err(key, value, &expected))
     }
 
     /// Build the canonical chain (see the type's documentation for the
@@ -1256,14 +1321,16 @@ impl SamplingParams {
             self.logprob_token_ids.as_ref(),
             self.logprobs_mode,
         )?;
-        ChainConfig::finish(
+        let mut cfg = ChainConfig::finish(
             "stage",
             chain,
             DeviceConfig::default(),
             diagnostics,
             &LoadOptions::default(),
             None,
-        )
+        )?;
+        cfg.sequences = self.sequences()?;
+        Ok(cfg)
     }
 }
 
@@ -1307,6 +1374,11 @@ mod tests {
             logprobs_mode: Some(LogprobsMode::Raw),
             min_tokens: Some(0),
             stop_token_ids: Some(vec![]),
+            n: Some(1),
+            num_beams: Some(1),
+            num_return_sequences: Some(1),
+            length_penalty: Some(1.0),
+            early_stopping: Some(crate::sequences::EarlyStoppingFlag::Bool(false)),
             stage_keys: StageKeys::default(),
         };
         let v = serde_json::to_value(&full).unwrap_or_default();

@@ -44,6 +44,14 @@ pub struct GenerationConfig {
     pub min_new_tokens: Option<i64>,
     /// `eos_token_id` (one id or a list).
     pub eos_token_id: Option<Vec<sampler_core::TokenId>>,
+    /// `num_beams` (1 = no beam search).
+    pub num_beams: Option<i64>,
+    /// `num_return_sequences`.
+    pub num_return_sequences: Option<i64>,
+    /// `length_penalty`.
+    pub length_penalty: Option<f32>,
+    /// `early_stopping` (`true`, `false` or `"never"`).
+    pub early_stopping: Option<crate::EarlyStoppingFlag>,
     /// Sampling-related keys present in the file with a non-neutral value
     /// that this crate does not implement (beam search, contrastive search,
     /// ...): [`Diagnostic::Unsupported`].
@@ -52,8 +60,7 @@ pub struct GenerationConfig {
 
 /// Keys with an effect on decoding that have no stage here, with the value
 /// that means "off" (`None`: any non-empty value matters).
-const UNSUPPORTED: [(&str, Option<f64>); 10] = [
-    ("num_beams", Some(1.0)),
+const UNSUPPORTED: [(&str, Option<f64>); 9] = [
     ("num_beam_groups", Some(1.0)),
     ("penalty_alpha", Some(0.0)),
     ("diversity_penalty", Some(0.0)),
@@ -142,6 +149,24 @@ impl GenerationConfig {
         if let Some(e) = get("eos_token_id") {
             cfg.eos_token_id = Some(parse_token_ids(At::entry(doc, e), &e.key, &e.value)?);
         }
+        if let Some(e) = get("num_beams") {
+            cfg.num_beams = Some(integer(doc, e)?);
+        }
+        if let Some(e) = get("num_return_sequences") {
+            cfg.num_return_sequences = Some(integer(doc, e)?);
+        }
+        if let Some(e) = get("length_penalty") {
+            cfg.length_penalty = Some(number(doc, e)?);
+        }
+        if let Some(e) = get("early_stopping") {
+            crate::flat::check_field_type(doc, e)?;
+            cfg.early_stopping = Some(match &e.value.value {
+                LValue::Bool(b) => crate::EarlyStoppingFlag::Bool(*b),
+                _ => {
+                    crate::EarlyStoppingFlag::Word(e.value.as_str().unwrap_or_default().to_string())
+                }
+            });
+        }
         for (key, neutral) in UNSUPPORTED {
             let Some(e) = get(key) else { continue };
             let v = &e.value;
@@ -194,6 +219,10 @@ impl GenerationConfig {
             do_sample: self.do_sample,
             min_tokens: self.min_new_tokens,
             stop_token_ids: self.eos_token_id.clone(),
+            num_beams: self.num_beams,
+            num_return_sequences: self.num_return_sequences,
+            length_penalty: self.length_penalty,
+            early_stopping: self.early_stopping.clone(),
             ..SamplingParams::default()
         }
     }

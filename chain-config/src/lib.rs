@@ -47,6 +47,7 @@ mod hf;
 mod json;
 mod located;
 mod params;
+mod sequences;
 mod speculative;
 mod suggest;
 mod toml_in;
@@ -60,7 +61,9 @@ pub use error::{ConfigError, Diagnostic, Location};
 pub use flat::{LogprobsFlag, SamplingParams, StageKeys, WHOLE_HISTORY, flat_keys};
 pub use hf::GenerationConfig;
 pub use params::default_stage;
+pub use sampler_core::{BeamSpec, EarlyStopping, MAX_SEQUENCES, Sequences};
 pub use sampler_core::{ChainSpec, HistoryScope, OffloadPolicy, StageKind, StageSpec};
+pub use sequences::EarlyStoppingFlag;
 pub use speculative::{MAX_SPECULATIVE_TOKENS, SpeculativeConfig, SpeculativeMethod};
 
 /// Device names accepted in `[device] kind`, optionally followed by
@@ -145,6 +148,10 @@ pub struct ChainConfig {
     pub device: DeviceConfig,
     /// Speculative decoding (TOML `[speculative]`), `None` when not asked for.
     pub speculative: Option<SpeculativeConfig>,
+    /// Several sequences per request: `n` samples or a beam search (TOML
+    /// `[sequences]`; flat keys `n`, `num_beams`, `num_return_sequences`,
+    /// `length_penalty`, `early_stopping`). Default one sample.
+    pub sequences: Sequences,
     /// Notes about the declaration (ignored parameters, ...). Not serialised.
     pub diagnostics: Vec<Diagnostic>,
 }
@@ -157,6 +164,7 @@ impl ChainConfig {
             chain,
             device: DeviceConfig::default(),
             speculative: None,
+            sequences: Sequences::default(),
             diagnostics: Vec::new(),
         }
     }
@@ -230,6 +238,7 @@ impl ChainConfig {
             chain,
             device,
             speculative: None,
+            sequences: Sequences::default(),
             diagnostics,
         })
     }

@@ -18,11 +18,12 @@ use crate::values::{At, parse_seed};
 use crate::{ChainConfig, DeviceConfig, LoadOptions, SpeculativeConfig};
 
 /// Top-level keys other than stage tables.
-pub(crate) const TOP_KEYS: [&str; 9] = [
+pub(crate) const TOP_KEYS: [&str; 10] = [
     "samplers",
     "seed",
     "device",
     "speculative",
+    "sequences",
     "stage",
     "logprobs",
     "top_logprobs",
@@ -38,6 +39,7 @@ pub(crate) fn load(text: &str, opts: &LoadOptions) -> Result<ChainConfig, Config
     let mut seed: Option<u64> = None;
     let mut device = DeviceConfig::default();
     let mut speculative = None;
+    let mut sequences = sampler_core::Sequences::default();
     let mut order: Option<(Vec<StageKind>, Range<usize>)> = None;
     let mut stage_array: Option<&Entry> = None;
     // (kind, the table's entry)
@@ -56,6 +58,7 @@ pub(crate) fn load(text: &str, opts: &LoadOptions) -> Result<ChainConfig, Config
             "samplers" => order = Some((parse_samplers(doc, value)?, value.span.clone())),
             "device" => device = parse_device(doc, value)?,
             "speculative" => speculative = Some(parse_speculative(doc, value)?),
+            "sequences" => sequences = parse_sequences(doc, value)?,
             "stage" => stage_array = Some(entry),
             _ => match StageKind::from_name(name) {
                 Some(kind) => {
@@ -181,7 +184,65 @@ pub(crate) fn load(text: &str, opts: &LoadOptions) -> Result<ChainConfig, Config
         order_span.and_then(|s| doc.loc(&s)),
     )?;
     cfg.speculative = speculative;
+    cfg.sequences = sequences;
     Ok(cfg)
+}
+
+/// The `[sequences]` table (the flat keys' names and rules).
+fn parse_sequences(doc: Doc<'_>, v: &Node) -> Result<sampler_core::Sequences, ConfigError> {
+    use crate::sequences::{EarlyStoppingFlag, SEQUENCE_KEYS, SeqFields};
+    let Some(entries) = v.entries() else {
+        return Err(ConfigError::WrongType {
+            path: "sequences".into(),
+            found: doc.found(v),
+            expected:
+                "a table (`[sequences]` with `n`, or `num_beams`, `num_return_sequences`, ...)"
+                    .into(),
+            location: doc.loc(&v.span),
+        });
+    };
+    let mut f = SeqFields::default();
+    for e in entries {
+        let at = At::entry(doc, e);
+        let path = format!("sequences.{}", e.key);
+        let range = crate::flat::range_of(&e.key);
+        let int = || crate::values::parse_int(at, &path, range, &e.value).map(Some);
+        match e.key.as_str() {
+            "n" => f.n = int()?,
+            "num_beams" => f.num_beams = int()?,
+            "num_return_sequences" => f.num_return_sequences = int()?,
+            "length_penalty" => {
+                f.length_penalty = Some(f64::from(crate::values::parse_float(
+                    at, &path, range, &e.value,
+                )?));
+            }
+            "early_stopping" => {
+                f.early_stopping = Some(match &e.value.value {
+                    Value::Bool(b) => EarlyStoppingFlag::Bool(*b),
+                    Value::Str(s) => EarlyStoppingFlag::Word(s.clone()),
+                    _ => return Err(at.wrong(&path, &e.value, range)),
+                });
+            }
+            other => {
+                return Err(ConfigError::UnknownKey {
+                    path,
+                    location: doc.loc(&e.key_span),
+                    suggestion: suggest(other, SEQUENCE_KEYS),
+                });
+            }
+        }
+    }
+    f.build().map_err(|(key, value, expected)| {
+        let entry = entries.iter().find(|e| e.key.as_str() == key);
+        ConfigError::OutOfRange {
+            path: format!("sequences.{key}"),
+            value,
+            expected,
+            location: entry
+                .map(|e| doc.loc(&e.value.span))
+                .unwrap_or_else(|| doc.loc(&v.span)),
+        }
+    })
 }
 
 fn parse_speculative(doc: Doc<'_>, v: &Node) -> Result<SpeculativeConfig, ConfigError> {

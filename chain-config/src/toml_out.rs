@@ -104,6 +104,29 @@ pub(crate) fn to_toml(cfg: &ChainConfig) -> String {
         let _ = writeln!(out, "prompt_lookup_min = {}", sp.prompt_lookup_min);
         let _ = writeln!(out, "prompt_lookup_max = {}", sp.prompt_lookup_max);
     }
+    if !cfg.sequences.is_default() {
+        let seq = &cfg.sequences;
+        out.push_str("\n[sequences]\n");
+        match &seq.beam {
+            None => {
+                let _ = writeln!(out, "n = {}", seq.n);
+            }
+            Some(b) => {
+                let _ = writeln!(out, "num_beams = {}", b.num_beams);
+                let _ = writeln!(out, "num_return_sequences = {}", b.num_return_sequences);
+                let _ = writeln!(
+                    out,
+                    "length_penalty = {}",
+                    render_value(&PValue::Float(b.length_penalty as f32))
+                );
+                let es = match b.early_stopping {
+                    sampler_core::EarlyStopping::Never => "\"never\"",
+                    other => other.word(),
+                };
+                let _ = writeln!(out, "early_stopping = {es}");
+            }
+        }
+    }
     if repeats_differ {
         for spec in &chain.stages {
             out.push_str("\n[[stage]]\n");

@@ -364,14 +364,14 @@ fn do_sample_false_in_the_file() {
 #[test]
 fn generation_config_unsupported_keys() {
     let file = GenerationConfig::from_json_str(
-        r#"{"num_beams": 4, "penalty_alpha": null, "epsilon_cutoff": 0.0, "suppress_tokens": [1, 2]}"#,
+        r#"{"num_beam_groups": 4, "penalty_alpha": null, "epsilon_cutoff": 0.0, "suppress_tokens": [1, 2]}"#,
     )
     .unwrap();
     assert_eq!(
         file.diagnostics,
         vec![
             Diagnostic::Unsupported {
-                key: "num_beams".into(),
+                key: "num_beam_groups".into(),
                 value: "4".into()
             },
             Diagnostic::Unsupported {
@@ -382,10 +382,102 @@ fn generation_config_unsupported_keys() {
     );
     assert_eq!(
         file.diagnostics[0].to_string(),
-        "`num_beams` = 4 is not supported and has no effect"
+        "`num_beam_groups` = 4 is not supported and has no effect"
     );
     let c = ChainConfig::from_request(&SamplingParams::default(), Some(&file)).unwrap();
     assert_eq!(c.diagnostics.len(), 2);
+}
+
+/// `n` and beam search from every front end: flat keys, `[sequences]` in
+/// TOML (round trip), `generation_config.json` under a request.
+#[test]
+fn sequences_in_every_front_end() {
+    use chain_config::{EarlyStopping, Sequences};
+    let c = SamplingParams::from_json_str(r#"{"n": 4, "seed": 7}"#)
+        .unwrap()
+        .to_chain()
+        .unwrap();
+    assert_eq!(c.sequences, Sequences { n: 4, beam: None });
+    let back = ChainConfig::from_toml_str(&c.to_toml_string()).unwrap();
+    assert_eq!(back.sequences, c.sequences);
+
+    let c = SamplingParams::from_json_str(
+        r#"{"num_beams": 4, "num_return_sequences": 2, "length_penalty": 0.5, "early_stopping": "never"}"#,
+    )
+    .unwrap()
+    .to_chain()
+    .unwrap();
+    let b = c.sequences.beam.unwrap();
+    assert_eq!(
+        (
+            b.num_beams,
+            b.num_return_sequences,
+            b.length_penalty,
+            b.early_stopping
+        ),
+        (4, 2, 0.5, EarlyStopping::Never)
+    );
+    let text = c.to_toml_string();
+    assert!(text.contains("[sequences]\nnum_beams = 4\n"), "{text}");
+    assert_eq!(
+        ChainConfig::from_toml_str(&text).unwrap().sequences,
+        c.sequences
+    );
+
+    let t = ChainConfig::from_toml_str(
+        "samplers = \"dist\"\n[sequences]\nnum_beams = 3\nearly_stopping = true\n",
+    )
+    .unwrap();
+    assert_eq!(
+        t.sequences.beam.unwrap().early_stopping,
+        EarlyStopping::True
+    );
+
+    let file = GenerationConfig::from_json_str(
+        r#"{"num_beams": 4, "num_return_sequences": 4, "early_stopping": true}"#,
+    )
+    .unwrap();
+    assert!(file.diagnostics.is_empty(), "{:?}", file.diagnostics);
+    let c = ChainConfig::from_request(&SamplingParams::default(), Some(&file)).unwrap();
+    assert_eq!(c.sequences.beam.unwrap().num_return_sequences, 4);
+}
+
+#[test]
+fn sequences_bad_input_names_the_key() {
+    let flat = |t: &str| {
+        SamplingParams::from_json_str(t)
+            .and_then(|p| p.to_chain())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = flat(r#"{"n": 0}"#);
+    assert!(e.contains("`n`") && e.contains("1..=256"), "{e}");
+    let e = flat(r#"{"n": 300}"#);
+    assert!(e.contains("`n`") && e.contains("300"), "{e}");
+    let e = flat(r#"{"num_beams": 2, "num_return_sequences": 3}"#);
+    assert!(
+        e.contains("num_return_sequences") && e.contains("num_beams (2)"),
+        "{e}"
+    );
+    let e = flat(r#"{"num_beams": 2, "n": 2}"#);
+    assert!(e.contains("num_return_sequences"), "{e}");
+    let e = flat(r#"{"early_stopping": "soon"}"#);
+    assert!(e.contains("early_stopping") && e.contains("never"), "{e}");
+    let e = flat(r#"{"n": "4"}"#);
+    assert!(e.contains("`n`"), "{e}");
+    let toml = |t: &str| ChainConfig::from_toml_str(t).unwrap_err().to_string();
+    let e = toml("samplers = \"dist\"\n[sequences]\nnum_beam = 4\n");
+    assert!(
+        e.contains("sequences.num_beam") && e.contains("num_beams"),
+        "{e}"
+    );
+    let e = toml("samplers = \"dist\"\n[sequences]\nnum_beams = 4\nnum_return_sequences = 9\n");
+    assert!(
+        e.contains("sequences.num_return_sequences") && e.starts_with("4:"),
+        "{e}"
+    );
+    let e = toml("samplers = \"dist\"\nsequences = 4\n");
+    assert!(e.contains("sequences") && e.contains("table"), "{e}");
 }
 
 #[test]

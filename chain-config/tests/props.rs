@@ -152,19 +152,45 @@ fn speculative() -> impl Strategy<Value = Option<chain_config::SpeculativeConfig
     )
 }
 
+fn sequences() -> impl Strategy<Value = chain_config::Sequences> {
+    use chain_config::{BeamSpec, EarlyStopping, Sequences};
+    prop_oneof![
+        (1usize..=256).prop_map(|n| Sequences { n, beam: None }),
+        (2usize..=256, 0usize..256, -3.0f32..3.0, 0usize..3).prop_map(|(w, r, lp, es)| {
+            Sequences {
+                n: 1,
+                beam: Some(BeamSpec {
+                    num_beams: w,
+                    num_return_sequences: 1 + r % w,
+                    length_penalty: f64::from(lp),
+                    early_stopping: [
+                        EarlyStopping::True,
+                        EarlyStopping::False,
+                        EarlyStopping::Never,
+                    ][es],
+                }),
+            }
+        }),
+    ]
+}
+
 fn chain_config() -> impl Strategy<Value = ChainConfig> {
     (
         prop::collection::vec(stage(), 1..8),
         any::<Option<u64>>(),
         device(),
         speculative(),
+        sequences(),
     )
-        .prop_map(|(stages, seed, device, speculative)| ChainConfig {
-            chain: ChainSpec::new(stages, seed),
-            device,
-            speculative,
-            diagnostics: Vec::new(),
-        })
+        .prop_map(
+            |(stages, seed, device, speculative, sequences)| ChainConfig {
+                chain: ChainSpec::new(stages, seed),
+                device,
+                speculative,
+                sequences,
+                diagnostics: Vec::new(),
+            },
+        )
 }
 
 /// The loaders' only outcomes: a chain, or a typed error with a message.

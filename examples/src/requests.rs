@@ -48,7 +48,7 @@ use serde_json::{Map, Value};
 use crate::chat::Message;
 
 /// The request's own keys (the rest are sampling parameters).
-pub const REQUEST_KEYS: [&str; 11] = [
+pub const REQUEST_KEYS: [&str; 10] = [
     "id",
     "prompt",
     "messages",
@@ -59,19 +59,23 @@ pub const REQUEST_KEYS: [&str; 11] = [
     "speculative",
     "stop",
     "include_stop_str_in_output",
-    "n",
 ];
 
-/// Largest `n` (choices per request): the parent and
+/// Largest `n` (choices per request) and `num_beams`: the parent and
 /// [`sampler_backend::MAX_FORK`] children.
-pub const MAX_N: u64 = sampler_backend::MAX_FORK as u64 + 1;
+pub const MAX_N: u64 = sampler_core::MAX_SEQUENCES as u64;
 
 /// Largest `max_tokens` accepted (the context caps it further).
 pub const MAX_TOKENS_LIMIT: u64 = 1 << 20;
 
 /// Flat keys that are not stages: allowed beside `toml` / `chain`.
-pub const NON_STAGE_KEYS: [&str; 6] = [
+pub const NON_STAGE_KEYS: [&str; 11] = [
     "seed",
+    "n",
+    "num_beams",
+    "num_return_sequences",
+    "length_penalty",
+    "early_stopping",
     "logprobs",
     "top_logprobs",
     "logprob_token_ids",
@@ -112,7 +116,9 @@ pub struct Request {
     pub stop_strings: Vec<String>,
     /// `include_stop_str_in_output`: the matched stop string ends the text.
     pub include_stop_str: bool,
-    /// Choices (`n`), at least 1.
+    /// Choices (`n`, from `config.sequences`), at least 1; a beam search
+    /// (`config.sequences.beam`) has `n = 1` and returns
+    /// `num_return_sequences` choices.
     pub n: usize,
 }
 
@@ -285,7 +291,6 @@ pub fn parse_request(line: &str, index: usize) -> Result<Request, RequestError> 
         "an integer in 1..=1048576",
         DEFAULT_MAX_TOKENS,
     )?;
-    let n = count(&obj, "n", 1..=MAX_N, "an integer in 1..=256", 1)?;
     let arrival = count(
         &obj,
         "arrival",
@@ -328,7 +333,11 @@ pub fn parse_request(line: &str, index: usize) -> Result<Request, RequestError> 
             let mut config = parsed.map_err(|source| RequestError::Sampling { what, source })?;
             // The non-stage keys through the flat parser (types, ranges):
             // a default chain carrying the seed and the logprobs.
-            let extra = parse_flat(sampling)?.chain;
+            let extra = parse_flat(sampling)?;
+            if !extra.sequences.is_default() {
+                config.sequences = extra.sequences;
+            }
+            let extra = extra.chain;
             if extra.seed.is_some() {
                 config.chain.seed = extra.seed;
             }
@@ -378,13 +387,13 @@ pub fn parse_request(line: &str, index: usize) -> Result<Request, RequestError> 
     Ok(Request {
         id: obj.get("id").cloned().unwrap_or(Value::from(index)),
         prompt,
-        config,
         max_tokens,
         arrival,
         stop_ids: stop,
         stop_strings,
         include_stop_str,
-        n,
+        n: config.sequences.n,
+        config,
     })
 }
 
@@ -500,11 +509,24 @@ mod tests {
         assert!(err(r#"{"prompt": "a", "stop": ["a", ""]}"#).contains("item 1 is an empty string"));
         assert!(err(r#"{"prompt": "a", "include_stop_str_in_output": 1}"#).contains("a boolean"));
         assert_eq!(parse_request(r#"{"prompt": "a", "n": 4}"#, 0).unwrap().n, 4);
-        assert_eq!(
-            err(r#"{"prompt": "a", "n": 0}"#),
-            "`n`: expected an integer in 1..=256, found 0"
-        );
+        let e = err(r#"{"prompt": "a", "n": 0}"#);
+        assert!(e.contains("`n` = 0") && e.contains("1..=256"), "{e}");
         assert!(err(r#"{"prompt": "a", "n": 257}"#).contains("1..=256"));
+        // Beside a declared chain, and beam search's keys.
+        let r = parse_request(r#"{"prompt": "a", "chain": "top_k;dist", "n": 3}"#, 0).unwrap();
+        assert_eq!((r.n, r.config.sequences.n), (3, 3));
+        let r = parse_request(
+            r#"{"prompt": "a", "num_beams": 4, "num_return_sequences": 2, "early_stopping": "never"}"#,
+            0,
+        )
+        .unwrap();
+        let b = r.config.sequences.beam.unwrap();
+        assert_eq!((r.n, b.num_beams, b.num_return_sequences), (1, 4, 2));
+        let e = err(r#"{"prompt": "a", "num_beams": 2, "num_return_sequences": 3}"#);
+        assert!(
+            e.contains("num_return_sequences") && e.contains("num_beams (2)"),
+            "{e}"
+        );
     }
 
     #[test]

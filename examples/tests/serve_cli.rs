@@ -379,7 +379,84 @@ fn n_choices_equal_separate_requests_with_the_derived_seeds() {
     assert_ne!(choices[0]["tokens"], choices[1]["tokens"]);
     let (ok, _, err) = serve_file(&[r#"{"prompt": "x", "n": 0}"#], &["--concurrency", "4"]);
     assert!(
-        !ok && err.contains("`n`: expected an integer in 1..=256"),
+        !ok && err.contains("`n` = 0") && err.contains("1..=256"),
         "{err}"
     );
+}
+
+/// Beam search as a request line (`num_beams`, `num_return_sequences`,
+/// `length_penalty`, with a penalty processor), batched with a sampled
+/// request: the same sequences and scores as `generate --num-beams` runs
+/// alone. Settings beam search cannot honour fail only their line.
+#[test]
+fn beam_search_requests_equal_generate() {
+    let lines = [
+        r#"{"id": "beam", "prompt": "Once upon a time", "num_beams": 4, "num_return_sequences": 3, "length_penalty": 0.5, "repetition_penalty": 1.3, "max_tokens": 16}"#,
+        r#"{"id": "sampled", "prompt": "The little dog", "seed": 5, "max_tokens": 12, "n": 2}"#,
+        r#"{"id": "top_k", "prompt": "x", "num_beams": 2, "top_k": 40}"#,
+        r#"{"id": "logprobs", "prompt": "x", "num_beams": 2, "logprobs": 2}"#,
+        r#"{"id": "too_many", "prompt": "x", "num_beams": 2, "num_return_sequences": 3}"#,
+    ];
+    let (ok, out, err) = serve_file(&lines, &["--concurrency", "4"]);
+    assert!(!ok && err.contains("3 of 5 requests failed"), "{err}");
+    assert!(
+        out["\"top_k\""]["error"]
+            .as_str()
+            .unwrap()
+            .contains("`top_k`")
+    );
+    assert!(
+        out["\"logprobs\""]["error"]
+            .as_str()
+            .unwrap()
+            .contains("logprobs")
+    );
+    assert!(
+        out["\"too_many\""]["error"]
+            .as_str()
+            .unwrap()
+            .contains("num_return_sequences")
+    );
+    assert_eq!(out["\"sampled\""]["choices"].as_array().unwrap().len(), 2);
+    let beam = &out["\"beam\""];
+    let choices = beam["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 3, "{beam}");
+
+    let g = Command::new(env!("CARGO_BIN_EXE_generate"))
+        .args([
+            "--prompt",
+            "Once upon a time",
+            "--num-beams",
+            "4",
+            "--num-return-sequences",
+            "3",
+            "--length-penalty",
+            "0.5",
+            "--samplers",
+            "penalties",
+            "--repeat-penalty",
+            "1.3",
+            "-n",
+            "16",
+            "--json",
+        ])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .expect("generate runs");
+    assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&g.stdout).unwrap();
+    let seqs = v["sequences"].as_array().unwrap();
+    assert_eq!(seqs.len(), 3);
+    for (c, s) in choices.iter().zip(seqs) {
+        assert_eq!(c["tokens"], s["tokens"], "{beam}\n{v}");
+        let (a, b) = (c["score"].as_f64().unwrap(), s["score"].as_f64().unwrap());
+        assert!((a - b).abs() < 1e-9, "{a} {b}");
+        assert_eq!(c["cumulative_logprob"], s["sum_logprobs"]);
+    }
+    // Best first.
+    let scores: Vec<f64> = choices
+        .iter()
+        .map(|c| c["score"].as_f64().unwrap())
+        .collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
 }

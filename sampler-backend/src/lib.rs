@@ -59,7 +59,7 @@ mod step;
 
 /// The most children one [`SamplingBatch::fork`] call makes (a request's
 /// `n` is at most `MAX_FORK + 1`).
-pub const MAX_FORK: usize = 255;
+pub const MAX_FORK: usize = sampler_core::MAX_SEQUENCES - 1;
 
 pub use batch::pending::{PendingStep, ReturnedStep};
 pub use batch::request::RequestId;

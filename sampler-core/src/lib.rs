@@ -26,6 +26,7 @@ pub mod plan;
 mod registry;
 pub mod rng;
 mod sampler;
+pub mod sequences;
 mod spec;
 
 pub use candidates::{Candidates, RawCandidates, desc_cmp, validate_logits};
@@ -40,6 +41,7 @@ pub use plan::{DeviceRefusal, HostReason, OffloadPolicy, Plan, PlanStage, Readba
 pub use registry::{DYNATEMP_EXPONENT_MAX, DYNATEMP_RANGE_MAX, StageKind};
 pub use rng::RowRng;
 pub use sampler::{Sampler, StageContext, TokenOrigin};
+pub use sequences::{BeamSpec, EarlyStopping, MAX_SEQUENCES, Sequences, SequencesError};
 pub use spec::{ChainSpec, GREEDY_TEMPERATURE, HistoryScope, StageSpec};
 
 /// A token id: an index into the vocabulary, `0..vocab`.

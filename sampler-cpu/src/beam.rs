@@ -38,30 +38,7 @@ use sampler_core::TokenId;
 /// The most beams a search may keep.
 pub const MAX_BEAMS: usize = 4096;
 
-/// When beam search stops (transformers' `early_stopping`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum EarlyStopping {
-    /// As soon as `num_beams` hypotheses have finished.
-    True,
-    /// When the worst finished hypothesis beats the best running beam at
-    /// its current length (transformers' default heuristic).
-    #[default]
-    False,
-    /// Only when no running beam can still beat the worst finished one.
-    Never,
-}
-
-impl EarlyStopping {
-    /// From `true`, `false` or `never`.
-    pub fn from_word(w: &str) -> Option<Self> {
-        match w {
-            "true" => Some(Self::True),
-            "false" => Some(Self::False),
-            "never" => Some(Self::Never),
-            _ => None,
-        }
-    }
-}
+pub use sampler_core::EarlyStopping;
 
 /// Beam search settings.
 #[derive(Debug, Clone, PartialEq)]

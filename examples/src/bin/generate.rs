@@ -603,10 +603,32 @@ fn run(a: Args) -> Result<(), AppError> {
     };
 
     let mut batch = SamplingBatch::new(c.vocab_size, &device, policy)?;
-    if let Some(w) = a.num_beams {
+    let beam = match a.num_beams {
+        Some(w) => Some(sampler_core::BeamSpec {
+            num_beams: w,
+            num_return_sequences: a.num_return_sequences,
+            length_penalty: a.length_penalty,
+            early_stopping: sampler_core::EarlyStopping::from_word(&a.early_stopping).ok_or_else(
+                || {
+                    AppError::Usage(format!(
+                        "--early-stopping {}: expected true, false or never",
+                        a.early_stopping
+                    ))
+                },
+            )?,
+        }),
+        None => cfg.sequences.beam,
+    };
+    if cfg.sequences.n > 1 {
+        return Err(AppError::Usage(format!(
+            "n = {} in the chain's declaration: generate writes one sequence (use `serve` for several choices, or beam search)",
+            cfg.sequences.n
+        )));
+    }
+    if let Some(b) = beam {
         return run_beams(
             &a,
-            w,
+            b,
             &cfg,
             &model,
             tokenizer,
@@ -774,7 +796,7 @@ fn run(a: Args) -> Result<(), AppError> {
 #[allow(clippy::too_many_arguments)]
 fn run_beams(
     a: &Args,
-    num_beams: usize,
+    beam: sampler_core::BeamSpec,
     cfg: &ChainConfig,
     model: &Llama2,
     tokenizer: &dyn TextCodec,
@@ -782,18 +804,12 @@ fn run_beams(
     prompt_tokens: &[TokenId],
     n: usize,
 ) -> Result<(), AppError> {
-    let early_stopping = sampler_cpu::beam::EarlyStopping::from_word(&a.early_stopping)
-        .ok_or_else(|| {
-            AppError::Usage(format!(
-                "--early-stopping {}: expected true, false or never",
-                a.early_stopping
-            ))
-        })?;
+    let num_beams = beam.num_beams;
     let params = sampler_cpu::beam::BeamParams {
         num_beams,
-        num_return_sequences: a.num_return_sequences,
-        length_penalty: a.length_penalty,
-        early_stopping,
+        num_return_sequences: beam.num_return_sequences,
+        length_penalty: beam.length_penalty,
+        early_stopping: beam.early_stopping,
         eos: Vec::new(),
         max_new_tokens: n,
     };
@@ -819,8 +835,8 @@ fn run_beams(
             "prompt": a.prompt,
             "prompt_tokens": prompt_tokens,
             "num_beams": num_beams,
-            "length_penalty": a.length_penalty,
-            "early_stopping": a.early_stopping,
+            "length_penalty": beam.length_penalty,
+            "early_stopping": beam.early_stopping.word(),
             "sequences": out.hypotheses.iter().map(|h| json!({
                 "tokens": h.tokens,
                 "text": text_of(&h.tokens),

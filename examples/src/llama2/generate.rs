@@ -490,7 +490,7 @@ pub const BEAM_STAGES: [sampler_core::StageKind; 6] = [
 ];
 
 /// The most beams `beam_search` takes (cache slots and forks per step).
-pub const MAX_SEARCH_BEAMS: usize = 256;
+pub const MAX_SEARCH_BEAMS: usize = sampler_core::MAX_SEQUENCES;
 
 /// The result of [`beam_search`].
 #[derive(Debug, Clone)]
@@ -512,15 +512,226 @@ pub struct BeamOutput {
     pub sampling_time: Duration,
 }
 
-/// Beam search over `model` (Hugging Face semantics, [`sampler_cpu::beam`]):
-/// each beam is a request of `batch` with the chain `spec` (processors only,
-/// [`BEAM_STAGES`]) and a slot of one KV cache. Per step one batched model
-/// pass over the beams' last tokens, one [`SamplingBatch::filter`] over
-/// their rows (the processors run where the plan puts them), the top `2W`
-/// logprobs per beam, then the beams are reordered by parent: a parent with
-/// several children is forked ([`SamplingBatch::fork`], cache slot copied),
-/// one without any is removed, and each child's token is committed
-/// ([`SamplingBatch::commit`]). The end-of-sequence tokens are the
+/// What a [`BeamFamily`] needs from its engine: the serving batch, and the
+/// KV cache slots of the model (one per running beam).
+pub trait BeamHost {
+    /// The batch the beams are requests of.
+    fn batch(&mut self) -> &mut SamplingBatch;
+    /// A free cache slot.
+    ///
+    /// # Errors
+    /// None free.
+    fn alloc_slot(&mut self) -> Result<usize, GenerateError>;
+    /// A slot no beam uses any more.
+    fn free_slot(&mut self, slot: usize);
+    /// Copy the keys and values of slot `from` into slot `to`.
+    ///
+    /// # Errors
+    /// The model's.
+    fn copy_slot(&mut self, from: usize, to: usize) -> Result<(), GenerateError>;
+}
+
+/// The check of a chain for beam search: processors only ([`BEAM_STAGES`]),
+/// the selecting stages (`dist`, `greedy`) dropped (beam search does not
+/// sample; the flat parameters always end in one).
+///
+/// # Errors
+/// [`GenerateError::Beam`] naming the first stage beam search cannot honour.
+pub fn beam_chain(
+    spec: &sampler_core::ChainSpec,
+) -> Result<sampler_core::ChainSpec, GenerateError> {
+    use sampler_core::StageKind;
+    let mut out = spec.clone();
+    out.stages
+        .retain(|s| !matches!(s.kind(), StageKind::Dist | StageKind::Greedy));
+    if let Some(st) = out.stages.iter().find(|s| !BEAM_STAGES.contains(&s.kind())) {
+        return Err(GenerateError::Beam(format!(
+            "the chain has `{}`, which beam search cannot honour: it scores the model's log-probabilities after the logits processors ({}) and keeps the best beams, it does not sample",
+            st.kind().meta().name,
+            BEAM_STAGES.map(|k| k.meta().name).join(", ")
+        )));
+    }
+    Ok(out)
+}
+
+/// One beam search in progress inside an engine's batch: each running beam
+/// is a request of the batch (the chain's processors, [`BEAM_STAGES`]) and
+/// a KV cache slot. Per step the engine runs the model over [`BeamFamily::rows`]
+/// (every beam at [`BeamFamily::pos`]), gives the rows' logits to
+/// [`BeamFamily::advance`], which runs [`SamplingBatch::filter`] over them
+/// (the processors where the plan puts them), takes the top `2W` logprobs
+/// per beam and reorders the beams by parent: a parent with several
+/// children is forked ([`SamplingBatch::fork`], cache slot copied), one
+/// without any is removed, each child's token committed
+/// ([`SamplingBatch::commit`]).
+#[derive(Debug, Clone)]
+pub struct BeamFamily {
+    search: sampler_cpu::beam::BeamSearch,
+    /// Running beams: request, cache slot, last token; all at `pos`.
+    beams: Vec<(RequestId, usize, TokenId)>,
+    pos: usize,
+    seq_len: usize,
+}
+
+impl BeamFamily {
+    /// A search from a request already in the batch whose prompt is
+    /// through the model in cache slot `slot`: `last` its last prompt token
+    /// at position `pos` (fed at the first step). `params.max_new_tokens`
+    /// is capped to the context `seq_len`. The root request's chain must
+    /// pass [`beam_chain`].
+    ///
+    /// # Errors
+    /// [`GenerateError::Beam`] for settings out of range.
+    pub fn new(
+        root: RequestId,
+        slot: usize,
+        last: TokenId,
+        pos: usize,
+        seq_len: usize,
+        mut params: sampler_cpu::beam::BeamParams,
+    ) -> Result<Self, GenerateError> {
+        if params.num_beams > MAX_SEARCH_BEAMS {
+            return Err(GenerateError::Beam(format!(
+                "num_beams = {}: expected 1 to {MAX_SEARCH_BEAMS}",
+                params.num_beams
+            )));
+        }
+        params.max_new_tokens = params.max_new_tokens.min(seq_len.saturating_sub(pos));
+        let search = sampler_cpu::beam::BeamSearch::new(params)
+            .map_err(|e| GenerateError::Beam(e.to_string()))?;
+        Ok(Self {
+            search,
+            beams: vec![(root, slot, last)],
+            pos,
+            seq_len,
+        })
+    }
+
+    /// The running beams' `(last token, cache slot)`, in row order.
+    pub fn rows(&self) -> impl Iterator<Item = (TokenId, usize)> + '_ {
+        self.beams.iter().map(|b| (b.2, b.1))
+    }
+
+    /// The position of every running beam's last token.
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    /// Whether the search has stopped.
+    pub fn is_done(&self) -> bool {
+        self.search.is_done() || self.beams.is_empty() || self.pos >= self.seq_len
+    }
+
+    /// The running beams' requests (for the batch's bookkeeping).
+    pub fn requests(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.beams.iter().map(|b| b.0)
+    }
+
+    /// One step over the beams' logits `[beams, vocab]` (rows in
+    /// [`BeamFamily::rows`] order). Returns the bytes read back and the
+    /// time spent in the batch's `filter` and the top-`2W` selection.
+    ///
+    /// # Errors
+    /// A row's error (NaN logits, ...), a batch error, a cache error; the
+    /// family is then left for [`BeamFamily::finish`].
+    pub fn advance(
+        &mut self,
+        host: &mut dyn BeamHost,
+        logits: burn_tensor::Tensor<2>,
+        step: usize,
+    ) -> Result<(usize, Duration), GenerateError> {
+        use sampler_cpu::beam::top_logprobs;
+        let ts = Instant::now();
+        let ids: Vec<RequestId> = self.beams.iter().map(|b| b.0).collect();
+        let out = host.batch().filter(&ids, logits)?;
+        let mut cands = Vec::with_capacity(self.beams.len());
+        for row in out.rows {
+            let c = row.map_err(|source| GenerateError::Sample { step, source })?;
+            cands.push(top_logprobs(
+                c.logits(),
+                Some(c.ids()),
+                self.search.candidates_per_beam(),
+            ));
+        }
+        let sampling = ts.elapsed();
+        let next = self
+            .search
+            .step(&cands)
+            .map_err(|e| GenerateError::Beam(e.to_string()))?;
+        // Reorder by parent: beams without a child leave (their slots freed
+        // first); the first child keeps the parent's request and slot, the
+        // others are forks (before any commit).
+        let mut has_child = vec![false; self.beams.len()];
+        for &(parent, _) in &next {
+            has_child[parent] = true;
+        }
+        let old = std::mem::take(&mut self.beams);
+        for (parent, &(rid, slot, _)) in old.iter().enumerate() {
+            if !has_child[parent] {
+                host.batch().remove(rid)?;
+                host.free_slot(slot);
+            }
+        }
+        let mut taken = vec![false; old.len()];
+        for &(parent, token) in &next {
+            let (rid, slot, _) = old[parent];
+            if !taken[parent] {
+                taken[parent] = true;
+                self.beams.push((rid, slot, token));
+            } else {
+                let child = host.batch().fork(rid, 1)?[0];
+                let s = host.alloc_slot()?;
+                self.beams.push((child, s, token));
+                host.copy_slot(slot, s)?;
+            }
+        }
+        for &(rid, _, token) in &self.beams {
+            host.batch().commit(rid, token)?;
+        }
+        self.pos += 1;
+        Ok((out.bytes_read, sampling))
+    }
+
+    /// End the search: its running beams leave the batch and free their
+    /// slots; the best `num_return_sequences` sequences, best first.
+    pub fn finish(self, host: &mut dyn BeamHost) -> Vec<sampler_cpu::beam::Hypothesis> {
+        for &(rid, slot, _) in &self.beams {
+            let _ = host.batch().remove(rid);
+            host.free_slot(slot);
+        }
+        self.search.finish()
+    }
+}
+
+/// [`BeamHost`] over one model's cache with a free list.
+struct SlotsHost<'a> {
+    model: &'a Llama2,
+    batch: &'a mut SamplingBatch,
+    cache: &'a mut crate::llama2::BatchKvCache,
+    free: Vec<usize>,
+}
+
+impl BeamHost for SlotsHost<'_> {
+    fn batch(&mut self) -> &mut SamplingBatch {
+        self.batch
+    }
+    fn alloc_slot(&mut self) -> Result<usize, GenerateError> {
+        self.free
+            .pop()
+            .ok_or(GenerateError::Beam("no free cache slot".into()))
+    }
+    fn free_slot(&mut self, slot: usize) {
+        self.free.push(slot);
+    }
+    fn copy_slot(&mut self, from: usize, to: usize) -> Result<(), GenerateError> {
+        Ok(self.model.copy_slot(self.cache, from, to)?)
+    }
+}
+
+/// Beam search over `model` (Hugging Face semantics, [`sampler_cpu::beam`])
+/// with a [`BeamFamily`] over `batch`: the chain `spec` (checked by
+/// [`beam_chain`]), one KV cache of `num_beams` slots, one batched model
+/// pass over the beams per step. The end-of-sequence tokens are the
 /// tokenizer's stop ids; `params.eos` is set from them.
 ///
 /// # Errors
@@ -534,25 +745,9 @@ pub fn beam_search(
     prompt_tokens: &[TokenId],
     mut params: sampler_cpu::beam::BeamParams,
 ) -> Result<BeamOutput, GenerateError> {
-    use sampler_cpu::beam::{BeamSearch, top_logprobs};
-    if let Some(st) = spec
-        .stages
-        .iter()
-        .find(|s| !BEAM_STAGES.contains(&s.kind()))
-    {
-        return Err(GenerateError::Beam(format!(
-            "the chain has `{}`, which beam search cannot honour: it scores the model's log-probabilities after the logits processors ({}) and keeps the best beams, it does not sample",
-            st.kind().meta().name,
-            BEAM_STAGES.map(|k| k.meta().name).join(", ")
-        )));
-    }
-    if params.num_beams > MAX_SEARCH_BEAMS {
-        return Err(GenerateError::Beam(format!(
-            "num_beams = {}: expected 1 to {MAX_SEARCH_BEAMS}",
-            params.num_beams
-        )));
-    }
+    let spec = beam_chain(spec)?;
     params.eos = tokenizer.stop_ids();
+    let w = params.num_beams.clamp(1, MAX_SEARCH_BEAMS);
     let seq_len = model.config().seq_len;
     if prompt_tokens.is_empty() || prompt_tokens.len() > seq_len {
         return Err(Llama2Error::PromptTooLong {
@@ -561,103 +756,52 @@ pub fn beam_search(
         }
         .into());
     }
-    params.max_new_tokens = params.max_new_tokens.min(seq_len + 1 - prompt_tokens.len());
-    let mut search = BeamSearch::new(params).map_err(|e| GenerateError::Beam(e.to_string()))?;
-    let w = search.params().num_beams;
     let bos = tokenizer.bos();
     let history: Vec<TokenId> = prompt_tokens
         .iter()
         .copied()
         .filter(|&t| Some(t) != bos)
         .collect();
-    let root = batch.insert(spec.clone(), &history)?;
-
     let mut cache = model.new_batch_cache(w);
     let (last, prompt_time) = prefill(model, prompt_tokens, &mut cache)?;
+    let root = batch.insert(spec, &history)?;
+    let mut family = match BeamFamily::new(root, 0, prompt_tokens[last], last, seq_len, params) {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = batch.remove(root);
+            return Err(e);
+        }
+    };
+    let mut host = SlotsHost {
+        model,
+        batch,
+        cache: &mut cache,
+        free: (1..w).rev().collect(),
+    };
     let t1 = Instant::now();
-    // Running beams: request, cache slot, last token; all at position `pos`.
-    let mut beams: Vec<(RequestId, usize, TokenId)> = vec![(root, 0, prompt_tokens[last])];
-    let mut free: Vec<usize> = (1..w).rev().collect();
-    let mut pos = last;
     let (mut steps, mut rows, mut bytes_read) = (0, 0, 0);
     let mut sampling_time = Duration::ZERO;
     let result = (|| -> Result<(), GenerateError> {
-        while !search.is_done() {
-            let tokens: Vec<TokenId> = beams.iter().map(|b| b.2).collect();
-            let slots: Vec<usize> = beams.iter().map(|b| b.1).collect();
-            let logits =
-                model.forward_batch(&tokens, &vec![pos; beams.len()], &slots, &mut cache)?;
-            let ts = Instant::now();
-            let ids: Vec<RequestId> = beams.iter().map(|b| b.0).collect();
-            let out = batch.filter(&ids, logits)?;
-            bytes_read += out.bytes_read;
-            let mut cands = Vec::with_capacity(beams.len());
-            for row in out.rows {
-                let c = row.map_err(|source| GenerateError::Sample {
-                    step: steps,
-                    source,
-                })?;
-                cands.push(top_logprobs(
-                    c.logits(),
-                    Some(c.ids()),
-                    search.candidates_per_beam(),
-                ));
-            }
-            sampling_time += ts.elapsed();
-            rows += beams.len();
+        while !family.is_done() {
+            let (tokens, slots): (Vec<TokenId>, Vec<usize>) = family.rows().unzip();
+            let logits = model.forward_batch(
+                &tokens,
+                &vec![family.pos(); tokens.len()],
+                &slots,
+                host.cache,
+            )?;
+            let (bytes, sampling) = family.advance(&mut host, logits, steps)?;
+            bytes_read += bytes;
+            sampling_time += sampling;
+            rows += tokens.len();
             steps += 1;
-            let next = search
-                .step(&cands)
-                .map_err(|e| GenerateError::Beam(e.to_string()))?;
-            if next.is_empty() {
-                break;
-            }
-            // Reorder by parent: beams without a child leave (their slots
-            // freed first); the first child keeps the parent's request and
-            // slot, the others are forks (before any commit).
-            let mut has_child = vec![false; beams.len()];
-            for &(parent, _) in &next {
-                has_child[parent] = true;
-            }
-            for (parent, &(rid, slot, _)) in beams.iter().enumerate() {
-                if !has_child[parent] {
-                    batch.remove(rid)?;
-                    free.push(slot);
-                }
-            }
-            let mut taken = vec![false; beams.len()];
-            let mut new_beams = Vec::with_capacity(next.len());
-            for &(parent, token) in &next {
-                let (rid, slot, _) = beams[parent];
-                if !taken[parent] {
-                    taken[parent] = true;
-                    new_beams.push((rid, slot, token));
-                } else {
-                    let child = batch.fork(rid, 1)?[0];
-                    let s = free
-                        .pop()
-                        .ok_or(GenerateError::Beam("no free cache slot".into()))?;
-                    model.copy_slot(&mut cache, slot, s)?;
-                    new_beams.push((child, s, token));
-                }
-            }
-            for &(rid, _, token) in &new_beams {
-                batch.commit(rid, token)?;
-            }
-            beams = new_beams;
-            pos += 1;
-            if pos >= seq_len {
-                break;
-            }
         }
         Ok(())
     })();
-    for (rid, _, _) in &beams {
-        let _ = batch.remove(*rid);
-    }
+    let hypotheses = family.finish(&mut host);
     result?;
     Ok(BeamOutput {
-        hypotheses: search.finish(),
+        hypotheses,
         steps,
         rows,
         bytes_read,

@@ -494,6 +494,12 @@ fn to_request(
             ..ApiError::invalid(e.to_string(), None)
         }
     })?;
+    if request.config.sequences.beam.is_some() {
+        return Err(ApiError::invalid(
+            "beam search (`num_beams` > 1) is not served over HTTP: use the JSON-lines `serve` or `generate --num-beams`",
+            Some("num_beams"),
+        ));
+    }
     shape.n = request.n;
     Ok((request, shape))
 }

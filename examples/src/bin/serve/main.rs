@@ -40,7 +40,7 @@ use sampler_core::{Chain, ChainSpec, OffloadPolicy, TokenId};
 use sampler_examples::ban_words::BanWords;
 use sampler_examples::chat::ChatTokenizer;
 use sampler_examples::gguf::{Gguf, is_gguf, llama_checkpoint};
-use sampler_examples::llama2::generate::TextCodec;
+use sampler_examples::llama2::generate::{BeamFamily, BeamHost, GenerateError, TextCodec};
 use sampler_examples::llama2::{Llama2, ModelFiles, Tokenizer};
 use sampler_examples::ngram::NgramDrafter;
 use sampler_examples::report::logprobs_json;
@@ -254,6 +254,8 @@ struct Job {
     /// Choices (`n`): the request forks into `n` sequences once its prompt
     /// is through the model.
     n: usize,
+    /// Beam search instead of sampling (`num_beams` > 1).
+    beam: Option<sampler_core::BeamSpec>,
 }
 
 impl Job {
@@ -273,6 +275,7 @@ impl Job {
             sink: None,
             fit_context: false,
             n: r.n,
+            beam: r.config.sequences.beam,
         }
     }
 
@@ -292,6 +295,7 @@ impl Job {
             sink: None,
             fit_context: false,
             n: 1,
+            beam: None,
         }
     }
 }
@@ -409,6 +413,12 @@ struct Live {
     stop_reason: Value,
     /// Where its events go (HTTP requests).
     sink: Option<http::Sink>,
+    /// Beam search: its settings until the prompt is through, then the
+    /// search (which owns the request's batch entries and cache slots).
+    beam: Option<sampler_cpu::beam::BeamParams>,
+    family: Option<BeamFamily>,
+    /// A finished beam search's sequences, best first.
+    hypotheses: Vec<sampler_cpu::beam::Hypothesis>,
 }
 
 impl Live {
@@ -473,6 +483,55 @@ struct Totals {
     failed: usize,
 }
 
+/// A free slot of `cache` (it grows when none is free, doubling up to
+/// `max_slots`, then one at a time).
+fn alloc_slot(
+    model: &Llama2,
+    cache: &mut sampler_examples::llama2::BatchKvCache,
+    free: &mut Vec<usize>,
+    max_slots: usize,
+) -> usize {
+    match free.pop() {
+        Some(s) => s,
+        None => {
+            let s = cache.slots();
+            let grown = (2 * s).clamp(s + 1, max_slots.max(s + 1));
+            model.grow_batch_cache(cache, grown);
+            free.extend((s + 1..cache.slots()).rev());
+            s
+        }
+    }
+}
+
+/// The server's batch and cache as a beam search's [`BeamHost`].
+struct ServerBeams<'a> {
+    model: &'a Llama2,
+    batch: &'a mut SamplingBatch,
+    cache: &'a mut sampler_examples::llama2::BatchKvCache,
+    free: &'a mut Vec<usize>,
+    max_slots: usize,
+}
+
+impl BeamHost for ServerBeams<'_> {
+    fn batch(&mut self) -> &mut SamplingBatch {
+        self.batch
+    }
+    fn alloc_slot(&mut self) -> Result<usize, GenerateError> {
+        Ok(alloc_slot(
+            self.model,
+            self.cache,
+            self.free,
+            self.max_slots,
+        ))
+    }
+    fn free_slot(&mut self, slot: usize) {
+        self.free.push(slot);
+    }
+    fn copy_slot(&mut self, from: usize, to: usize) -> Result<(), GenerateError> {
+        Ok(self.model.copy_slot(self.cache, from, to)?)
+    }
+}
+
 struct Server<'a> {
     model: &'a Llama2,
     codec: &'a Codec,
@@ -492,15 +551,17 @@ struct Server<'a> {
 impl Server<'_> {
     /// A free cache slot (the cache grows when none is free).
     fn alloc_slot(&mut self) -> usize {
-        match self.free.pop() {
-            Some(s) => s,
-            None => {
-                let s = self.cache.slots();
-                let grown = (2 * s).clamp(s + 1, self.max_slots.max(s + 1));
-                self.model.grow_batch_cache(&mut self.cache, grown);
-                self.free.extend((s + 1..self.cache.slots()).rev());
-                s
-            }
+        alloc_slot(self.model, &mut self.cache, &mut self.free, self.max_slots)
+    }
+
+    /// The parts a beam search works with.
+    fn beam_host(&mut self) -> ServerBeams<'_> {
+        ServerBeams {
+            model: self.model,
+            batch: &mut self.batch,
+            cache: &mut self.cache,
+            free: &mut self.free,
+            max_slots: self.max_slots,
         }
     }
 
@@ -543,6 +604,27 @@ impl Server<'_> {
         let origin = job.origin;
         let fail = |e: String| format!("{origin}: {e}");
         let (prompt, mut spec) = job.parsed?;
+        if job.beam.is_some() {
+            spec = sampler_examples::llama2::generate::beam_chain(&spec)
+                .map_err(|e| fail(e.to_string()))?;
+            let refuse = |what: &str| {
+                fail(format!(
+                    "beam search with {what}: not supported (beam search returns each sequence's sum of logprobs; its end is the model's end-of-text or `stop_token_ids`)"
+                ))
+            };
+            if job.speculative.is_some() {
+                return Err(refuse("speculative decoding"));
+            }
+            if spec.logprobs.is_some() {
+                return Err(refuse("per-token logprobs"));
+            }
+            if !job.stop_strings.is_empty() {
+                return Err(refuse("stop strings"));
+            }
+            if job.sink.is_some() {
+                return Err(refuse("the HTTP API"));
+            }
+        }
         let drafter = match job.speculative {
             Some(sp) => Some(
                 NgramDrafter::new(
@@ -661,6 +743,14 @@ impl Server<'_> {
         let rid = rid.map_err(|e| fail(e.to_string()))?;
         let slot = self.alloc_slot();
         let seed = self.batch.spec(rid).and_then(|s| s.seed);
+        let beam = job.beam.map(|b| sampler_cpu::beam::BeamParams {
+            num_beams: b.num_beams,
+            num_return_sequences: b.num_return_sequences,
+            length_penalty: b.length_penalty,
+            early_stopping: b.early_stopping,
+            eos: stop.clone(),
+            max_new_tokens: job.max_tokens,
+        });
         Ok(Live {
             index: job.index,
             choice: 0,
@@ -687,6 +777,9 @@ impl Server<'_> {
             text,
             stop_reason: Value::Null,
             sink: job.sink,
+            beam,
+            family: None,
+            hypotheses: Vec::new(),
         })
     }
 
@@ -706,9 +799,23 @@ impl Server<'_> {
         // (live request, its first row, its drafts) for the requests that
         // verify drafts now: the last token and the drafts, `k + 1` rows.
         let mut drafted: Vec<(usize, usize, Vec<TokenId>)> = Vec::new();
+        // (live request, its first row, rows) for the beam searches: one
+        // row per running beam, or the prompt's last row at the first step.
+        let mut beamed: Vec<(usize, usize, usize)> = Vec::new();
+        let mut beam_errors: Vec<(usize, String)> = Vec::new();
         let seq_len = self.model.config().seq_len;
         let mut budget = self.prefill_budget;
         for (k, r) in live.iter_mut().enumerate() {
+            if let Some(f) = &r.family {
+                let first = tokens.len();
+                for (tok, slot) in f.rows() {
+                    tokens.push(tok);
+                    positions.push(f.pos());
+                    slots.push(slot);
+                }
+                beamed.push((k, first, tokens.len() - first));
+                continue;
+            }
             if r.prefilled < r.prompt.len() {
                 if budget == 0 {
                     continue;
@@ -720,6 +827,19 @@ impl Server<'_> {
                 slots.extend(std::iter::repeat_n(r.slot, end - r.prefilled));
                 r.prefilled = end;
                 if end < r.prompt.len() {
+                    continue;
+                }
+                if let Some(params) = r.beam.take() {
+                    // The prompt is through: the search starts from its
+                    // last row, and owns the request and its slot from now.
+                    let last = r.prompt.len() - 1;
+                    match BeamFamily::new(r.rid, r.slot, r.prompt[last], last, seq_len, params) {
+                        Ok(f) => {
+                            r.family = Some(f);
+                            beamed.push((k, tokens.len() - 1, 1));
+                        }
+                        Err(e) => beam_errors.push((k, e.to_string())),
+                    }
                     continue;
                 }
             } else {
@@ -771,7 +891,10 @@ impl Server<'_> {
             reasons[k] = Some(format!("error: step {step}: fork: {e}"));
             take.retain(|&(j, _)| j != k);
         }
-        if take.is_empty() && drafted.is_empty() {
+        for (k, e) in beam_errors {
+            reasons[k] = Some(format!("error: step {step}: beam search: {e}"));
+        }
+        if take.is_empty() && drafted.is_empty() && beamed.is_empty() {
             // Only prompt chunks this step: nothing to sample yet.
             t.model += t0.elapsed();
             return Ok(reasons);
@@ -786,6 +909,22 @@ impl Server<'_> {
         };
         let t1 = Instant::now();
         t.model += t1 - t0;
+        for &(k, first, count) in &beamed {
+            let rows = pick(&logits, (first..first + count).map(|r| r as i64).collect());
+            let Some(f) = live[k].family.as_mut() else {
+                continue;
+            };
+            match f.advance(&mut self.beam_host(), rows, step) {
+                Ok((bytes, _)) => {
+                    t.bytes += bytes;
+                    t.generated += count;
+                    if f.is_done() {
+                        reasons[k] = Some("beam".into());
+                    }
+                }
+                Err(e) => reasons[k] = Some(format!("error: step {step}: beam search: {e}")),
+            }
+        }
         if !drafted.is_empty() {
             let rows: Vec<i64> = drafted
                 .iter()
@@ -861,6 +1000,10 @@ impl Server<'_> {
             Some(e) => ("error", Some(e)),
             None => (why, None),
         };
+        if why == "beam" {
+            self.report_beams(r, step);
+            return;
+        }
         if self.json && r.n > 1 {
             // One of several choices: kept until the last one ends, then
             // one line with them all.
@@ -956,6 +1099,71 @@ impl Server<'_> {
         }
     }
 
+    /// A finished beam search: its sequences as choices, best first, each
+    /// with its sum of logprobs and its length-penalised score.
+    fn report_beams(&self, r: &Live, step: usize) {
+        let codec = self.codec.text();
+        let text_of = |tokens: &[TokenId]| {
+            let mut prev = r.prompt.last().copied();
+            let mut bytes = Vec::new();
+            for &t in tokens {
+                if !r.stop.contains(&t) {
+                    bytes.extend(codec.piece_bytes(prev, t));
+                }
+                prev = Some(t);
+            }
+            String::from_utf8_lossy(&bytes).into_owned()
+        };
+        let finish_of = |tokens: &[TokenId]| match tokens.last() {
+            Some(t) if r.stop.contains(t) => "stop",
+            _ if r.prompt.len() + tokens.len() >= self.model.config().seq_len => "context",
+            _ => "length",
+        };
+        if self.json {
+            let choices: Vec<Value> = r
+                .hypotheses
+                .iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    json!({
+                        "index": i,
+                        "completion_tokens": h.tokens.len(),
+                        "tokens": h.tokens,
+                        "text": text_of(&h.tokens),
+                        "finish_reason": finish_of(&h.tokens),
+                        "cumulative_logprob": h.sum_logprobs,
+                        "score": h.score,
+                    })
+                })
+                .collect();
+            let line = json!({
+                "id": r.id,
+                "index": r.index,
+                "prompt_tokens": r.prompt.len(),
+                "completion_tokens": r.hypotheses.iter().map(|h| h.tokens.len()).sum::<usize>(),
+                "choices": choices,
+                "arrival": r.arrival,
+                "start_step": r.started,
+                "end_step": step,
+                "chain": r.chain,
+                "beam_search": true,
+            });
+            println!("{line}");
+        } else {
+            for (i, h) in r.hypotheses.iter().enumerate() {
+                println!(
+                    "[request {:>2}.{i}] steps {}..{step} (beam search, score {:.4}), {} tokens: {}{}",
+                    r.index,
+                    r.started,
+                    h.score,
+                    h.tokens.len(),
+                    String::from_utf8_lossy(&codec.decode_bytes(&r.prompt)).trim(),
+                    text_of(&h.tokens)
+                );
+            }
+        }
+    }
+
     /// A request that could not start.
     fn refuse(&self, index: usize, id: &Value, e: &str) {
         if self.json {
@@ -970,8 +1178,14 @@ impl Server<'_> {
     /// Take a finished request out of the batch and print it (or send its
     /// end to its HTTP client).
     fn finish(&mut self, mut r: Live, why: &str, step: usize) -> Result<(), String> {
-        self.batch.remove(r.rid).map_err(|e| e.to_string())?;
-        self.free.push(r.slot);
+        match r.family.take() {
+            // The search owns the beams' requests and slots.
+            Some(f) => r.hypotheses = f.finish(&mut self.beam_host()),
+            None => {
+                self.batch.remove(r.rid).map_err(|e| e.to_string())?;
+                self.free.push(r.slot);
+            }
+        }
         let tail = r.text.finish();
         match &r.sink {
             Some(sink) => sink.finish(&tail, why, &r.stop_reason, r.prompt.len(), r.tokens.len()),
