@@ -226,8 +226,14 @@ fn beam_search_scores_are_the_sequences_logprobs() {
     let search = |device: &Device, policy: OffloadPolicy, p: BeamParams| {
         let model = Llama2::new(&ckpt, device);
         let mut batch = sampler_backend::SamplingBatch::new(512, device, policy).unwrap();
+        let w = p.num_beams;
         let out = beam_search(&model, &tok, &mut batch, &spec, &prompt, p).unwrap();
         assert!(batch.is_empty(), "every beam's request removed");
+        if policy == OffloadPolicy::Device {
+            // The processors and the top-2W selection on the device: only
+            // the 2W (id, logit) pairs and the log-sum-exp come back.
+            assert_eq!(out.bytes_read, out.rows * (8 * 2 * w + 4));
+        }
         out.hypotheses
     };
     let flex = sampler_backend::parse_device("flex").unwrap();

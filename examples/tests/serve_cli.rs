@@ -102,10 +102,12 @@ fn serve_file(
     std::collections::BTreeMap<String, serde_json::Value>,
     String,
 ) {
+    // One directory per call: tests run in parallel, often with the same flags.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
         "serve-test-{}-{}",
         std::process::id(),
-        extra.join("_").replace(['/', ' '], "")
+        CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("requests.jsonl");

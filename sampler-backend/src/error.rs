@@ -183,6 +183,12 @@ pub enum BackendError {
         /// The most allowed ([`crate::MAX_FORK`]).
         max: usize,
     },
+    /// [`crate::SamplingBatch::top_logprobs`] asked for no entries.
+    #[error("top_logprobs: k = {k}: expected at least 1")]
+    TopCount {
+        /// The count asked for.
+        k: usize,
+    },
     /// Reading the step's results back from the device failed.
     #[error("device readback failed: {0}")]
     Readback(String),

@@ -64,7 +64,7 @@ pub const MAX_FORK: usize = sampler_core::MAX_SEQUENCES - 1;
 pub use batch::pending::{PendingStep, ReturnedStep};
 pub use batch::request::RequestId;
 pub use batch::verify::{BatchVerify, Draft, PendingVerify};
-pub use batch::{BatchFilter, BatchStep, SamplingBatch, is_cpu_device};
+pub use batch::{BatchFilter, BatchStep, BatchTopLogprobs, SamplingBatch, is_cpu_device};
 pub use burn_tensor;
 pub use burn_tensor::{Device, Tensor, TensorData};
 pub use device::{compiled_devices, parse_device, probe_device, resolve_device, usable_devices};

@@ -619,7 +619,128 @@ fn fork_continues_from_the_parents_state(d: &Device, name: &str) {
     ));
 }
 
+/// `top_logprobs(ids, logits, k)` (what beam search scores with): each
+/// row's top `k` `(token, logprob)` after its chain of logits processors
+/// equal sampler-cpu's chain and `sampler_cpu::beam::top_logprobs` on the
+/// same row (tokens and order exactly, tied logits included; logprobs
+/// within 1e-4), step after step as tokens are committed, under every
+/// offload policy; a NaN row fails alone; where the whole chain runs on
+/// the device only `8·k + 4` bytes per row come back.
+fn top_logprobs_equal_the_host_selection(d: &Device, name: &str) {
+    let mut r = ChaCha8Rng::seed_from_u64(0x70b5);
+    let prompt: Vec<TokenId> = vec![3, 9, 9, 4];
+    for case in 0..8u64 {
+        let mut stages = vec![
+            StageSpec::Penalties {
+                last_n: 8,
+                repeat: 1.0 + r.random_range(0..10) as f32 * 0.1,
+                frequency: r.random_range(0..5) as f32 * 0.1,
+                presence: 0.2,
+                scope: HistoryScope::PromptAndOutput,
+            },
+            StageSpec::LogitBias {
+                bias: vec![(r.random_range(0..VOCAB as u32), 2.0), (7, -1.5)],
+            },
+            StageSpec::MinTokens {
+                n: 2,
+                stop: vec![0, 1],
+            },
+        ];
+        if case == 5 {
+            // A host-only processor: the rows come back whole.
+            stages.push(StageSpec::NoRepeatNgram {
+                n: 2,
+                scope: HistoryScope::PromptAndOutput,
+            });
+        }
+        let spec = ChainSpec::new(stages, Some(case));
+        let policy = [
+            OffloadPolicy::Device,
+            OffloadPolicy::Off,
+            OffloadPolicy::Auto,
+        ][case as usize % 3];
+        let k = [1, 5, 2 * VOCAB][(case as usize / 3) % 3];
+        let mut batch = SamplingBatch::new(VOCAB, d, policy).unwrap();
+        let ids: Vec<RequestId> = (0..3)
+            .map(|_| batch.insert(spec.clone(), &prompt).unwrap())
+            .collect();
+        let mut cpu: Vec<_> = (0..3)
+            .map(|_| {
+                let mut c = sampler_cpu::build_chain(&spec).unwrap();
+                c.accept_prompt(&prompt);
+                c
+            })
+            .collect();
+        let plan = batch.plan(ids[0]).unwrap().clone();
+        let on_device = plan.host_start >= spec.stages.len() && plan.host_start > 0;
+        // Penalties, logit_bias and min_tokens are device recipes
+        // (`auto` offloads them on a GPU only); no_repeat_ngram is not.
+        let offloads = match policy {
+            OffloadPolicy::Device => true,
+            OffloadPolicy::Auto => !sampler_backend::is_cpu_device(d),
+            _ => false,
+        };
+        assert_eq!(on_device, offloads && case != 5, "[{name}] {plan}");
+        for step in 0..5 {
+            let rows: Vec<Vec<f32>> = (0..3)
+                .map(|j| {
+                    let mut row = logits_of(20 + j, step);
+                    if j == 1 && step == 3 {
+                        row[5] = f32::NAN;
+                    }
+                    row
+                })
+                .collect();
+            let out = batch.top_logprobs(&ids, upload(&rows, d), k).unwrap();
+            if on_device {
+                assert_eq!(
+                    out.bytes_read,
+                    3 * (8 * k.min(VOCAB) + 4),
+                    "[{name}] case {case} ({policy:?}): {plan}"
+                );
+            } else {
+                assert!(out.bytes_read >= 3 * 4 * VOCAB, "[{name}] case {case}");
+            }
+            for (j, got) in out.rows.iter().enumerate() {
+                let at =
+                    format!("[{name}] case {case} ({policy:?}, k = {k}), row {j}, step {step}");
+                if j == 1 && step == 3 {
+                    assert_eq!(got, &Err(SampleError::NanLogit { index: 5 }), "{at}");
+                    continue;
+                }
+                let c = cpu[j].apply_logits(&rows[j]).unwrap();
+                let want = sampler_cpu::beam::top_logprobs(c.logits(), Some(c.ids()), k);
+                let got = got.as_ref().unwrap_or_else(|e| panic!("{at}: {e}"));
+                let ids_of = |v: &[(TokenId, f32)]| v.iter().map(|e| e.0).collect::<Vec<_>>();
+                assert_eq!(ids_of(got), ids_of(&want), "{at}");
+                for (a, b) in got.iter().zip(&want) {
+                    assert!((a.1 - b.1).abs() < 1e-4, "{at}: {} vs {}", a.1, b.1);
+                }
+            }
+            // Advance: each sequence records its best token (the NaN row
+            // its step's first id).
+            for j in 0..3 {
+                let t = out.rows[j].as_ref().map_or(0, |v| v[0].0);
+                batch.commit(ids[j], t).unwrap();
+                cpu[j].commit(t);
+            }
+        }
+    }
+    let mut batch = SamplingBatch::new(VOCAB, d, OffloadPolicy::Auto).unwrap();
+    let id = batch
+        .insert(
+            ChainSpec::new(vec![StageSpec::LogitBias { bias: vec![] }], Some(1)),
+            &[],
+        )
+        .unwrap();
+    let e = batch
+        .top_logprobs(&[id], upload(&[logits_of(0, 0)], d), 0)
+        .unwrap_err();
+    assert!(e.to_string().contains("k = 0"), "{e}");
+}
+
 device_tests!(
+    top_logprobs_equal_the_host_selection,
     continuous_batching_matches_each_request_alone,
     mixed_chains_read_back_what_each_plan_says,
     batch_errors_name_the_request,

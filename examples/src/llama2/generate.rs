@@ -558,9 +558,10 @@ pub fn beam_chain(
 /// is a request of the batch (the chain's processors, [`BEAM_STAGES`]) and
 /// a KV cache slot. Per step the engine runs the model over [`BeamFamily::rows`]
 /// (every beam at [`BeamFamily::pos`]), gives the rows' logits to
-/// [`BeamFamily::advance`], which runs [`SamplingBatch::filter`] over them
-/// (the processors where the plan puts them), takes the top `2W` logprobs
-/// per beam and reorders the beams by parent: a parent with several
+/// [`BeamFamily::advance`], which takes the top `2W` logprobs per beam
+/// after the processors with [`SamplingBatch::top_logprobs`] (on the device
+/// where the whole chain runs there: only the `2W` pairs come back) and
+/// reorders the beams by parent: a parent with several
 /// children is forked ([`SamplingBatch::fork`], cache slot copied), one
 /// without any is removed, each child's token committed
 /// ([`SamplingBatch::commit`]).
@@ -640,19 +641,16 @@ impl BeamFamily {
         logits: burn_tensor::Tensor<2>,
         step: usize,
     ) -> Result<(usize, Duration), GenerateError> {
-        use sampler_cpu::beam::top_logprobs;
         let ts = Instant::now();
         let ids: Vec<RequestId> = self.beams.iter().map(|b| b.0).collect();
-        let out = host.batch().filter(&ids, logits)?;
-        let mut cands = Vec::with_capacity(self.beams.len());
-        for row in out.rows {
-            let c = row.map_err(|source| GenerateError::Sample { step, source })?;
-            cands.push(top_logprobs(
-                c.logits(),
-                Some(c.ids()),
-                self.search.candidates_per_beam(),
-            ));
-        }
+        let out = host
+            .batch()
+            .top_logprobs(&ids, logits, self.search.candidates_per_beam())?;
+        let cands = out
+            .rows
+            .into_iter()
+            .map(|row| row.map_err(|source| GenerateError::Sample { step, source }))
+            .collect::<Result<Vec<_>, _>>()?;
         let sampling = ts.elapsed();
         let next = self
             .search

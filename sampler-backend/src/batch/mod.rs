@@ -70,6 +70,16 @@ pub struct BatchStep {
     pub bytes_read: usize,
 }
 
+/// What [`SamplingBatch::top_logprobs`] produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchTopLogprobs {
+    /// One entry per step row, in the order of the ids given: the row's top
+    /// `k` `(token, logprob)`, best first.
+    pub rows: Vec<Result<Vec<(TokenId, f32)>, SampleError>>,
+    /// Bytes read back from the device.
+    pub bytes_read: usize,
+}
+
 /// What [`SamplingBatch::filter`] produced: each row's candidates after its
 /// whole chain ran without selecting.
 #[derive(Debug, Clone, PartialEq)]
@@ -274,7 +284,7 @@ impl SamplingBatch {
         ids: &[RequestId],
         logits: Tensor<2>,
     ) -> Result<PendingStep, BackendError> {
-        self.submit_inner(ids, logits, true)
+        self.submit_inner(ids, logits, true, None)
     }
 
     /// The second half of a pipelined step (see [`SamplingBatch::submit`]).
@@ -306,8 +316,38 @@ impl SamplingBatch {
         ids: &[RequestId],
         logits: Tensor<2>,
     ) -> Result<BatchFilter, BackendError> {
-        let pending = self.submit_inner(ids, logits, false)?;
+        let pending = self.submit_inner(ids, logits, false, None)?;
         self.finish_filter(pending)
+    }
+
+    /// Each request's top `k` `(token, logprob)` of the log-softmax of its
+    /// row of `logits` `[ids.len(), vocab]` after its chain (a chain
+    /// without a selecting stage: the logits processors beam search
+    /// scores with), canonical order (logit descending, ties to the lowest
+    /// id), finite entries only; nothing is selected or recorded (as
+    /// [`SamplingBatch::filter`]). The logprob is `logit - logsumexp(row)`,
+    /// `logsumexp` over the whole processed row.
+    ///
+    /// Where the whole chain runs on a device and the device may select
+    /// `k` (any `k` on a CPU device, at most
+    /// [`ops::GENERIC_TOPK_MAX`](crate::ops::GENERIC_TOPK_MAX) on a cubecl
+    /// one), the selection and the log-sum-exp run there and only
+    /// `8·k + 4` bytes per row come back; otherwise the processed row is
+    /// read back (`4·vocab` bytes) and the host selects.
+    ///
+    /// # Errors
+    /// As [`SamplingBatch::filter`]; `k` of 0 is [`BackendError::TopCount`].
+    pub fn top_logprobs(
+        &mut self,
+        ids: &[RequestId],
+        logits: Tensor<2>,
+        k: usize,
+    ) -> Result<BatchTopLogprobs, BackendError> {
+        if k == 0 {
+            return Err(BackendError::TopCount { k });
+        }
+        let pending = self.submit_inner(ids, logits, false, Some(k))?;
+        self.finish_top(pending, k)
     }
 
     /// Give up a submitted step: it waits for the step's readback (a GPU

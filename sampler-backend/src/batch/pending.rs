@@ -19,8 +19,11 @@ pub struct PendingStep {
     pub(crate) serial: u64,
     /// Its strong count tells the batch whether this step was dropped.
     pub(crate) alive: Arc<()>,
-    /// A sampling step (`false`: `filter`).
+    /// A sampling step (`false`: `filter` or `top_logprobs`).
     pub(crate) select: bool,
+    /// `top_logprobs(k)`: each row's top `k` `(token, logprob)` instead of
+    /// its candidates.
+    pub(crate) top: Option<usize>,
     pub(crate) ids: Vec<RequestId>,
     pub(crate) row_of: HashMap<RequestId, usize>,
     pub(crate) layout: StepLayout,

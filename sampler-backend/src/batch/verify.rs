@@ -110,6 +110,7 @@ impl SamplingBatch {
             serial: NEXT_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             alive: Arc::new(()),
             select: true,
+            top: None,
             ids,
             row_of,
             layout: StepLayout::default(),

@@ -34,6 +34,10 @@ impl SamplingBatch {
         }
         for run in &layout.groups {
             let key = &run.key;
+            if let Some(k) = run.top {
+                self.decode_top(data, run, k, &mut work)?;
+                continue;
+            }
             let mut next = run.at;
             let mut take = || {
                 next += 1;
@@ -106,6 +110,32 @@ impl SamplingBatch {
         Ok(work)
     }
 
+    /// A group's `top_logprobs(k)` computed on the device: `[R, k]` ids
+    /// (an invalid row's first id its code), `[R, k]` logits, `[R, 1]`
+    /// log-sum-exps; each row's finite entries as `(id, logit - lse)`.
+    fn decode_top(
+        &self,
+        data: &[TensorData],
+        run: &super::GroupRun,
+        k: usize,
+        work: &mut [Option<RowWork>],
+    ) -> Result<(), BackendError> {
+        let k = k.clamp(1, self.vocab);
+        let tok = read_i64(&data[run.at]);
+        let logits = as_f32(&data[run.at + 1])?;
+        let lse = as_f32(&data[run.at + 2])?;
+        for (j, &r) in run.rows.iter().enumerate() {
+            let row_ids = &tok[j * k..(j + 1) * k];
+            let row = &logits[j * k..(j + 1) * k];
+            let w = match row_ids.first() {
+                Some(&c) if c < 0 => Err(decode_error(c)),
+                _ => top_entries(row_ids, row, lse[j], self.vocab),
+            };
+            work[r] = Some((Work::Top(w), None));
+        }
+        Ok(())
+    }
+
     fn decode_token(&self, code: i64) -> Result<TokenId, SampleError> {
         if code < 0 {
             Err(decode_error(code))
@@ -164,6 +194,34 @@ fn full_row(req: &Request, row: &[f32], vocab: usize) -> Result<Candidates, Samp
         return Candidates::from_parts(ids, logits, vocab);
     }
     Ok(Candidates::from_logits(row))
+}
+
+/// A row's top entries: finite logits only, logprob `logit - lse` (in
+/// `f64`, as sampler-cpu's `top_logprobs`), canonical order (logit
+/// descending, ties to the lowest id).
+fn top_entries(
+    ids: &[i64],
+    logits: &[f32],
+    lse: f32,
+    vocab: usize,
+) -> Result<Vec<(TokenId, f32)>, SampleError> {
+    let mut out = Vec::with_capacity(ids.len());
+    for (&id, &l) in ids.iter().zip(logits) {
+        if !l.is_finite() {
+            continue;
+        }
+        if id < 0 || id as u64 >= vocab as u64 {
+            return Err(SampleError::Device(format!(
+                "device returned token id {id} outside the vocabulary"
+            )));
+        }
+        out.push((id as TokenId, l));
+    }
+    out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    Ok(out
+        .into_iter()
+        .map(|(t, l)| (t, (f64::from(l) - f64::from(lse)) as f32))
+        .collect())
 }
 
 fn read_i64(d: &TensorData) -> Vec<i64> {

@@ -2,7 +2,7 @@
 //! stages in order (with the fusion rules of [`crate::fusion`]), the
 //! tensors the readback registers, and the device logprobs.
 
-use burn_tensor::{Device, Int, IntDType, Tensor};
+use burn_tensor::{Int, IntDType, Tensor};
 use sampler_core::plan::Readback;
 
 use super::Out;
@@ -14,7 +14,9 @@ use crate::stage::{DeviceStage, RowState, StepData};
 
 /// One group's device pass over its rows: validation, the stages (through
 /// the fusion rules), the outputs its readback registers (`[B]` codes, or
-/// `[B, K]` ids and logits, or `[B, V]` logits), then, with logprobs,
+/// `[B, K]` ids and logits, or `[B, V]` logits; with `top = Some(k)` and a
+/// full-row readback, `[B, k]` ids, `[B, k]` logits and `[B, 1]`
+/// log-sum-exps instead of the rows), then, with logprobs,
 /// `[B, L]` ids and values (and for `raw` logprobs with a candidates
 /// readback the candidates' `[B, K]` raw logprobs).
 pub(crate) fn device_pass(
@@ -23,9 +25,11 @@ pub(crate) fn device_pass(
     slots: Option<Tensor<1, Int>>,
     rows: &[RowState],
     readback: Readback,
+    top: Option<usize>,
     lp: Option<DeviceLogprobs>,
-    d: &Device,
 ) -> Vec<Out> {
+    let device = logits.device();
+    let d = &device;
     let [b, v] = logits.dims();
     // Row validation in one reduction: the key is 2i at a NaN, 2i + 1 at a
     // +inf and 2V elsewhere, so the row minimum m is the first bad position
@@ -148,6 +152,25 @@ pub(crate) fn device_pass(
             let ids: Tensor<2, Int> = ids.mask_where(first, wide(code, k)).cast(IntDType::I32);
             out.push(Out::I(ids.reshape([b * k])));
             out.push(Out::F(data.logits));
+        }
+        Readback::FullLogits { .. } if top.is_some() => {
+            // `top_logprobs(k)`: the canonical top `k` of the processed row
+            // and its log-sum-exp; an invalid row's first id is its code.
+            let k = top.unwrap_or(1).clamp(1, v);
+            let row = data.logits;
+            let row_ids = data.ids.unwrap_or_else(|| pos.clone());
+            let (e, m) = ops::exps(&row);
+            let lse = e.sum_dim(1).log().add(m);
+            let k_col = Tensor::<2, Int>::full([b, 1], k as i64, d);
+            let (vals, ids) = ops::canonical_topk(&row, &row_ids, &k_col, k);
+            let (invalid, code) = masks();
+            let first = ops::positions(b, k, d)
+                .equal_elem(0)
+                .bool_and(wide(invalid, k));
+            let ids: Tensor<2, Int> = ids.mask_where(first, wide(code, k)).cast(IntDType::I32);
+            out.push(Out::I(ids.reshape([b * k])));
+            out.push(Out::F(vals));
+            out.push(Out::F(lse));
         }
         Readback::FullLogits { .. } => {
             let (invalid, _) = masks();

@@ -11,7 +11,7 @@ use super::{RowResult, StepLayout, StepRows, Work};
 use crate::BackendError;
 use crate::batch::pending::{InFlight, PendingStep, foreign};
 use crate::batch::request::Request;
-use crate::batch::{BatchFilter, BatchStep, SamplingBatch};
+use crate::batch::{BatchFilter, BatchStep, BatchTopLogprobs, SamplingBatch};
 use crate::logprobs::DeviceRowLp;
 
 /// A row's host result: what it produced and its logprobs.
@@ -27,7 +27,7 @@ impl SamplingBatch {
             .into_iter()
             .map(|r| match r {
                 Ok(RowResult::Token(t)) => Ok(t),
-                Ok(RowResult::Cands(_)) => Err(SampleError::NoSelectingStage),
+                Ok(RowResult::Cands(_) | RowResult::Top(_)) => Err(SampleError::NoSelectingStage),
                 Err(e) => Err(e),
             })
             .collect();
@@ -52,10 +52,41 @@ impl SamplingBatch {
             .map(|r| match r {
                 Ok(RowResult::Cands(c)) => Ok(c),
                 Ok(RowResult::Token(t)) => Candidates::from_parts(vec![t], vec![0.0], vocab),
+                Ok(RowResult::Top(t)) => {
+                    let (ids, logprobs) = t.into_iter().unzip();
+                    Candidates::from_parts(ids, logprobs, vocab)
+                }
                 Err(e) => Err(e),
             })
             .collect();
         Ok(BatchFilter {
+            rows,
+            bytes_read: out.bytes_read,
+        })
+    }
+
+    /// The second half of [`SamplingBatch::top_logprobs`].
+    pub(crate) fn finish_top(
+        &mut self,
+        pending: PendingStep,
+        k: usize,
+    ) -> Result<BatchTopLogprobs, BackendError> {
+        let out = self.finish_inner(pending)?;
+        let rows = out
+            .rows
+            .into_iter()
+            .map(|r| match r {
+                Ok(RowResult::Top(t)) => Ok(t),
+                Ok(RowResult::Cands(c)) => Ok(sampler_cpu::beam::top_logprobs(
+                    c.logits(),
+                    Some(c.ids()),
+                    k,
+                )),
+                Ok(RowResult::Token(t)) => Ok(vec![(t, 0.0)]),
+                Err(e) => Err(e),
+            })
+            .collect();
+        Ok(BatchTopLogprobs {
             rows,
             bytes_read: out.bytes_read,
         })
@@ -77,6 +108,7 @@ impl SamplingBatch {
     /// The decoding and host half of `finish_inner`.
     fn finish_rows(&mut self, mut pending: PendingStep) -> Result<StepRows, BackendError> {
         let select = pending.select;
+        let top = pending.top;
         let ids = std::mem::take(&mut pending.ids);
         let row_of = std::mem::take(&mut pending.row_of);
         let layout = std::mem::take(&mut pending.layout);
@@ -106,7 +138,19 @@ impl SamplingBatch {
         reqs.sort_unstable_by_key(|(r, _)| *r);
         let host = |req: &mut Request, w: Option<RowWork>| {
             let (w, lp) = w.expect("every row has work");
-            let res = run_host(req, w, lp, raw, v, select);
+            let res = run_host(req, w, lp, raw, v, select).map(|(row, lp)| match (top, row) {
+                // `top_logprobs` where the host ran the chain: select here.
+                (Some(k), RowResult::Cands(c)) => (
+                    RowResult::Top(sampler_cpu::beam::top_logprobs(
+                        c.logits(),
+                        Some(c.ids()),
+                        k,
+                    )),
+                    lp,
+                ),
+                (Some(_), RowResult::Token(t)) => (RowResult::Top(vec![(t, 0.0)]), lp),
+                (_, row) => (row, lp),
+            });
             if select && let Ok((RowResult::Token(t), _)) = &res {
                 req.outputs.push(*t);
                 req.history.push((*t, TokenOrigin::Output));
@@ -249,6 +293,8 @@ fn run_host(
             req.chain.apply_from(start, &mut c)?;
             Ok((RowResult::Cands(c), None))
         }
+        // Only a `top_logprobs` step reads tops back, and never selects.
+        (Work::Top(t), _) => t.map(|t| (RowResult::Top(t), None)),
     }
 }
 

@@ -39,6 +39,10 @@ pub(crate) struct GroupRun {
     pub(crate) slots: Vec<i64>,
     /// The index of the group's first tensor in the readback.
     pub(crate) at: usize,
+    /// `top_logprobs(k)` computed on the device for this group: its
+    /// readback is `[R, k]` ids, `[R, k]` logits and `[R, 1]` log-sum-exps
+    /// instead of the full rows.
+    pub(crate) top: Option<usize>,
 }
 
 /// What a step produced per step row.
@@ -57,12 +61,17 @@ pub(crate) enum Work {
     Token(Result<TokenId, SampleError>),
     /// Candidates read back; the host runs the chain from `host_start`.
     Cands(Result<Candidates, SampleError>, usize),
+    /// The top `k` of the processed row computed on the device
+    /// (`top_logprobs`): `(token, logprob)`, canonical order.
+    Top(Result<Vec<(TokenId, f32)>, SampleError>),
 }
 
 /// A row's result.
 pub(crate) enum RowResult {
     Token(TokenId),
     Cands(Candidates),
+    /// `top_logprobs`: `(token, logprob)`, canonical order.
+    Top(Vec<(TokenId, f32)>),
 }
 
 /// A tensor a group's device pass registers with the step's readback.

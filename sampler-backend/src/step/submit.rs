@@ -21,19 +21,27 @@ use crate::stage::RowState;
 impl SamplingBatch {
     /// Validate a step, queue every group's device work and start the
     /// readback; nothing is accepted yet. `select`: a sampling step
-    /// (`false`: `filter`).
+    /// (`false`: `filter`, or with `top` `top_logprobs`).
     pub(crate) fn submit_inner(
         &mut self,
         ids: &[RequestId],
         logits: Tensor<2>,
         select: bool,
+        top: Option<usize>,
     ) -> Result<PendingStep, BackendError> {
-        self.idle(if select { "step" } else { "filter" })?;
+        let call = match (select, top) {
+            (true, _) => "step",
+            (false, None) => "filter",
+            (false, Some(_)) => "top_logprobs",
+        };
+        self.idle(call)?;
+        let top = top.filter(|_| !select);
         let row_of = self.check_step(ids, ids.len(), &logits)?;
         let mut pending = PendingStep {
             serial: NEXT_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             alive: Arc::new(()),
             select,
+            top,
             ids: ids.to_vec(),
             row_of,
             layout: StepLayout::default(),
@@ -76,12 +84,14 @@ impl SamplingBatch {
         let mut runs = Vec::with_capacity(groups.len());
         for (key, rows) in groups {
             let rows_logits = select_rows(logits.as_ref().expect("some rows on the device"), &rows);
-            let (slots, out) = self.queue_group(&key, ids, &rows, rows_logits, select);
+            let group_top = top.filter(|&k| self.top_on_device(&key, ids, &rows, k));
+            let (slots, out) = self.queue_group(&key, ids, &rows, rows_logits, select, group_top);
             runs.push(GroupRun {
                 key,
                 rows,
                 slots,
                 at: n_reg,
+                top: group_top,
             });
             for t in out {
                 tx = match t {
@@ -202,6 +212,20 @@ impl SamplingBatch {
         (host_rows, groups)
     }
 
+    /// Whether a group's `top_logprobs(k)` runs on the device: its rows
+    /// are read back whole (no selecting stage on the device), every row's
+    /// whole chain runs there (no host suffix to apply first), and the
+    /// device may select `k` ([`ops::generic_topk_allowed`]).
+    fn top_on_device(&self, key: &GroupKey, ids: &[RequestId], rows: &[usize], k: usize) -> bool {
+        matches!(
+            key.readback,
+            sampler_core::plan::Readback::FullLogits { .. }
+        ) && rows.iter().all(|&r| {
+            let req = &self.requests[&ids[r]];
+            req.plan.host_start >= req.spec.stages.len()
+        }) && ops::generic_topk_allowed(k.min(self.vocab), &self.device).is_ok()
+    }
+
     /// Queue one group's device pass over its step rows `rows` (logits
     /// `[R, V]`): each row's slot, and the tensors its readback registers.
     fn queue_group(
@@ -211,6 +235,7 @@ impl SamplingBatch {
         rows: &[usize],
         logits: Tensor<2>,
         select: bool,
+        top: Option<usize>,
     ) -> (Vec<i64>, Vec<Out>) {
         let d = self.device.clone();
         let g = self
@@ -250,7 +275,7 @@ impl SamplingBatch {
                 }),
             });
         let stages = g.stages.as_mut().expect("built by layout_rows");
-        let out = device_pass(stages, logits, slots_t, &row_states, key.readback, lp, &d);
+        let out = device_pass(stages, logits, slots_t, &row_states, key.readback, top, lp);
         (slots, out)
     }
 }
