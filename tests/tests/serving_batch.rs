@@ -726,13 +726,74 @@ fn top_logprobs_equal_the_host_selection(d: &Device, name: &str) {
             }
         }
     }
+    // Chains without stages (a beam search without processors), beside a
+    // chain the host runs, rows in any order: the selection alone runs on
+    // the device wherever the policy offloads.
+    for policy in [
+        OffloadPolicy::Device,
+        OffloadPolicy::Auto,
+        OffloadPolicy::Off,
+    ] {
+        let mut batch = SamplingBatch::new(VOCAB, d, policy).unwrap();
+        let bare = [
+            batch
+                .insert(ChainSpec::new(vec![], Some(1)), &prompt)
+                .unwrap(),
+            batch
+                .insert(ChainSpec::new(vec![], Some(2)), &prompt)
+                .unwrap(),
+        ];
+        let ngram = ChainSpec::new(
+            vec![StageSpec::NoRepeatNgram {
+                n: 2,
+                scope: HistoryScope::PromptAndOutput,
+            }],
+            Some(3),
+        );
+        let host = batch.insert(ngram.clone(), &prompt).unwrap();
+        let mut cpu = sampler_cpu::build_chain(&ngram).unwrap();
+        cpu.accept_prompt(&prompt);
+        let rows: Vec<Vec<f32>> = (0..3).map(|j| logits_of(40 + j, 0)).collect();
+        let k = 6;
+        let out = batch
+            .top_logprobs(&[bare[1], host, bare[0]], upload(&rows, d), k)
+            .unwrap();
+        let offloads = match policy {
+            OffloadPolicy::Device => true,
+            OffloadPolicy::Auto => !sampler_backend::is_cpu_device(d),
+            _ => false,
+        };
+        let want_bytes = if offloads {
+            2 * (8 * k + 4) + 4 * VOCAB
+        } else {
+            3 * 4 * VOCAB
+        };
+        assert_eq!(out.bytes_read, want_bytes, "[{name}] {policy:?}");
+        for (j, got) in out.rows.iter().enumerate() {
+            let want = if j == 1 {
+                let c = cpu.apply_logits(&rows[1]).unwrap();
+                sampler_cpu::beam::top_logprobs(c.logits(), Some(c.ids()), k)
+            } else {
+                sampler_cpu::beam::top_logprobs(&rows[j], None, k)
+            };
+            let got = got.as_ref().unwrap();
+            assert_eq!(
+                got.iter().map(|e| e.0).collect::<Vec<_>>(),
+                want.iter().map(|e| e.0).collect::<Vec<_>>(),
+                "[{name}] {policy:?}, row {j}"
+            );
+            for (a, b) in got.iter().zip(&want) {
+                assert!(
+                    (a.1 - b.1).abs() < 1e-4,
+                    "[{name}] {policy:?}: {} vs {}",
+                    a.1,
+                    b.1
+                );
+            }
+        }
+    }
     let mut batch = SamplingBatch::new(VOCAB, d, OffloadPolicy::Auto).unwrap();
-    let id = batch
-        .insert(
-            ChainSpec::new(vec![StageSpec::LogitBias { bias: vec![] }], Some(1)),
-            &[],
-        )
-        .unwrap();
+    let id = batch.insert(ChainSpec::new(vec![], Some(1)), &[]).unwrap();
     let e = batch
         .top_logprobs(&[id], upload(&[logits_of(0, 0)], d), 0)
         .unwrap_err();

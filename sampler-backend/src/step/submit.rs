@@ -57,7 +57,19 @@ impl SamplingBatch {
             logits.cast(FloatDType::F32)
         };
         self.hand_out_masks(ids, select);
-        let (host_rows, groups) = self.layout_rows(ids);
+        let (mut host_rows, groups) = self.layout_rows(ids);
+        // `top_logprobs` of rows with nothing to run (no stages: a beam
+        // search without processors) where the policy offloads: the
+        // selection alone on the device, so the rows need not come back.
+        let bare: Vec<usize> = match top {
+            Some(k) if self.offloads_selection(k) => host_rows
+                .iter()
+                .copied()
+                .filter(|&r| self.requests[&ids[r]].spec.stages.is_empty())
+                .collect(),
+            _ => Vec::new(),
+        };
+        host_rows.retain(|r| !bare.contains(r));
 
         let b = ids.len();
         let d = self.device.clone();
@@ -81,7 +93,34 @@ impl SamplingBatch {
             tx = tx.register(select_rows(logits.as_ref().expect("not taken"), &host_rows));
             n_reg += 1;
         }
-        let mut runs = Vec::with_capacity(groups.len());
+        let mut runs = Vec::with_capacity(groups.len() + 1);
+        if let (Some(k), Some(&first)) = (top, bare.first()) {
+            let rows_logits = select_rows(logits.as_ref().expect("some rows on the device"), &bare);
+            let out = device_pass(
+                &mut [],
+                rows_logits,
+                None,
+                &[],
+                sampler_core::plan::Readback::FullLogits { vocab: self.vocab },
+                Some(k),
+                None,
+            );
+            runs.push(GroupRun {
+                // A key no device group has: nothing to accept.
+                key: self.requests[&ids[first]].key.clone(),
+                slots: (0..bare.len() as i64).collect(),
+                rows: bare,
+                at: n_reg,
+                top: Some(k),
+            });
+            for t in out {
+                tx = match t {
+                    Out::F(t) => tx.register(t),
+                    Out::I(t) => tx.register(t),
+                };
+                n_reg += 1;
+            }
+        }
         for (key, rows) in groups {
             let rows_logits = select_rows(logits.as_ref().expect("some rows on the device"), &rows);
             let group_top = top.filter(|&k| self.top_on_device(&key, ids, &rows, k));
@@ -210,6 +249,19 @@ impl SamplingBatch {
         });
         host_rows.sort_unstable();
         (host_rows, groups)
+    }
+
+    /// Whether the policy puts a `top_logprobs(k)` selection of rows
+    /// without stages on the device: `device`, a stage cap above 0, or
+    /// `auto` on a GPU; and the device may select `k`.
+    fn offloads_selection(&self, k: usize) -> bool {
+        let offload = match self.policy {
+            sampler_core::OffloadPolicy::Off => false,
+            sampler_core::OffloadPolicy::Device => true,
+            sampler_core::OffloadPolicy::Stages(n) => n > 0,
+            sampler_core::OffloadPolicy::Auto => !crate::is_cpu_device(&self.device),
+        };
+        offload && ops::generic_topk_allowed(k.min(self.vocab), &self.device).is_ok()
     }
 
     /// Whether a group's `top_logprobs(k)` runs on the device: its rows

@@ -504,24 +504,14 @@ fn to_request(
     Ok((request, shape))
 }
 
-/// One sequence of request `index` ends (its row leaves `running`): whether
-/// it was the request's last.
-fn retire(
-    left: &mut std::collections::HashMap<usize, usize>,
-    index: usize,
-    running: &AtomicUsize,
-) -> bool {
+/// One sequence of request `index` ends (its row leaves `running`, it
+/// is out of `live`): whether it was the request's last. Counted from the
+/// sequences still live, so a request whose fork failed half way still ends.
+fn retire(live: &[Live], index: usize, running: &AtomicUsize) -> bool {
     let _ = running.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| {
         Some(r.saturating_sub(1))
     });
-    let n = left.entry(index).or_insert(1);
-    *n = n.saturating_sub(1);
-    if *n == 0 {
-        left.remove(&index);
-        true
-    } else {
-        false
-    }
+    !live.iter().any(|l| l.index == index)
 }
 
 /// The model thread: the continuous-batching loop over the jobs that
@@ -541,8 +531,6 @@ fn model_loop(
     let done = |n: usize| {
         pending.fetch_sub(n, Ordering::SeqCst);
     };
-    // Sequences still running per request (its `n` choices).
-    let mut left: std::collections::HashMap<usize, usize> = Default::default();
     loop {
         if live.is_empty() && queue.is_empty() {
             match jobs.recv() {
@@ -566,7 +554,6 @@ fn model_loop(
                     if let Some(s) = &sink {
                         s.started();
                     }
-                    left.insert(r.index, r.n);
                     live.push(r);
                 }
                 Err(e) => {
@@ -582,7 +569,7 @@ fn model_loop(
         for k in (0..live.len()).rev() {
             if live[k].sink.as_ref().is_some_and(Sink::closed) {
                 let r = live.remove(k);
-                if retire(&mut left, r.index, running) {
+                if retire(&live, r.index, running) {
                     done(1);
                     cancelled.fetch_add(1, Ordering::SeqCst);
                 }
@@ -605,7 +592,7 @@ fn model_loop(
             let r = live.remove(k);
             // The counts first: a client that hears of the end and sends its
             // next request at once finds the room free.
-            if retire(&mut left, r.index, running) {
+            if retire(&live, r.index, running) {
                 done(1);
             }
             if let Err(e) = server.finish(r, &why, step) {
