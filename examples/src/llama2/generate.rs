@@ -670,19 +670,38 @@ impl BeamFamily {
                 host.free_slot(slot);
             }
         }
+        // First children first, so that every request and slot is tracked
+        // (and freed by `finish`) whatever fails after.
+        let mut new: Vec<Option<(RequestId, usize, TokenId)>> = vec![None; next.len()];
         let mut taken = vec![false; old.len()];
-        for &(parent, token) in &next {
-            let (rid, slot, _) = old[parent];
+        for (i, &(parent, token)) in next.iter().enumerate() {
             if !taken[parent] {
                 taken[parent] = true;
-                self.beams.push((rid, slot, token));
-            } else {
-                let child = host.batch().fork(rid, 1)?[0];
-                let s = host.alloc_slot()?;
-                self.beams.push((child, s, token));
-                host.copy_slot(slot, s)?;
+                let (rid, slot, _) = old[parent];
+                new[i] = Some((rid, slot, token));
             }
         }
+        let mut forks = || -> Result<(), GenerateError> {
+            for (i, &(parent, token)) in next.iter().enumerate() {
+                if new[i].is_some() {
+                    continue;
+                }
+                let (rid, slot, _) = old[parent];
+                let s = host.alloc_slot()?;
+                match host.batch().fork(rid, 1) {
+                    Ok(child) => new[i] = Some((child[0], s, token)),
+                    Err(e) => {
+                        host.free_slot(s);
+                        return Err(e.into());
+                    }
+                }
+                host.copy_slot(slot, s)?;
+            }
+            Ok(())
+        };
+        let forked = forks();
+        self.beams = new.into_iter().flatten().collect();
+        forked?;
         for &(rid, _, token) in &self.beams {
             host.batch().commit(rid, token)?;
         }
