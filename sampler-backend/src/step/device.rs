@@ -118,6 +118,16 @@ pub(crate) fn device_pass(
         };
         (invalid, first_bad.clone().neg().sub_scalar(2))
     };
+    // `[B, K]` ids as `[B * K]` i32, an invalid row's first id its code.
+    let coded_ids = |ids: Tensor<2, Int>| -> Tensor<1, Int> {
+        let [_, k] = ids.dims();
+        let (invalid, code) = masks();
+        let first = ops::positions(b, k, d)
+            .equal_elem(0)
+            .bool_and(wide(invalid, k));
+        let ids: Tensor<2, Int> = ids.mask_where(first, wide(code, k)).cast(IntDType::I32);
+        ids.reshape([b * k])
+    };
     let mut out = Vec::with_capacity(5);
     match readback {
         Readback::TokenIds => {
@@ -145,12 +155,7 @@ pub(crate) fn device_pass(
             if let Some(lp) = &mut lp {
                 lp.candidates(&ids);
             }
-            let (invalid, code) = masks();
-            let first = ops::positions(b, k, d)
-                .equal_elem(0)
-                .bool_and(wide(invalid, k));
-            let ids: Tensor<2, Int> = ids.mask_where(first, wide(code, k)).cast(IntDType::I32);
-            out.push(Out::I(ids.reshape([b * k])));
+            out.push(Out::I(coded_ids(ids)));
             out.push(Out::F(data.logits));
         }
         Readback::FullLogits { .. } if top.is_some() => {
@@ -163,12 +168,7 @@ pub(crate) fn device_pass(
             let lse = e.sum_dim(1).log().add(m);
             let k_col = Tensor::<2, Int>::full([b, 1], k as i64, d);
             let (vals, ids) = ops::canonical_topk(&row, &row_ids, &k_col, k);
-            let (invalid, code) = masks();
-            let first = ops::positions(b, k, d)
-                .equal_elem(0)
-                .bool_and(wide(invalid, k));
-            let ids: Tensor<2, Int> = ids.mask_where(first, wide(code, k)).cast(IntDType::I32);
-            out.push(Out::I(ids.reshape([b * k])));
+            out.push(Out::I(coded_ids(ids)));
             out.push(Out::F(vals));
             out.push(Out::F(lse));
         }
