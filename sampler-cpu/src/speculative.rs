@@ -6,38 +6,52 @@
 //!
 //! A request proposes `k` draft tokens `d_1..d_k` and hands `k + 1` target
 //! rows `[k + 1, vocab]` (row `i` is the target model's logits for the
-//! position of `d_i`; the last row follows `d_k`). For `i = 1..k`:
+//! position of `d_i`; the last row follows `d_k`). Row `i` goes through the
+//! chain as if `d_1..d_{i-1}` had been emitted (penalty windows, DRY,
+//! `min_tokens` counts and masks see that prefix); its final candidate set
+//! is the target distribution `p_i`.
 //!
-//! * row `i` goes through the chain as if `d_1..d_{i-1}` had been emitted
-//!   (penalty windows, DRY, `min_tokens` counts and masks see that prefix):
-//!   its final candidate set is the target distribution `p_i` (the softmax
-//!   over the survivors for a chain ending in `dist`; one-hot at the choice
-//!   for `greedy`);
+//! **Drafts with a distribution** (`q_i`, `[k, vocab]` probabilities, from a
+//! draft model), for `i = 1..k`:
+//!
 //! * `d_i` is accepted when `u · q_i(d_i) < p_i(d_i)` (probability
-//!   `min(1, p_i(d_i) / q_i(d_i))`), with `q_i` the draft's distribution
-//!   (`[k, vocab]` probabilities) or, without one (n-gram / prompt-lookup
-//!   drafts), one-hot at `d_i`;
+//!   `min(1, p_i(d_i) / q_i(d_i))`), `p_i` the softmax over the survivors
+//!   for a chain ending in `dist`, one-hot at the choice for `greedy`;
 //! * at the first rejection a token is drawn from the residual
-//!   `normalize(max(0, p_i - q_i))` (`p_i` without `d_i` for one-hot drafts)
-//!   and verification stops;
+//!   `normalize(max(0, p_i - q_i))` and verification stops;
 //! * when all `k` are accepted, a bonus token is sampled from row `k + 1`
 //!   by the chain exactly as plain decoding samples it.
+//!
+//! The acceptance uniform and the residual draw at output position `t` are
+//! `rng::uniform(seed, t, lane)` on two lanes no stage uses
+//! ([`ACCEPT_LANE`], [`RESIDUAL_LANE`]).
+//!
+//! **Drafts without one** (n-gram / prompt lookup: `q_i` one-hot at `d_i`):
+//! row `i` is sampled by the chain exactly as plain decoding samples it at
+//! that position (its own draw, its own uniform); `d_i` is accepted when the
+//! draw is `d_i`, otherwise the draw is emitted and verification stops. This
+//! is the rule above with the residual drawn by a coupled uniform: the draw
+//! is `d_i` with probability `p_i(d_i) = min(1, p_i(d_i) / 1)`, and given it
+//! is not, it follows `p_i` without `d_i`, normalised, which is the
+//! residual. It gives more than the distribution: a seeded request emits
+//! **the tokens plain decoding emits**, whatever it drafted, and every
+//! selecting stage works (mirostat's state follows its own draw, which is
+//! the emitted token). A device verifies such drafts with its ordinary
+//! sampling pass and reads back one id per row.
 //!
 //! A greedy chain accepts while the draft equals its choice and emits its
 //! choice: `k + 1` plain greedy steps, token for token. The chain is left
 //! exactly as plain decoding of the emitted tokens leaves it (step, history,
 //! `min_tokens` count): only emitted tokens are committed.
 //!
-//! Randomness is counter-based like every draw of the project: the
-//! acceptance uniform and the residual draw at output position `t` are
-//! `rng::uniform(seed, t, lane)` on two lanes no stage uses
-//! ([`ACCEPT_LANE`], [`RESIDUAL_LANE`]), and the bonus token is the chain's
-//! own draw at its position, so a seeded request's tokens do not depend on
-//! the batch, its neighbours or earlier drafts beyond the tokens emitted.
+//! Randomness is counter-based like every draw of the project, so a seeded
+//! request's tokens do not depend on the batch, its neighbours or earlier
+//! drafts beyond the tokens emitted.
 //!
-//! Supported chains end in `dist` or `greedy` (any stages before them);
-//! `mirostat` / `mirostat_v2` (their state update follows their own draw)
-//! and custom selecting stages are refused with a clear error.
+//! Drafts with a distribution need a chain that ends in `dist` or `greedy`
+//! (any stages before them); `mirostat` / `mirostat_v2` (their state update
+//! follows their own draw) and custom selecting stages are refused for them
+//! with a clear error.
 
 use sampler_core::rng::uniform;
 use sampler_core::{
@@ -145,6 +159,13 @@ fn check(
     if !chain.selects() {
         return Err(SampleError::NoSelectingStage);
     }
+    if draft_probs.is_none() {
+        // One-hot drafts: the chain's own draws (any selecting stage).
+        for row in logits.chunks_exact(vocab) {
+            validate_logits(row)?;
+        }
+        return Ok(());
+    }
     let end = chain.end();
     match chain.stages()[end - 1].spec().map(|s| s.kind()) {
         Some(StageKind::Dist | StageKind::Greedy) => {}
@@ -246,17 +267,48 @@ pub fn verify(
         .spec()
         .is_some_and(|s| s.kind() == StageKind::Greedy);
     let before = chain.clone();
-    let out = run(chain, drafts, draft_probs, logits, vocab, greedy, logprobs);
+    let out = match draft_probs {
+        None => run_one_hot(chain, drafts, logits, vocab, logprobs),
+        Some(q) => run(chain, drafts, q, logits, vocab, greedy, logprobs),
+    };
     if out.is_err() {
         *chain = before;
     }
     out
 }
 
+/// Drafts without a distribution: each row sampled as plain decoding
+/// samples it, until a draw differs from its draft (module docs).
+fn run_one_hot(
+    chain: &mut Chain,
+    drafts: &[TokenId],
+    logits: &[f32],
+    vocab: usize,
+    logprobs: Option<&LogprobsSpec>,
+) -> Result<Verified, SampleError> {
+    let mut out = Verified::default();
+    for (i, row) in logits.chunks_exact(vocab).enumerate() {
+        let t = match logprobs {
+            Some(spec) => {
+                let (t, lp) = chain.sample_logprobs(row, spec)?;
+                out.logprobs.push(lp);
+                t
+            }
+            None => crate::fast::sample_row(row, chain)?,
+        };
+        out.tokens.push(t);
+        match drafts.get(i) {
+            Some(&d) if d == t => out.accepted += 1,
+            _ => break,
+        }
+    }
+    Ok(out)
+}
+
 fn run(
     chain: &mut Chain,
     drafts: &[TokenId],
-    draft_probs: Option<&[f32]>,
+    draft_probs: &[f32],
     logits: &[f32],
     vocab: usize,
     greedy: bool,
@@ -273,12 +325,9 @@ fn run(
     for (i, (&d, row)) in drafts.iter().zip(logits.chunks_exact(vocab)).enumerate() {
         let set = chain.apply_logits(row)?;
         let p = target(&set, greedy);
-        let q_row = draft_probs.map(|q| &q[i * vocab..(i + 1) * vocab]);
-        let q_sum = q_row.map_or(1.0, numerics::sum_f64_slice);
-        let q = |t: TokenId| match q_row {
-            Some(r) => f64::from(r[t as usize]) / q_sum,
-            None => f64::from(u8::from(t == d)),
-        };
+        let q_row = &draft_probs[i * vocab..(i + 1) * vocab];
+        let q_sum = numerics::sum_f64_slice(q_row);
+        let q = |t: TokenId| f64::from(q_row[t as usize]) / q_sum;
         let p_d = p
             .binary_search_by_key(&d, |&(id, _)| id)
             .map_or(0.0, |at| p[at].1);
@@ -380,9 +429,50 @@ mod tests {
             assert!(err.to_string().contains(want), "{err} does not say {want}");
             assert_eq!(c.step(), 0);
         }
+        // Draft distributions need a chain ending in `dist` or `greedy`.
         let mut m = chain(vec![StageSpec::MirostatV2 { tau: 5.0, eta: 0.1 }]);
-        let err = verify(&mut m, &[0], None, &rows[..2 * v], v, None).unwrap_err();
+        let q = [0.25f32; 4];
+        let err = verify(&mut m, &[0], Some(&q), &rows[..2 * v], v, None).unwrap_err();
         assert!(err.to_string().contains("mirostat_v2"), "{err}");
+        assert_eq!(m.step(), 0);
+    }
+
+    #[test]
+    fn one_hot_drafts_emit_what_plain_decoding_emits() {
+        // Any selecting stage, mirostat included: the draws are the chain's
+        // own, so the emitted tokens and the state are plain decoding's.
+        let v = 6;
+        let rows: Vec<f32> = (0..5 * v).map(|i| ((i * 7) % 11) as f32 * 0.3).collect();
+        let chains = [
+            vec![StageSpec::Dist],
+            vec![StageSpec::MirostatV2 { tau: 1.0, eta: 0.3 }],
+            vec![StageSpec::TopK { k: 3 }, StageSpec::Dist],
+        ];
+        for stages in chains {
+            for seed in 0..50 {
+                let spec = ChainSpec::new(stages.clone(), Some(seed));
+                let mut plain = crate::build_chain(&spec).unwrap();
+                let want: Vec<TokenId> = rows
+                    .chunks_exact(v)
+                    .map(|r| plain.sample_logits(r).unwrap())
+                    .collect();
+                // Draft the first two right and the third wrong.
+                let wrong = (want[2] + 1) % v as TokenId;
+                let mut c = crate::build_chain(&spec).unwrap();
+                let got =
+                    verify(&mut c, &[want[0], want[1], wrong, 0], None, &rows, v, None).unwrap();
+                assert_eq!(got.tokens, want[..3], "{stages:?} seed {seed}");
+                assert_eq!(got.accepted, 2);
+                assert_eq!(c.step(), 3);
+                // The state continues as plain decoding's.
+                let mut p3 = crate::build_chain(&spec).unwrap();
+                for r in rows.chunks_exact(v).take(3) {
+                    p3.sample_logits(r).unwrap();
+                }
+                let last = &rows[4 * v..];
+                assert_eq!(c.sample_logits(last), p3.sample_logits(last));
+            }
+        }
     }
 
     #[test]

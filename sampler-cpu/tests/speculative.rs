@@ -407,3 +407,75 @@ fn emitted_tokens_carry_a_plain_steps_logprobs() {
         }
     }
 }
+
+/// Drafts without a distribution are verified by the chain's own draws: a
+/// seeded request emits exactly the tokens plain decoding emits, whatever
+/// it drafted (random chains, including mirostat, penalties and sampled
+/// chains), accepts exactly the drafts' common prefix with them, and is
+/// left where plain decoding leaves it.
+#[test]
+fn one_hot_verification_is_plain_decoding_for_any_chain() {
+    let v = 24usize;
+    let chains: Vec<Vec<S>> = vec![
+        vec![S::TopK { k: 5 }, temp(0.8), S::Dist],
+        vec![
+            penalties(),
+            S::TopP {
+                p: 0.9,
+                min_keep: 0,
+            },
+            S::Dist,
+        ],
+        vec![
+            S::MinP {
+                p: 0.05,
+                min_keep: 0,
+            },
+            temp(1.5),
+            S::Dist,
+        ],
+        vec![S::Mirostat {
+            tau: 3.0,
+            eta: 0.2,
+            m: 10,
+        }],
+        vec![S::MirostatV2 { tau: 2.0, eta: 0.3 }],
+    ];
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for case in 0..2_000u64 {
+        let stages = &chains[case as usize % chains.len()];
+        let k = rng.random_range(0..=6usize);
+        let rows: Vec<f32> = (0..(k + 1) * v)
+            .map(|_| rng.random_range(-3.0..3.0))
+            .collect();
+        let prompt: Vec<TokenId> = (0..3).map(|_| rng.random_range(0..v as u32)).collect();
+        let mut plain = new_chain(stages, case, &prompt);
+        let want: Vec<TokenId> = rows
+            .chunks_exact(v)
+            .map(|r| plain.sample_logits(r).unwrap())
+            .collect();
+        // Drafts: plain decoding's tokens up to a random miss (or none).
+        let miss = rng.random_range(0..=k);
+        let drafts: Vec<TokenId> = (0..k)
+            .map(|i| {
+                if i < miss {
+                    want[i]
+                } else {
+                    rng.random_range(0..v as u32)
+                }
+            })
+            .collect();
+        let mut c = new_chain(stages, case, &prompt);
+        let got = verify(&mut c, &drafts, None, &rows, v, None).unwrap();
+        let accepted = drafts.iter().zip(&want).take_while(|(d, w)| d == w).count();
+        assert_eq!(got.accepted, accepted, "case {case}");
+        assert_eq!(got.tokens, want[..=accepted], "case {case} {stages:?}");
+        // The state continues as plain decoding's.
+        let mut p = new_chain(stages, case, &prompt);
+        for r in rows.chunks_exact(v).take(accepted + 1) {
+            p.sample_logits(r).unwrap();
+        }
+        let next = &rows[..v];
+        assert_eq!(c.sample_logits(next), p.sample_logits(next), "case {case}");
+    }
+}
