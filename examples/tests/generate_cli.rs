@@ -128,8 +128,8 @@ fn speculative_greedy_is_plain_greedy() {
     );
     assert!(accepted > 0 && accepted <= proposed, "{st}");
     assert_eq!(passes + accepted, ids(&spec).len() as u64, "{st}");
-    let sampled = || {
-        run_json(&[
+    let sampled = |extra: &[&str]| {
+        let mut args = vec![
             "--samplers",
             "top_k;temperature;dist",
             "--top-k",
@@ -142,12 +142,25 @@ fn speculative_greedy_is_plain_greedy() {
             "60",
             "--prompt",
             prompt,
-            "--speculative",
-            "ngram",
-        ])
-        .0
+        ];
+        args.extend_from_slice(extra);
+        run_json(&args).0
     };
-    assert_eq!(ids(&sampled()), ids(&sampled()));
+    // Drafts without a distribution: plain decoding's tokens with the same
+    // seed, verified on the host or (the whole chain offloaded) on the
+    // device, where only the sampled ids come back.
+    let plain_sampled = ids(&sampled(&[]));
+    let spec_host = sampled(&["--speculative", "ngram"]);
+    assert_eq!(ids(&spec_host), plain_sampled);
+    let spec_dev = sampled(&["--speculative", "ngram", "--offload", "device"]);
+    assert_eq!(ids(&spec_dev), plain_sampled);
+    let bytes = |v: &serde_json::Value| v["stats"]["bytes_read"].as_u64().unwrap();
+    assert!(
+        bytes(&spec_dev) * 100 < bytes(&spec_host),
+        "device {} host {}",
+        bytes(&spec_dev),
+        bytes(&spec_host)
+    );
     // A config's `[speculative]` table turns it on too.
     let dir = std::env::temp_dir().join(format!("spec-cfg-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -1,6 +1,8 @@
 //! `SamplingBatch::verify` on every compiled device against the CPU
-//! verifier (`sampler_cpu::verify`) and plain decoding: greedy requests
-//! emit plain greedy decoding's tokens, a seeded request's result does not
+//! verifier (`sampler_cpu::verify`) and plain decoding: requests drafting
+//! without a distribution emit plain decoding's tokens (greedy or sampled;
+//! verified on the device, one id per row read back, where the whole chain
+//! runs there), a seeded request's result does not
 //! depend on its neighbours or their order, the emitted tokens are recorded
 //! as plain steps (the next step continues from them, device history
 //! included), bad drafts fail their own request only.
@@ -70,6 +72,7 @@ fn verification_matches_the_cpu_and_plain_greedy(d: &Device, dev: &str) {
     let mut rng = ChaCha8Rng::seed_from_u64(17);
     let chains = chains();
     let mut greedy_cases = 0;
+    let mut device_verified = 0;
     for round in 0..rounds {
         let policy = [
             OffloadPolicy::Auto,
@@ -153,16 +156,26 @@ fn verification_matches_the_cpu_and_plain_greedy(d: &Device, dev: &str) {
         let flat: Vec<f32> = order.iter().flat_map(|&i| reqs[i].4.clone()).collect();
         let n_rows = flat.len() / v;
         let out = batch.verify(&drafts, upload(&flat, n_rows, v, d)).unwrap();
-        assert_eq!(out.bytes_read, n_rows * v * 4);
+        // Requests whose whole chain runs on the device read back one id
+        // per row; the others their rows.
+        let on_device = |r: &Draft| batch.plan(r.id).unwrap().fully_offloaded();
+        let want_bytes: usize = drafts
+            .iter()
+            .map(|r| (r.tokens.len() + 1) * if on_device(r) { 4 } else { 4 * v })
+            .sum();
+        assert_eq!(out.bytes_read, want_bytes, "{dev} round {round}");
+        device_verified += drafts.iter().filter(|r| on_device(r)).count();
         for (slot, &i) in order.iter().enumerate() {
             let (id, spec, cpu, _, rows, plain_tokens, dr) = &mut reqs[i];
             let what = format!("{dev} round {round} {:?} drafts {dr:?}", spec.stages);
             let want = sampler_cpu::verify(cpu, dr, None, rows, v, None).unwrap();
             let got = out.results[slot].clone().unwrap();
             assert_eq!(got, want, "{what}");
+            // Drafts without a distribution emit plain decoding's tokens,
+            // greedy or sampled.
+            let n = got.tokens.len();
+            assert_eq!(got.tokens, plain_tokens[..n], "{what}: plain decoding");
             if matches!(spec.stages.last(), Some(S::Greedy)) || spec.stages[0] == temp(0.0) {
-                let n = got.tokens.len();
-                assert_eq!(got.tokens, plain_tokens[..n], "{what}: plain greedy");
                 greedy_cases += 1;
             }
             assert_eq!(batch.outputs(*id).unwrap()[1..], got.tokens, "{what}");
@@ -182,6 +195,11 @@ fn verification_matches_the_cpu_and_plain_greedy(d: &Device, dev: &str) {
         }
     }
     assert!(greedy_cases >= rounds * 20, "{greedy_cases}");
+    // The `device` rounds (a third) verify every request on the device.
+    assert!(
+        device_verified >= rounds / 3 * 64,
+        "{dev}: {device_verified}"
+    );
 }
 
 /// Bad drafts fail their own request (nothing recorded) and leave the
@@ -231,17 +249,17 @@ fn bad_drafts_fail_their_own_request(d: &Device, dev: &str) {
                 tokens,
                 probs,
             },
+            // Draft distributions need a chain ending in `dist` or `greedy`.
             Draft {
                 id: miro,
-                tokens: vec![],
-                probs: None,
+                tokens: vec![0],
+                probs: Some(vec![1.0 / v as f32; v]),
             },
         ];
-        let rows: Vec<f32> = row.iter().copied().cycle().take((3 + k + 1) * v).collect();
+        let n = 4 + k + 1;
+        let rows: Vec<f32> = row.iter().copied().cycle().take(n * v).collect();
         let before_good = batch.outputs(good).unwrap().len();
-        let out = batch
-            .verify(&drafts, upload(&rows, 3 + k + 1, v, d))
-            .unwrap();
+        let out = batch.verify(&drafts, upload(&rows, n, v, d)).unwrap();
         let err = out.results[1].clone().unwrap_err();
         assert!(
             err.to_string().contains(says),
@@ -256,6 +274,61 @@ fn bad_drafts_fail_their_own_request(d: &Device, dev: &str) {
             "{dev}: {miro_err}"
         );
     }
+    // Verified on the device: a NaN in any of a request's rows fails that
+    // request alone, as the host verifier does (it checks every row first).
+    let mut dev_batch = SamplingBatch::new(v, d, OffloadPolicy::Device).unwrap();
+    let ok = dev_batch
+        .insert(ChainSpec::new(vec![S::Greedy], Some(1)), &[])
+        .unwrap();
+    let nan = dev_batch
+        .insert(
+            ChainSpec::new(vec![S::TopK { k: 3 }, S::Dist], Some(2)),
+            &[],
+        )
+        .unwrap();
+    let mut rows: Vec<f32> = row.iter().copied().cycle().take(6 * v).collect();
+    rows[5 * v + 2] = f32::NAN;
+    let drafts = [
+        Draft {
+            id: ok,
+            tokens: vec![5, 5],
+            probs: None,
+        },
+        Draft {
+            id: nan,
+            tokens: vec![0, 1],
+            probs: None,
+        },
+    ];
+    let out = dev_batch.verify(&drafts, upload(&rows, 6, v, d)).unwrap();
+    assert_eq!(out.bytes_read, 6 * 4, "{dev}: verified on the device");
+    assert_eq!(out.results[0].clone().unwrap().tokens, [5, 5, 5], "{dev}");
+    assert_eq!(
+        out.results[1].clone().unwrap_err(),
+        SampleError::NanLogit { index: 2 },
+        "{dev}"
+    );
+    assert!(dev_batch.outputs(nan).unwrap().is_empty(), "{dev}");
+    assert_eq!(dev_batch.chain(nan).unwrap().step(), 0, "{dev}");
+    // A one-hot draft of a mirostat request is verified by its own draws.
+    let m = dev_batch
+        .insert(
+            ChainSpec::new(vec![S::MirostatV2 { tau: 5.0, eta: 0.1 }], Some(3)),
+            &[],
+        )
+        .unwrap();
+    let out = dev_batch
+        .verify(
+            &[Draft {
+                id: m,
+                tokens: vec![0],
+                probs: None,
+            }],
+            upload(&row.repeat(2), 2, v, d),
+        )
+        .unwrap();
+    assert!(out.results[0].is_ok(), "{dev}: {:?}", out.results[0]);
+
     // The wrong number of rows, and a request named twice: the whole call.
     let drafts = vec![Draft {
         id: good,

@@ -179,8 +179,8 @@ struct Args {
     /// Speculative decoding: `ngram` proposes the tokens that followed the
     /// earliest earlier occurrence of the context's longest suffix n-gram
     /// (prompt lookup); the model runs them with the last token in one pass
-    /// and the chain verifies them (same tokens as plain decoding for a
-    /// greedy chain, the same distribution for a sampling one). A config's
+    /// and the chain verifies them (the same tokens as plain decoding with
+    /// the same seed, greedy or sampled). A config's
     /// `[speculative]` table does the same; these flags take precedence.
     #[arg(long, value_name = "ngram", value_parser = ["ngram"])]
     speculative: Option<String>,

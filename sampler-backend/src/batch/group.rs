@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use burn_tensor::{Device, Int, Tensor, TensorData};
 
+use sampler_core::{ChainSpec, TokenId, TokenOrigin};
+
 use crate::batch::request::{Request, RequestId};
 use crate::planner::GroupKey;
 use crate::stage::{DeviceStage, InitContext, build_device_stage};
@@ -18,6 +20,54 @@ pub(crate) struct Group {
     pub(crate) stages: Option<Vec<Box<dyn DeviceStage>>>,
     /// The members' requested logprob token ids `[S, m]`, with the stages.
     pub(crate) lp_ids: Option<Tensor<2, Int>>,
+}
+
+/// One slot of a stage set: its request's spec and the history its
+/// history-based stages start from.
+pub(crate) type Member<'a> = (&'a ChainSpec, &'a [(TokenId, TokenOrigin)]);
+
+/// The device stages of `key` for one slot per member, in slot order; empty
+/// when a stage cannot be built at this size (the rows then run on the host,
+/// full rows, still exact: every member's own plan was accepted at one slot,
+/// but at this slot count a table may be too large).
+pub(crate) fn build_stages(
+    key: &GroupKey,
+    members: &[Member<'_>],
+    vocab: usize,
+    device: &Device,
+) -> Vec<Box<dyn DeviceStage>> {
+    let mut stages = Vec::with_capacity(key.device.len());
+    let mut width = vocab;
+    let mut has_ids = false;
+    for &(i, _, _) in &key.device {
+        let specs: Vec<_> = members.iter().map(|m| m.0.stages[i].clone()).collect();
+        let Some(mut st) = build_device_stage(i, &specs) else {
+            break;
+        };
+        if st.needs_history() {
+            for (slot, m) in members.iter().enumerate() {
+                st.restore(slot, m.1);
+            }
+        }
+        let ctx = InitContext {
+            batch: members.len(),
+            vocab,
+            width,
+            has_ids,
+            device: device.clone(),
+        };
+        if st.init(&ctx).is_err() {
+            break;
+        }
+        let w = st.out_width(width);
+        has_ids |= w != width;
+        width = w;
+        stages.push(st);
+    }
+    if stages.len() != key.device.len() {
+        stages.clear();
+    }
+    stages
 }
 
 /// The live groups by key.
@@ -86,45 +136,12 @@ impl Groups {
             return;
         }
         let slots = g.members.len();
-        let mut stages = Vec::with_capacity(key.device.len());
-        let mut width = vocab;
-        let mut has_ids = false;
-        for &(i, _, _) in &key.device {
-            let specs: Vec<_> = g
-                .members
-                .iter()
-                .map(|m| requests[m].spec.stages[i].clone())
-                .collect();
-            let Some(mut st) = build_device_stage(i, &specs) else {
-                break;
-            };
-            if st.needs_history() {
-                for (slot, m) in g.members.iter().enumerate() {
-                    st.restore(slot, &requests[m].history);
-                }
-            }
-            let ctx = InitContext {
-                batch: slots,
-                vocab,
-                width,
-                has_ids,
-                device: device.clone(),
-            };
-            if st.init(&ctx).is_err() {
-                // Every member's own plan was accepted at one slot; at this
-                // group size a table would be too large. The group's rows
-                // then run on the host (full rows), still exact.
-                stages.clear();
-                break;
-            }
-            let w = st.out_width(width);
-            has_ids |= w != width;
-            width = w;
-            stages.push(st);
-        }
-        if stages.len() != key.device.len() {
-            stages.clear();
-        }
+        let members: Vec<Member<'_>> = g
+            .members
+            .iter()
+            .map(|m| (&requests[m].spec, &requests[m].history[..]))
+            .collect();
+        let stages = build_stages(key, &members, vocab, device);
         g.lp_ids = match key.logprobs {
             Some((_, _, m)) if m > 0 => {
                 let ids: Vec<i32> = g
