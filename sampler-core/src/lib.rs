@@ -9,6 +9,7 @@
 //! * [`Sampler`], [`Chain`]: the CPU hooks `apply` / `accept` / `reset` (contract 3);
 //! * [`plan`]: the planner and readback formats (contracts 5 and 6);
 //! * [`logprobs`]: raw and processed log-probabilities of a step;
+//! * [`inspect`]: a chain's effect on one row, stage by stage (debugging);
 //! * [`rng`]: counter-based randomness (contract 7);
 //! * [`SampleError`], [`ParamError`]: structured errors (contract 9).
 //!
@@ -20,6 +21,7 @@
 mod candidates;
 mod chain;
 mod error;
+pub mod inspect;
 pub mod logprobs;
 mod meta;
 pub mod plan;
@@ -33,6 +35,7 @@ pub use candidates::{Candidates, RawCandidates, desc_cmp, validate_logits};
 pub mod numerics;
 pub use chain::{Chain, RowKernels};
 pub use error::{ParamError, SampleError};
+pub use inspect::{CandidateSet, Inspection, StageView};
 pub use logprobs::{Logprobs, LogprobsMode, LogprobsSpec};
 pub use meta::{
     DeviceEffects, Effects, ParamField, ParamKind, ParamMeta, ParamValue, SetParamError, StageMeta,
