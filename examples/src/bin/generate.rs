@@ -44,7 +44,7 @@ const DEFAULT_MODEL_DIRS: [&str; 2] = [
 /// the same device as the model and only its result is read back.
 #[derive(Debug, Parser)]
 #[command(name = "generate", version, about, long_about = None)]
-struct Args {
+pub(crate) struct Args {
     /// Model: a directory with a llama2.c checkpoint (*.bin) and its tokenizer
     /// (tokenizer.bin or tok*.bin), the checkpoint file itself, or a GGUF file
     /// of a Llama-architecture model (*.gguf: weights, tokenizer and chat
@@ -78,7 +78,7 @@ struct Args {
         default_value_t = 256,
         value_name = "N"
     )]
-    n: usize,
+    pub(crate) n: usize,
     /// Chain declaration in TOML (chain-config; docs/config.md): stages,
     /// parameters, seed, `[device]`, `[speculative]`.
     #[arg(long, value_name = "chain.toml", conflicts_with = "samplers")]
@@ -144,7 +144,7 @@ struct Args {
     /// the chain may hold logits processors only (penalties, logit_bias,
     /// min_tokens, dry, no_repeat_ngram, mask) and is empty by default.
     #[arg(long, value_name = "W")]
-    num_beams: Option<usize>,
+    pub(crate) num_beams: Option<usize>,
     /// Beam search: sequences printed, best first (1..=num_beams).
     #[arg(long, value_name = "N", default_value_t = 1, requires = "num_beams")]
     num_return_sequences: usize,
@@ -183,7 +183,7 @@ struct Args {
     /// the same seed, greedy or sampled). A config's
     /// `[speculative]` table does the same; these flags take precedence.
     #[arg(long, value_name = "ngram", value_parser = ["ngram"])]
-    speculative: Option<String>,
+    pub(crate) speculative: Option<String>,
     /// Most draft tokens per pass (1..=64).
     #[arg(long, value_name = "K", default_value_t = 4, requires = "speculative")]
     draft_k: usize,
@@ -231,7 +231,7 @@ fn parse_f32(text: &str) -> Result<f32, String> {
 
 /// Everything `generate` can fail with; each names what the user can fix.
 #[derive(Debug, thiserror::Error)]
-enum AppError {
+pub(crate) enum AppError {
     #[error("{0}")]
     Usage(String),
     #[error("chain config: {0}")]
@@ -383,7 +383,7 @@ fn apply_overrides(chain: &mut ChainSpec, a: &Args) -> Result<Vec<String>, AppEr
 }
 
 /// The chain: `--config` or `--samplers` (or the default), then the flags.
-fn build_chain(a: &Args) -> Result<(ChainConfig, Vec<String>), AppError> {
+pub(crate) fn build_chain(a: &Args) -> Result<(ChainConfig, Vec<String>), AppError> {
     // Beam search takes a chain of logits processors only (no selecting
     // stage), by default none.
     let beam = a.num_beams.is_some();
@@ -460,16 +460,20 @@ fn build_chain(a: &Args) -> Result<(ChainConfig, Vec<String>), AppError> {
 }
 
 /// A model ready to run: the forward pass, its tokenizer, the prompt's ids.
-struct Loaded {
-    model: Llama2,
-    codec: Box<dyn TextCodec>,
-    prompt_tokens: Vec<TokenId>,
+pub(crate) struct Loaded {
+    pub(crate) model: Llama2,
+    pub(crate) codec: Box<dyn TextCodec>,
+    pub(crate) prompt_tokens: Vec<TokenId>,
     model_file: PathBuf,
     tokenizer_file: PathBuf,
 }
 
 /// Load a llama2.c checkpoint or a GGUF model and encode the prompt.
-fn load_model(a: &Args, path: &Path, device: &burn_tensor::Device) -> Result<Loaded, AppError> {
+pub(crate) fn load_model(
+    a: &Args,
+    path: &Path,
+    device: &burn_tensor::Device,
+) -> Result<Loaded, AppError> {
     if is_gguf(path) {
         let g = Gguf::read(path)?;
         let ckpt = llama_checkpoint(&g, a.context)?;
@@ -520,7 +524,7 @@ fn load_model(a: &Args, path: &Path, device: &burn_tensor::Device) -> Result<Loa
 }
 
 /// `--model`, or the first default directory that exists.
-fn model_path(a: &Args) -> Result<PathBuf, AppError> {
+pub(crate) fn model_path(a: &Args) -> Result<PathBuf, AppError> {
     if let Some(m) = &a.model {
         return Ok(m.clone());
     }
@@ -539,7 +543,9 @@ fn model_path(a: &Args) -> Result<PathBuf, AppError> {
 }
 
 /// The burn device and offload policy: `cpu` means flex with nothing offloaded.
-fn device_of(cfg: &DeviceConfig) -> Result<(burn_tensor::Device, OffloadPolicy), AppError> {
+pub(crate) fn device_of(
+    cfg: &DeviceConfig,
+) -> Result<(burn_tensor::Device, OffloadPolicy), AppError> {
     Ok(sampler_backend::resolve_device(&cfg.device, cfg.offload)?)
 }
 
