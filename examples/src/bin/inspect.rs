@@ -252,7 +252,8 @@ fn piece(codec: &dyn TextCodec, prev: Option<TokenId>, id: TokenId) -> String {
 fn panels(seen: &Inspection, top: usize, text: &dyn Fn(TokenId) -> String) -> Vec<Panel> {
     let mut out = Vec::with_capacity(seen.stages.len());
     let mut before: &CandidateSet = &seen.input;
-    for v in &seen.stages {
+    let last = seen.stages.len().saturating_sub(1);
+    for (j, v) in seen.stages.iter().enumerate() {
         // The top tokens before the stage, and the drawn one wherever it
         // ranks (followed through every stage).
         let shown = before
@@ -270,7 +271,7 @@ fn panels(seen: &Inspection, top: usize, text: &dyn Fn(TokenId) -> String) -> Ve
                     before: p,
                     after,
                     kept: v.set.ids.contains(&id),
-                    drawn: id == seen.token && std::ptr::eq(v, seen.stages.last().unwrap_or(v)),
+                    drawn: id == seen.token && j == last,
                 }
             })
             .collect();

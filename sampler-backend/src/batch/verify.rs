@@ -233,6 +233,9 @@ impl SamplingBatch {
         };
         let mut runs: Vec<VerifyRun> = Vec::new();
         for (key, js) in by_key {
+            // Histories only where a stage keeps one (penalties, min_tokens,
+            // ...): otherwise each row's slot starts empty.
+            let keeps_history = key.device.iter().any(|(_, k, _)| k.meta().needs_history);
             let mut histories = Vec::new();
             let mut row_states = Vec::new();
             let mut specs = Vec::new();
@@ -245,8 +248,11 @@ impl SamplingBatch {
                     .iter()
                     .find_map(|st| st.token_mask().map(Arc::from));
                 for i in 0..=dr.tokens.len() {
-                    let mut h = req.history.clone();
-                    h.extend(dr.tokens[..i].iter().map(|&t| (t, TokenOrigin::Output)));
+                    let mut h = Vec::new();
+                    if keeps_history {
+                        h.extend_from_slice(&req.history);
+                        h.extend(dr.tokens[..i].iter().map(|&t| (t, TokenOrigin::Output)));
+                    }
                     histories.push(h);
                     specs.push(&req.spec);
                     row_states.push(RowState {
