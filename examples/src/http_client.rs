@@ -37,14 +37,41 @@ pub fn send(
     )
 }
 
-/// Read a whole response: its status and body (de-chunked).
+/// The `Content-Length` of a response head, if it gives one.
+fn content_length(head: &[u8]) -> Option<usize> {
+    String::from_utf8_lossy(head).lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| value.trim().parse().ok())?
+    })
+}
+
+/// Read a whole response: its status and body (de-chunked). A sized body
+/// is read to its `Content-Length` (a server that keeps the connection
+/// open despite `Connection: close` does not stall the read); otherwise
+/// to the end of the stream.
 ///
 /// # Errors
 /// The read's; `InvalidData` for a response that is not HTTP/1.1 text.
 pub fn read_response(s: &mut TcpStream) -> std::io::Result<(u16, String)> {
     let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n")
+            && let Some(len) = content_length(&raw[..end])
+            && raw.len() >= end + 4 + len
+        {
+            raw.truncate(end + 4 + len);
+            break;
+        }
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&chunk[..n]);
+    }
     let raw = String::from_utf8(raw).map_err(|_| bad("a response that is not UTF-8"))?;
     let (head, body) = raw
         .split_once("\r\n\r\n")

@@ -6,13 +6,15 @@
 //! written against the library's `Sampler` trait, and [`gguf`], a GGUF v3
 //! reader (metadata, tensors, dequantisation) for real models, and [`ngram`],
 //! an n-gram (prompt lookup) drafter for speculative decoding,
-//! [`stop`], stop strings over a stream of tokens, and [`http_client`], a
+//! [`stop`], stop strings over a stream of tokens, [`inspect`], pictures
+//! and JSON of what a chain does at each step, and [`http_client`], a
 //! minimal client for `serve --http`'s tests and load benchmark.
 
 pub mod ban_words;
 pub mod chat;
 pub mod gguf;
 pub mod http_client;
+pub mod inspect;
 pub mod llama2;
 pub mod ngram;
 pub mod report;

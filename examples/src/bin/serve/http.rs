@@ -156,9 +156,17 @@ impl Sink {
     }
 }
 
+/// Work for the model thread.
+pub(super) enum Work {
+    /// A completion: it joins the batch.
+    Generate(Job),
+    /// An inspection (`POST /v1/inspect`): run whole between two steps.
+    Inspect(super::inspect::InspectJob),
+}
+
 /// What the handlers share with each other and the model thread.
-struct Shared {
-    jobs: std_mpsc::Sender<Job>,
+pub(super) struct Shared {
+    pub(super) jobs: std_mpsc::Sender<Work>,
     /// Requests queued or running (the handlers add, the model thread
     /// takes away).
     pending: Arc<AtomicUsize>,
@@ -168,24 +176,35 @@ struct Shared {
     cancelled: Arc<AtomicUsize>,
     max_queue: usize,
     strict: bool,
-    model: String,
-    context: usize,
+    pub(super) model: String,
+    pub(super) context: usize,
     next_id: AtomicU64,
     created: u64,
 }
 
 /// An OpenAI error response.
 #[derive(Debug)]
-struct ApiError {
+pub(super) struct ApiError {
     status: StatusCode,
-    message: String,
+    pub(super) message: String,
     kind: &'static str,
-    param: Option<String>,
+    pub(super) param: Option<String>,
     code: Option<&'static str>,
 }
 
 impl ApiError {
-    fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {
+    /// A body that could not be read (too large, cut off): its status.
+    pub(super) fn rejected(rej: &BytesRejection) -> Self {
+        ApiError {
+            status: rej.status(),
+            message: rej.body_text(),
+            kind: "invalid_request_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    pub(super) fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {
         ApiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
@@ -243,14 +262,14 @@ fn request_param(e: &RequestError) -> Option<String> {
 
 /// Which endpoint a body came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Endpoint {
+pub(super) enum Endpoint {
     Completions,
     Chat,
 }
 
 /// What the response needs besides the request itself.
 #[derive(Debug, Clone, Copy)]
-struct Shape {
+pub(super) struct Shape {
     endpoint: Endpoint,
     /// Choices.
     n: usize,
@@ -299,7 +318,7 @@ fn content_text(i: usize, c: &Value) -> Result<Value, ApiError> {
 
 /// An OpenAI body as a `serve` request line (`parse_request`'s format) and
 /// the response's shape.
-fn to_request(
+pub(super) fn to_request(
     body: &[u8],
     endpoint: Endpoint,
     strict: bool,
@@ -518,7 +537,7 @@ fn retire(live: &[Live], index: usize, running: &AtomicUsize) -> bool {
 /// arrive from the handlers, until every sender is gone and nothing runs.
 fn model_loop(
     server: &mut Server<'_>,
-    jobs: std_mpsc::Receiver<Job>,
+    jobs: std_mpsc::Receiver<Work>,
     concurrency: usize,
     pending: &AtomicUsize,
     running: &AtomicUsize,
@@ -534,12 +553,16 @@ fn model_loop(
     loop {
         if live.is_empty() && queue.is_empty() {
             match jobs.recv() {
-                Ok(j) => queue.push_back(j),
+                Ok(Work::Generate(j)) => queue.push_back(j),
+                Ok(Work::Inspect(i)) => super::inspect::run(server, i),
                 Err(_) => break,
             }
         }
-        while let Ok(j) = jobs.try_recv() {
-            queue.push_back(j);
+        while let Ok(w) = jobs.try_recv() {
+            match w {
+                Work::Generate(j) => queue.push_back(j),
+                Work::Inspect(i) => super::inspect::run(server, i),
+            }
         }
         // Clients gone before their request started.
         let before = queue.len();
@@ -684,7 +707,7 @@ pub fn run(a: super::Args) -> Result<(), String> {
     let batch = sampler_backend::SamplingBatch::new(model.config().vocab_size, &device, policy)
         .map_err(|e| e.to_string())?;
 
-    let (tx, rx) = std_mpsc::channel::<Job>();
+    let (tx, rx) = std_mpsc::channel::<Work>();
     let pending = Arc::new(AtomicUsize::new(0));
     let running = Arc::new(AtomicUsize::new(0));
     let cancelled = Arc::new(AtomicUsize::new(0));
@@ -712,6 +735,8 @@ pub fn run(a: super::Args) -> Result<(), String> {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
+        .route("/inspect", get(super::inspect::page))
+        .route("/v1/inspect", post(super::inspect::inspect))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(shared);
@@ -908,7 +933,7 @@ impl Reply {
     }
 }
 
-fn server_error(message: String) -> ApiError {
+pub(super) fn server_error(message: String) -> ApiError {
     ApiError {
         status: StatusCode::INTERNAL_SERVER_ERROR,
         message,
@@ -927,16 +952,7 @@ async fn respond(
     // OpenAI's error body.
     let body = match body {
         Ok(b) => b,
-        Err(rej) => {
-            return ApiError {
-                status: rej.status(),
-                message: rej.body_text(),
-                kind: "invalid_request_error",
-                param: None,
-                code: None,
-            }
-            .into_response();
-        }
+        Err(rej) => return ApiError::rejected(&rej).into_response(),
     };
     match start(&s, endpoint, &body).await {
         Err(e) => e.into_response(),
@@ -970,7 +986,7 @@ async fn start(
     let mut job = Job::new(n as usize, "request".into(), request);
     job.sink = Some(Sink(tx, 0));
     job.fit_context = shape.max_tokens_given;
-    if s.jobs.send(job).is_err() {
+    if s.jobs.send(Work::Generate(job)).is_err() {
         s.pending.fetch_sub(1, Ordering::SeqCst);
         return Err(server_error("the server is shutting down".into()));
     }

@@ -49,6 +49,7 @@ use sampler_examples::stop::TextStream;
 use serde_json::{Value, json};
 
 mod http;
+mod inspect;
 
 const DEFAULT_MODEL_DIRS: [&str; 2] = [
     "models/stories260K",
