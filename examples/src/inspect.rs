@@ -69,7 +69,8 @@ pub struct Step {
 
 /// Generate up to `n` tokens after `prompt`, passing every row through
 /// `chain.inspect`. Stops early at one of the codec's end tokens or of
-/// `extra_stops` (included as the last step) or at the end of the context.
+/// `extra_stops` (included as the last step), at the end of the context, or
+/// when `abort` says so before a step (its client has gone).
 /// `chain` sees the prompt (BOS left out) as history first, as
 /// generation does.
 ///
@@ -83,6 +84,7 @@ pub fn generate(
     chain: &mut Chain,
     n: usize,
     extra_stops: &[TokenId],
+    abort: &dyn Fn() -> bool,
 ) -> Result<Vec<Step>, InspectError> {
     let mut stops = codec.stop_ids();
     stops.extend_from_slice(extra_stops);
@@ -110,7 +112,7 @@ pub fn generate(
     let (mut token, mut pos) = (prompt[last], last);
     let mut steps = Vec::with_capacity(n);
     for step in 0..n {
-        if pos >= seq_len {
+        if pos >= seq_len || abort() {
             break;
         }
         let logits: Tensor<2> = model.forward_batch(&[token], &[pos], &[0], &mut cache)?;
@@ -160,9 +162,15 @@ pub fn register_font() -> Result<(), InspectError> {
 }
 
 /// A token's text as a label: what it adds after `prev`, quoted and
-/// escaped (`'\n'`, `' the'`).
+/// escaped (`'\n'`, `' the'`); a token that adds no text (end of text,
+/// end of turn) by its vocabulary text, unquoted (`<|im_end|>`).
 pub fn piece(codec: &dyn TextCodec, prev: Option<TokenId>, id: TokenId) -> String {
     let bytes = codec.piece_bytes(prev, id);
+    if bytes.is_empty()
+        && let Some(t) = codec.token_text(id).filter(|t| !t.is_empty())
+    {
+        return t.escape_debug().collect();
+    }
     let s = String::from_utf8_lossy(&bytes);
     let escaped: String = s.escape_debug().collect();
     format!("'{escaped}'")

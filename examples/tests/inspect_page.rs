@@ -298,7 +298,50 @@ fn inspect_page_in_headless_chromium() {
         out.display()
     );
 
-    // A bad field: the server's error on the page, naming it.
+    // Next past the last step: four more steps of the same run, the
+    // tokens so far unchanged; with the page's seed and with a fresh one
+    // (the server's, sent back through the TOML it returns).
+    let chips_js =
+        "return Array.from(document.querySelectorAll('#tokens .tok')).map(e => e.textContent)";
+    driver.click("#next");
+    driver.wait_for(
+        "return document.querySelectorAll('#tokens .tok').length === 7",
+        "seven token chips",
+    );
+    let more = driver.script(chips_js);
+    assert_eq!(
+        more.as_array().map(|a| a[..3].to_vec()),
+        Some(drawn.iter().map(|d| json!(d)).collect())
+    );
+    let w = where_(&driver);
+    assert!(
+        w.as_str().is_some_and(|w| w.starts_with("step 3 (4 of 7)")),
+        "{w}"
+    );
+    driver.script(
+        "document.getElementById('seed').value = ''; document.getElementById('steps').value = '2';",
+    );
+    driver.click("#run");
+    driver.wait_for(
+        "return document.querySelectorAll('#tokens .tok').length === 2",
+        "two token chips",
+    );
+    let first = driver.script(chips_js);
+    driver.click("#next");
+    driver.click("#next");
+    driver.wait_for(
+        "return document.querySelectorAll('#tokens .tok').length === 6",
+        "six token chips",
+    );
+    let more = driver.script(chips_js);
+    assert_eq!(
+        more.as_array().map(|a| a[..2].to_vec()),
+        first.as_array().cloned(),
+        "a fresh seed's tokens kept"
+    );
+
+    // A bad field: the server's error on the page, naming it; the old
+    // view goes away.
     driver.script("document.getElementById('steps').value = '99'");
     driver.click("#run");
     driver.wait_for(
@@ -308,6 +351,20 @@ fn inspect_page_in_headless_chromium() {
     let error = driver.script("return document.getElementById('error').textContent");
     assert!(
         error.as_str().is_some_and(|e| e.contains("1..=64")),
+        "{error}"
+    );
+    assert_eq!(
+        driver.script("return document.getElementById('view').classList.contains('hidden')"),
+        Value::Bool(true)
+    );
+    // A seed past 2^53 is refused on the page, before any request.
+    driver.script(
+        "document.getElementById('steps').value = '2'; document.getElementById('seed').value = '9007199254740993';",
+    );
+    driver.click("#run");
+    let error = driver.script("return document.getElementById('error').textContent");
+    assert!(
+        error.as_str().is_some_and(|e| e.contains("Seed")),
         "{error}"
     );
     drop(driver);
@@ -359,12 +416,45 @@ fn inspect_api_matches_completions_and_names_bad_fields() {
                 .is_some_and(|s| s.starts_with("<svg"))
         );
     }
+    // The text as completions gives it: after an empty prompt (BOS only),
+    // and without the stop token a greedy run ends on.
+    let (_, greedy) = post(
+        "/v1/inspect",
+        json!({"prompt": "Once upon a time", "sampler_chain": "greedy", "max_tokens": 3}),
+    );
+    let second = greedy["tokens"][1].clone();
+    for body in [
+        json!({"prompt": "", "seed": 4, "max_tokens": 3}),
+        json!({"prompt": "Once upon a time", "sampler_chain": "greedy", "stop_token_ids": [second], "max_tokens": 12}),
+        json!({"prompt": "Once upon a time", "messages": null, "max_completion_tokens": 4, "seed": 2}),
+    ] {
+        let (status, seen) = post("/v1/inspect", body.clone());
+        assert_eq!(status, 200, "{body}: {seen}");
+        let (status, done) = post("/v1/completions", body.clone());
+        assert_eq!(status, 200, "{body}: {done}");
+        assert_eq!(seen["text"], done["choices"][0]["text"], "{body}");
+    }
+    let (_, stopped) = post(
+        "/v1/inspect",
+        json!({"prompt": "Once upon a time", "sampler_chain": "greedy", "stop_token_ids": [second], "max_tokens": 12}),
+    );
+    assert_eq!(stopped["finish_reason"], "stop");
+    assert_eq!(stopped["tokens"].as_array().map(Vec::len), Some(2));
+    // A fresh seed fits a JavaScript number, so the page can send it back.
+    let (_, fresh) = post("/v1/inspect", json!({"prompt": "a", "max_tokens": 1}));
+    assert!(
+        fresh["seed"].as_u64().is_some_and(|s| s < 1 << 53),
+        "{}",
+        fresh["seed"]
+    );
+    let long = "Once upon a time ".repeat(200);
     for (body, param, words) in [
         (
-            json!({"prompt": "a", "stop_token_ids": [100000]}),
-            None,
+            json!({"prompt": "a", "logit_bias": {"100000": 1}}),
+            Some("logit_bias"),
             "vocabulary",
         ),
+        (json!({"prompt": long}), Some("prompt"), "context"),
         (
             json!({"prompt": "a", "sampler_chain": "top_k;nonsense;dist"}),
             Some("sampler_chain"),
@@ -373,6 +463,11 @@ fn inspect_api_matches_completions_and_names_bad_fields() {
         (
             json!({"prompt": "a", "max_tokens": 65}),
             Some("max_tokens"),
+            "1..=64",
+        ),
+        (
+            json!({"prompt": "a", "max_completion_tokens": 0}),
+            Some("max_completion_tokens"),
             "1..=64",
         ),
         (

@@ -117,8 +117,16 @@ fn run(a: &InspectArgs) -> Result<(), AppError> {
     draw::register_font().map_err(inspect_err)?;
 
     let prompt = &loaded.prompt_tokens;
-    let steps = draw::generate(&loaded.model, codec, prompt, &mut chain, a.run.n, &[])
-        .map_err(inspect_err)?;
+    let steps = draw::generate(
+        &loaded.model,
+        codec,
+        prompt,
+        &mut chain,
+        a.run.n,
+        &[],
+        &|| false,
+    )
+    .map_err(inspect_err)?;
     let top = a.top as usize;
     let mut json_steps = Vec::with_capacity(steps.len());
     for (i, step) in steps.iter().enumerate() {

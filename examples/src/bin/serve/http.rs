@@ -168,13 +168,13 @@ pub(super) enum Work {
 pub(super) struct Shared {
     pub(super) jobs: std_mpsc::Sender<Work>,
     /// Requests queued or running (the handlers add, the model thread
-    /// takes away).
-    pending: Arc<AtomicUsize>,
+    /// takes away); inspections count too.
+    pub(super) pending: Arc<AtomicUsize>,
     /// Rows in the sampling batch (published by the model thread).
     running: Arc<AtomicUsize>,
     /// Requests whose client went away before they finished.
-    cancelled: Arc<AtomicUsize>,
-    max_queue: usize,
+    pub(super) cancelled: Arc<AtomicUsize>,
+    pub(super) max_queue: usize,
     strict: bool,
     pub(super) model: String,
     pub(super) context: usize,
@@ -185,11 +185,11 @@ pub(super) struct Shared {
 /// An OpenAI error response.
 #[derive(Debug)]
 pub(super) struct ApiError {
-    status: StatusCode,
+    pub(super) status: StatusCode,
     pub(super) message: String,
-    kind: &'static str,
+    pub(super) kind: &'static str,
     pub(super) param: Option<String>,
-    code: Option<&'static str>,
+    pub(super) code: Option<&'static str>,
 }
 
 impl ApiError {
@@ -554,14 +554,14 @@ fn model_loop(
         if live.is_empty() && queue.is_empty() {
             match jobs.recv() {
                 Ok(Work::Generate(j)) => queue.push_back(j),
-                Ok(Work::Inspect(i)) => super::inspect::run(server, i),
+                Ok(Work::Inspect(i)) => super::inspect::run(server, i, pending, cancelled),
                 Err(_) => break,
             }
         }
         while let Ok(w) = jobs.try_recv() {
             match w {
                 Work::Generate(j) => queue.push_back(j),
-                Work::Inspect(i) => super::inspect::run(server, i),
+                Work::Inspect(i) => super::inspect::run(server, i, pending, cancelled),
             }
         }
         // Clients gone before their request started.
@@ -817,7 +817,7 @@ async fn not_found(uri: axum::http::Uri) -> Response {
     ApiError {
         status: StatusCode::NOT_FOUND,
         message: format!(
-            "no route {}: the routes are POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health",
+            "no route {}: the routes are POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /inspect, POST /v1/inspect",
             uri.path()
         ),
         kind: "invalid_request_error",

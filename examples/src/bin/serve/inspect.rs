@@ -15,13 +15,17 @@
 //!
 //! An inspection runs the reference stages on the host (exact, slow by
 //! design) and holds the model thread for its steps: the batch's running
-//! requests wait that long. It is a debugging tool, not a serving path.
+//! requests wait that long. It is a debugging tool, not a serving path; it
+//! counts against `--max-queue` like a request (`429` past it), and one
+//! whose client has gone stops at its next step.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use chain_config::ChainConfig;
 use sampler_core::{Chain, TokenId};
@@ -46,8 +50,14 @@ pub struct InspectJob {
     stop_ids: Vec<TokenId>,
     steps: usize,
     top: usize,
-    reply: oneshot::Sender<Result<Value, String>>,
+    /// The prompt's field (`prompt` or `messages`), for errors.
+    prompt_field: &'static str,
+    reply: oneshot::Sender<Result<Value, ApiError>>,
 }
+
+/// The largest seed a JavaScript number holds exactly (2^53 - 1): fresh
+/// seeds stay below it, so that the page can send them back.
+const MAX_SAFE_SEED: u64 = (1 << 53) - 1;
 
 pub async fn page() -> Response {
     Html(PAGE).into_response()
@@ -75,6 +85,7 @@ fn bounded(
 
 /// Parse an inspection body: the request, its steps and top.
 fn parse(body: &[u8], context: usize) -> Result<(InspectJobParts, usize, usize), ApiError> {
+    let present = |obj: &Map<String, Value>, key: &str| obj.get(key).is_some_and(|v| !v.is_null());
     let root: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid(format!("the body is not JSON: {e}"), None))?;
     let Value::Object(mut obj) = root else {
@@ -104,11 +115,18 @@ fn parse(body: &[u8], context: usize) -> Result<(InspectJobParts, usize, usize),
             ));
         }
     }
-    let steps = bounded(&obj, "max_tokens", 1, MAX_STEPS as u64, 8)? as usize;
+    // `max_completion_tokens` is `max_tokens`' other name (not both).
+    let steps_key = if present(&obj, "max_completion_tokens") && !present(&obj, "max_tokens") {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    let steps = bounded(&obj, steps_key, 1, MAX_STEPS as u64, 8)? as usize;
     let top = bounded(&obj, "top", 1, draw::MAX_TOP as u64, 12)? as usize;
     obj.remove("top");
-    obj.insert("max_tokens".into(), Value::from(steps));
-    let endpoint = if obj.contains_key("messages") {
+    obj.remove(steps_key);
+    obj.insert(steps_key.into(), Value::from(steps));
+    let endpoint = if present(&obj, "messages") {
         Endpoint::Chat
     } else {
         Endpoint::Completions
@@ -120,6 +138,10 @@ fn parse(body: &[u8], context: usize) -> Result<(InspectJobParts, usize, usize),
             prompt: request.prompt,
             config: request.config,
             stop_ids: request.stop_ids,
+            prompt_field: match endpoint {
+                Endpoint::Chat => "messages",
+                Endpoint::Completions => "prompt",
+            },
         },
         steps,
         top,
@@ -131,6 +153,7 @@ struct InspectJobParts {
     prompt: Prompt,
     config: ChainConfig,
     stop_ids: Vec<TokenId>,
+    prompt_field: &'static str,
 }
 
 /// `POST /v1/inspect`.
@@ -146,6 +169,21 @@ pub async fn inspect(
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
+    // Counted with the requests: `--max-queue` bounds inspections too.
+    if s.pending.fetch_add(1, Ordering::SeqCst) >= s.max_queue {
+        s.pending.fetch_sub(1, Ordering::SeqCst);
+        return ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: format!(
+                "the queue is full ({} requests waiting or running; --max-queue)",
+                s.max_queue
+            ),
+            kind: "rate_limit_error",
+            param: None,
+            code: Some("queue_full"),
+        }
+        .into_response();
+    }
     let (tx, rx) = oneshot::channel();
     let job = InspectJob {
         prompt: parts.prompt,
@@ -153,9 +191,11 @@ pub async fn inspect(
         stop_ids: parts.stop_ids,
         steps,
         top,
+        prompt_field: parts.prompt_field,
         reply: tx,
     };
     if s.jobs.send(Work::Inspect(job)).is_err() {
+        s.pending.fetch_sub(1, Ordering::SeqCst);
         return server_error("the server is shutting down".into()).into_response();
     }
     match rx.await {
@@ -163,49 +203,64 @@ pub async fn inspect(
             v["model"] = Value::from(s.model.clone());
             axum::Json(v).into_response()
         }
-        // What the prompt or the chain got wrong: the client's error.
-        Ok(Err(e)) => ApiError::invalid(e, None).into_response(),
+        Ok(Err(e)) => e.into_response(),
         Err(_) => server_error("the model thread stopped".into()).into_response(),
     }
 }
 
-/// Run an inspection on the model thread and answer it.
-pub fn run(server: &Server<'_>, job: InspectJob) {
-    let InspectJob {
-        prompt,
-        config,
-        stop_ids,
-        steps,
-        top,
-        reply,
-    } = job;
-    let _ = reply.send(answer(server, &prompt, config, &stop_ids, steps, top));
+/// Run an inspection on the model thread and answer it; it leaves the
+/// `pending` count when done (`cancelled` when its client has gone).
+pub fn run(server: &Server<'_>, job: InspectJob, pending: &AtomicUsize, cancelled: &AtomicUsize) {
+    let gone = || job.reply.is_closed();
+    let out = answer(server, &job, &gone);
+    if gone() {
+        cancelled.fetch_add(1, Ordering::SeqCst);
+    }
+    pending.fetch_sub(1, Ordering::SeqCst);
+    let _ = job.reply.send(out);
 }
 
 fn answer(
     server: &Server<'_>,
-    prompt: &Prompt,
-    mut config: ChainConfig,
-    stop_ids: &[TokenId],
-    steps: usize,
-    top: usize,
-) -> Result<Value, String> {
+    job: &InspectJob,
+    gone: &dyn Fn() -> bool,
+) -> Result<Value, ApiError> {
+    let (stop_ids, steps, top) = (&job.stop_ids[..], job.steps, job.top);
+    let mut config = job.config.clone();
     let codec = server.codec.text();
     let vocab = server.model.config().vocab_size;
-    let tokens = server.codec.encode(prompt)?;
-    if let Some(&t) = tokens
-        .iter()
-        .chain(stop_ids)
-        .find(|&&t| t as usize >= vocab)
-    {
-        return Err(format!(
-            "token id {t} is outside the model's vocabulary (0..{vocab})"
-        ));
+    let prompt_err = |e: String| ApiError::invalid(e, Some(job.prompt_field));
+    let tokens = server.codec.encode(&job.prompt).map_err(prompt_err)?;
+    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(prompt_err(format!(
+            "prompt token {t} is outside the model's vocabulary (0..{vocab})"
+        )));
+    }
+    // A bias for a token the model does not have fails every step: refused
+    // before the first, as `/v1/completions` does.
+    for st in &config.chain.stages {
+        if let sampler_core::StageSpec::LogitBias { bias } = st
+            && let Some(&(t, _)) = bias.iter().find(|&&(t, _)| t as usize >= vocab)
+        {
+            return Err(ApiError::invalid(
+                format!(
+                    "`logit_bias`: token id {t} is outside the model's vocabulary (0..{vocab})"
+                ),
+                Some("logit_bias"),
+            ));
+        }
     }
     config.chain.fill_stop_ids(&codec.stop_ids());
-    let seed = *config.chain.seed.get_or_insert_with(clock_seed);
-    let built = sampler_cpu::build_chain(&config.chain)
-        .map_err(|e| format!("the chain cannot be built: {e}"))?;
+    let seed = *config
+        .chain
+        .seed
+        .get_or_insert_with(|| clock_seed() & MAX_SAFE_SEED);
+    let built = sampler_cpu::build_chain(&config.chain).map_err(|e| {
+        ApiError::invalid(
+            format!("the chain cannot be built: {e}"),
+            Some("sampler_chain"),
+        )
+    })?;
     // The server's own `--ban-words` stage first, as its requests have it.
     let (mut chain, chain_string) = match &server.ban {
         None => (built, config.chain.chain_string()),
@@ -218,30 +273,51 @@ fn answer(
             )
         }
     };
-    let run = draw::generate(server.model, codec, &tokens, &mut chain, steps, stop_ids)
-        .map_err(|e| e.to_string())?;
+    let failed = |e: draw::InspectError| match e {
+        // The prompt, or the chain on a row: the request's.
+        draw::InspectError::Prompt(m) => prompt_err(m),
+        e @ draw::InspectError::Sample { .. } => ApiError::invalid(e.to_string(), None),
+        // The model, the read-back, the drawing: the server's.
+        e => server_error(e.to_string()),
+    };
+    let run = draw::generate(
+        server.model,
+        codec,
+        &tokens,
+        &mut chain,
+        steps,
+        stop_ids,
+        gone,
+    )
+    .map_err(failed)?;
     let mut out = Vec::with_capacity(run.len());
     for step in &run {
         let mut v = draw::step_json(step, codec, top);
-        v["svg"] = Value::from(draw::step_svg(step, codec, top).map_err(|e| e.to_string())?);
+        v["svg"] = Value::from(draw::step_svg(step, codec, top).map_err(failed)?);
         out.push(v);
     }
     let ids: Vec<TokenId> = run.iter().map(|s| s.seen.token).collect();
-    let stopped = ids
-        .last()
-        .is_some_and(|t| codec.stop_ids().contains(t) || stop_ids.contains(t));
+    let is_stop = |t: &TokenId| codec.stop_ids().contains(t) || stop_ids.contains(t);
+    let stopped = ids.last().is_some_and(is_stop);
+    // The text as `/v1/completions` gives it: each token's piece after the
+    // one before it, the stop token left out.
+    let mut text = Vec::new();
+    for s in run.iter().filter(|s| !is_stop(&s.seen.token)) {
+        text.extend(codec.piece_bytes(s.prev, s.seen.token));
+    }
     Ok(json!({
         "object": "inspection",
         "seed": seed,
         "chain": chain_string,
         "config": config.to_toml_string(),
         "prompt_tokens": tokens.len(),
+        "max_tokens": steps,
         "tokens": ids,
-        "text": String::from_utf8_lossy(&codec.decode_bytes(&ids)),
+        "text": String::from_utf8_lossy(&text),
         "finish_reason": if stopped { "stop" } else { "length" },
         "top": top,
         "steps": out,
-        "summary_svg": draw::summary_svg(&run).map_err(|e| e.to_string())?,
+        "summary_svg": draw::summary_svg(&run).map_err(failed)?,
     }))
 }
 
