@@ -79,6 +79,14 @@ pub trait Sampler: Send {
         false
     }
 
+    /// Mirostat v2's current maximum surprise `mu` (bits): the stage keeps
+    /// the tokens with `-log2 p <= mu`. The CPU fast path reads it to find
+    /// those tokens with one threshold pass instead of sorting the row.
+    /// `None` for every other stage.
+    fn mirostat_mu(&self) -> Option<f32> {
+        None
+    }
+
     /// Clone into a box (chains are cloneable per row).
     fn box_clone(&self) -> Box<dyn Sampler>;
 }

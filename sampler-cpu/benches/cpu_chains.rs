@@ -19,7 +19,7 @@
 //! floor is measured in the same run on the same pool: one pass over the row
 //! (a max reduction in 16 independent lanes, so it is bound by memory).
 //!
-//! Groups: `batch1/V=...` (floor, the six chains through
+//! Groups: `batch1/V=...` (floor, the seven chains through
 //! `sampler_cpu::fast::sample_row`; at the largest vocabulary also the
 //! README's loop `Chain::sample(&mut Candidates::from_logits(row))`,
 //! `Chain::sample_logits(row)`, and the reference stages
@@ -241,6 +241,10 @@ fn chains() -> Vec<(&'static str, Vec<StageSpec>)> {
                 temp(0.8),
                 StageSpec::Dist,
             ],
+        ),
+        (
+            "mirostat_v2",
+            vec![StageSpec::MirostatV2 { tau: 5.0, eta: 0.1 }],
         ),
     ]
 }

@@ -120,6 +120,10 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
     let repeat = prop_oneof![Just(1.1f32), Just(1.0), Just(0.8), 0.5f32..2.0];
     let fp = prop_oneof![Just(0.0f32), Just(0.5), -0.5f32..1.0];
     let last_n = prop_oneof![Just(64usize), Just(0), 1usize..10];
+    let tau_eta = (
+        prop_oneof![Just(5.0f32), Just(3.0), Just(0.0), 0.0f32..12.0],
+        prop_oneof![Just(0.1f32), Just(0.0), Just(1.0), 0.0f32..2.0],
+    );
     (
         k,
         p,
@@ -130,10 +134,11 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
         fp.clone(),
         fp,
         last_n,
-        0u8..10,
+        tau_eta,
+        0u8..12,
     )
         .prop_map(
-            |(k, p, mp, t, mk, rep, freq, pres, last_n, which)| match which {
+            |(k, p, mp, t, mk, rep, freq, pres, last_n, (tau, eta), which)| match which {
                 0 => vec![StageSpec::Greedy],
                 1 => vec![StageSpec::TopK { k }, temp(t), StageSpec::Dist],
                 2 => vec![
@@ -178,6 +183,8 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
                     },
                     StageSpec::TopK { k },
                 ],
+                9 => vec![StageSpec::MirostatV2 { tau, eta }],
+                10 => vec![StageSpec::TopK { k }, StageSpec::MirostatV2 { tau, eta }],
                 _ => vec![temp(t), StageSpec::TopK { k }, StageSpec::Dist],
             },
         )
@@ -217,6 +224,10 @@ proptest! {
             let got = sample_row(&logits, &mut fast);
             prop_assert_eq!(got, want, "sample, step {}, shape {}", step, shape);
             prop_assert_eq!(fast.step(), slow.step());
+            // Stage state: mirostat's surprise target moved the same way.
+            for (f, s) in fast.stages().iter().zip(slow.stages()) {
+                prop_assert_eq!(f.mirostat_mu(), s.mirostat_mu(), "mu, step {}", step);
+            }
         }
     }
 }
@@ -257,6 +268,8 @@ fn large_zipf_rows_match_reference() {
             temp(0.8),
             StageSpec::Dist,
         ],
+        vec![StageSpec::MirostatV2 { tau: 5.0, eta: 0.1 }],
+        vec![StageSpec::MirostatV2 { tau: 2.0, eta: 0.5 }],
     ];
     for (c, stages) in chains.into_iter().enumerate() {
         let spec = ChainSpec::new(stages, Some(7 + c as u64));

@@ -24,6 +24,7 @@
 //! | `penalties` (never raising a logit) then `top_k(k)` | with a `[temperature] -> dist` tail: selection of the tokens outside the history down to a threshold `k` of them reach (raised by the history tokens above it), the history's tokens penalised and added where they still reach it, the `k` best keys, the fused tail; otherwise selection of `k + last_n` and the penalties stage on it | the token; otherwise `k + last_n`, id order |
 //! | `min_p(p)`, `p <= 1` | every block's maximum, the blocks that reach `max + ln p` read again | tokens `>= max + ln p`, id order |
 //! | `top_p(p)` | max; exp + sum with mass estimates per depth; gather the head down to the estimate's depth (a wide deep tier narrowed by band counts first); bucket it, sort only up to the cut | nucleus, sorted |
+//! | `mirostat_v2` (its `mu` read from the stage, [`Sampler::mirostat_mu`]) | max; exp + sum; the smallest kept probability (a search over the floats' bits), tokens within 1e-3 nats of its logit gathered by `min_p`'s block scan, sorted, walked with the stage's own test | the kept tokens, sorted; the stage then runs on them (it keeps them all: checked) and draws |
 //!
 //! Each kernel validates the row on the way (NaN, `+inf`); a bad row, an
 //! empty row, or any case the kernel cannot decide exactly (e.g. `min_p`
@@ -61,7 +62,7 @@ use sampler_core::{
     Candidates, Chain, RowKernels, RowRng, SampleError, Sampler, StageSpec, TokenId,
 };
 
-use self::scan::{desc_key, key_id, min_p_ids, top_k_keys, top_k_keys_outside};
+use self::scan::{desc_key, key_id, max_checked, min_p_ids, top_k_keys, top_k_keys_outside};
 use self::tail::{temp_dist_tail, temp_dist_token};
 use self::top_p::{Nucleus, TopPScratch, top_p_full};
 
@@ -85,6 +86,8 @@ enum Lead {
     MinP { at: usize, p: f32, min_keep: usize },
     /// `top_p(p)` at stage `at`, `p < 1`.
     TopP { at: usize, p: f32, min_keep: usize },
+    /// `mirostat_v2` at stage `at`, its maximum surprise `mu` now.
+    MirostatV2 { at: usize, mu: f32 },
 }
 
 /// The fast kernels as [`RowKernels`], for [`Chain::with_kernels`]
@@ -140,6 +143,10 @@ fn lead_from(stages: &[Box<dyn Sampler>], start: usize) -> Option<Lead> {
             Some(Lead::MinP { at, p, min_keep })
         }
         StageSpec::TopP { p, min_keep } if p < 1.0 => Some(Lead::TopP { at, p, min_keep }),
+        StageSpec::MirostatV2 { .. } => first
+            .mirostat_mu()
+            .filter(|mu| mu.is_finite())
+            .map(|mu| Lead::MirostatV2 { at, mu }),
         _ => None,
     }
 }
@@ -324,6 +331,26 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
                 None => Survivors::Reference,
             }
         }
+        Lead::MirostatV2 { at, mu } => {
+            if !mirostat_v2_head(logits, mu, s) {
+                return Survivors::Reference;
+            }
+            let ids: Vec<TokenId> = s.keys.iter().map(|&k| key_id(k)).collect();
+            let l: Vec<f32> = ids.iter().map(|&i| logits[i as usize]).collect();
+            match from_parts(ids, l) {
+                Some(mut row) => {
+                    row.set_sorted(true);
+                    // The stage itself runs on its own survivors: it keeps
+                    // them all (checked) and draws as on the whole row.
+                    Survivors::Set {
+                        row,
+                        resume: at,
+                        by_id: None,
+                    }
+                }
+                None => Survivors::Reference,
+            }
+        }
         Lead::TopP { at, p, min_keep } => {
             let nucleus = &mut s.nucleus;
             if top_p_full(logits, p, min_keep, &mut s.top_p, nucleus) != Ok(true) {
@@ -346,14 +373,91 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
     }
 }
 
+/// The tokens `mirostat_v2` keeps of a raw row, into `s.keys` ([`desc_key`]
+/// order): those with `-log2 p <= mu`, `p` the reference's softmax (its
+/// `exp`, the f64 lane sum in id order, `(e · (1/S)) as f32`), and at least
+/// the first, without sorting the row. A max pass, an exp-sum pass, then
+/// the tokens within a margin of the cut's logit (`min_p`'s block scan)
+/// are gathered, sorted, and walked with the reference's own test up to the
+/// first token it drops. The stage then runs on these tokens alone
+/// ([`Survivors::Set`] resuming at the stage): it renormalises over them,
+/// which only raises their probabilities, so it keeps them all; that is
+/// checked here with the stage's arithmetic, and any other outcome (or a
+/// bad row) returns `false`: the reference runs.
+fn mirostat_v2_head(logits: &[f32], mu: f32, s: &mut Scratch) -> bool {
+    let keeps = |p: f32| !(-p.log2() > mu);
+    let Ok(max) = max_checked(logits, &mut s.sel) else {
+        return false;
+    };
+    if max == f32::NEG_INFINITY {
+        return false;
+    }
+    let sum = sampler_core::numerics::exp_sum(logits, max);
+    let inv = 1.0 / sum;
+    // The smallest probability kept: a search over the positive floats'
+    // bits (ordered as the floats); nothing but the first token when even
+    // p = 1 is too surprising (mu < 0).
+    let ln_cut = if keeps(1.0) {
+        let (mut lo, mut hi) = (0u32, 1.0f32.to_bits());
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if keeps(f32::from_bits(mid)) {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        // p >= p_min <=> e >= p_min · S (up to the rounding of e and p):
+        // gather 1e-3 nats below, far beyond both roundings, and beyond the
+        // rounding of the threshold `max + ln_cut` in f32 at large `max`.
+        let margin = 1e-3 + 8.0 * f64::from(max.abs() * f32::EPSILON);
+        ((f64::from(f32::from_bits(hi)) * sum).ln() - margin).min(0.0) as f32
+    } else {
+        0.0
+    };
+    if min_p_ids(logits, ln_cut, &mut s.blocks, &mut s.sel, &mut s.ids).is_err() {
+        return false;
+    }
+    s.keys.clear();
+    s.keys
+        .extend(s.ids.iter().map(|&i| desc_key(logits[i as usize], i)));
+    s.keys.sort_unstable();
+    let prob = |key: u64, inv: f64| {
+        let e = sampler_core::numerics::exp(logits[key_id(key) as usize] - max);
+        (f64::from(e) * inv) as f32
+    };
+    let keep = s
+        .keys
+        .iter()
+        .position(|&k| !keeps(prob(k, inv)))
+        .unwrap_or(s.keys.len())
+        .max(1);
+    if keep > s.keys.len() {
+        return false;
+    }
+    s.keys.truncate(keep);
+    // The stage's pass over these tokens: softmax in their (sorted) order.
+    s.current.clear();
+    s.current.extend(
+        s.keys
+            .iter()
+            .map(|&k| sampler_core::numerics::exp(logits[key_id(k) as usize] - max)),
+    );
+    let inv_kept = 1.0 / sampler_core::numerics::sum_f64_slice(&s.current);
+    s.current
+        .iter()
+        .all(|&e| keeps((f64::from(e) * inv_kept) as f32))
+}
+
 /// Sample one token from a raw logits row `[vocab]` (token id = position)
 /// with `chain`, which accepts the token and advances its step.
 ///
 /// Exactly [`Chain::sample`] on `Candidates::from_logits(logits)` (same
 /// token, same errors, same chain state afterwards), but when the chain's
-/// first active stage is `greedy`, `top_k`, `penalties` + `top_k`, `min_p` or
-/// `top_p`, the full-vocabulary candidate set is never built: one pass over
-/// the row keeps only that stage's survivors (see the module docs).
+/// first active stage is `greedy`, `top_k`, `penalties` + `top_k`, `min_p`,
+/// `top_p` or `mirostat_v2`, the full-vocabulary candidate set is never
+/// built: a pass or three over the row keep only that stage's survivors
+/// (see the module docs).
 ///
 /// # Errors
 /// As [`Chain::sample`]: [`SampleError::NoSelectingStage`],
@@ -551,7 +655,7 @@ fn lead_tail_token(
                 u,
             ))
         }
-        Lead::Greedy | Lead::PenaltiesTopK { .. } => None,
+        Lead::Greedy | Lead::PenaltiesTopK { .. } | Lead::MirostatV2 { .. } => None,
     }
 }
 
@@ -716,6 +820,8 @@ mod tests {
                 temp,
                 StageSpec::Dist,
             ],
+            vec![StageSpec::MirostatV2 { tau: 5.0, eta: 0.1 }],
+            vec![StageSpec::MirostatV2 { tau: 1.0, eta: 0.1 }],
         ];
         let logits = zipf(10_007);
         for stages in cases {

@@ -55,8 +55,11 @@ impl Sampler for MirostatV2 {
         if row.is_empty() {
             return Err(SampleError::EmptyRow);
         }
-        row.sort_desc();
+        // Softmax before the sort: its sum runs in the order the row comes in
+        // (id order for a raw row), so that the fast path's one-pass sum
+        // gives the same bits (the order of `top_p`'s sum too).
         row.softmax()?;
+        row.sort_desc();
         let probs = row.probs().unwrap_or(&[]);
         let keep = probs
             .iter()
@@ -67,6 +70,9 @@ impl Sampler for MirostatV2 {
         let index = dist_select(row, ctx.rng.uniform(0))?;
         self.pending = selected_surprise(row, index);
         Ok(())
+    }
+    fn mirostat_mu(&self) -> Option<f32> {
+        Some(self.mu)
     }
     fn accept(&mut self, token: TokenId, origin: TokenOrigin) {
         if origin != TokenOrigin::Output {
