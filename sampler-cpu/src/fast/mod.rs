@@ -278,19 +278,7 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
             if top_k_keys(logits, k, &mut s.blocks, &mut s.sel, &mut s.keys).is_err() {
                 return Survivors::Reference;
             }
-            let ids: Vec<TokenId> = s.keys.iter().map(|&k| key_id(k)).collect();
-            let l: Vec<f32> = ids.iter().map(|&i| logits[i as usize]).collect();
-            match from_parts(ids, l) {
-                Some(mut row) => {
-                    row.set_sorted(true);
-                    Survivors::Set {
-                        row,
-                        resume: at + 1,
-                        by_id: None,
-                    }
-                }
-                None => Survivors::Reference,
-            }
+            sorted_set(logits, &s.keys, at + 1)
         }
         Lead::PenaltiesTopK { at, keep, .. } => {
             // Not worth it when the superset is a large part of the row.
@@ -335,21 +323,9 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
             if !mirostat_v2_head(logits, mu, s) {
                 return Survivors::Reference;
             }
-            let ids: Vec<TokenId> = s.keys.iter().map(|&k| key_id(k)).collect();
-            let l: Vec<f32> = ids.iter().map(|&i| logits[i as usize]).collect();
-            match from_parts(ids, l) {
-                Some(mut row) => {
-                    row.set_sorted(true);
-                    // The stage itself runs on its own survivors: it keeps
-                    // them all (checked) and draws as on the whole row.
-                    Survivors::Set {
-                        row,
-                        resume: at,
-                        by_id: None,
-                    }
-                }
-                None => Survivors::Reference,
-            }
+            // The stage itself runs on its own survivors: it keeps them all
+            // (checked) and draws as on the whole row.
+            sorted_set(logits, &s.keys, at)
         }
         Lead::TopP { at, p, min_keep } => {
             let nucleus = &mut s.nucleus;
@@ -370,6 +346,24 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
                 None => Survivors::Reference,
             }
         }
+    }
+}
+
+/// The tokens of `keys` ([`desc_key`]s, in their sorted order) as a sorted
+/// candidate set; the chain resumes at `resume`.
+fn sorted_set(logits: &[f32], keys: &[u64], resume: usize) -> Survivors {
+    let ids: Vec<TokenId> = keys.iter().map(|&k| key_id(k)).collect();
+    let l: Vec<f32> = ids.iter().map(|&i| logits[i as usize]).collect();
+    match Candidates::from_parts(ids, l, logits.len()) {
+        Ok(mut row) => {
+            row.set_sorted(true);
+            Survivors::Set {
+                row,
+                resume,
+                by_id: None,
+            }
+        }
+        Err(_) => Survivors::Reference,
     }
 }
 

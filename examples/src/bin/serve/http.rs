@@ -174,7 +174,7 @@ pub(super) struct Shared {
     running: Arc<AtomicUsize>,
     /// Requests whose client went away before they finished.
     pub(super) cancelled: Arc<AtomicUsize>,
-    pub(super) max_queue: usize,
+    max_queue: usize,
     strict: bool,
     pub(super) model: String,
     pub(super) context: usize,
@@ -182,14 +182,35 @@ pub(super) struct Shared {
     created: u64,
 }
 
+impl Shared {
+    /// Count one more request (or inspection) waiting or running; `429`
+    /// past `--max-queue`. The model thread takes it away when it ends.
+    pub(super) fn enqueue(&self) -> Result<(), ApiError> {
+        if self.pending.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                message: format!(
+                    "the queue is full ({} requests waiting or running; --max-queue)",
+                    self.max_queue
+                ),
+                kind: "rate_limit_error",
+                param: None,
+                code: Some("queue_full"),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// An OpenAI error response.
 #[derive(Debug)]
 pub(super) struct ApiError {
-    pub(super) status: StatusCode,
+    status: StatusCode,
     pub(super) message: String,
-    pub(super) kind: &'static str,
+    kind: &'static str,
     pub(super) param: Option<String>,
-    pub(super) code: Option<&'static str>,
+    code: Option<&'static str>,
 }
 
 impl ApiError {
@@ -968,19 +989,7 @@ async fn start(
     body: &[u8],
 ) -> Result<(Reply, mpsc::UnboundedReceiver<Event>), ApiError> {
     let (request, shape) = to_request(body, endpoint, s.strict, s.context)?;
-    if s.pending.fetch_add(1, Ordering::SeqCst) >= s.max_queue {
-        s.pending.fetch_sub(1, Ordering::SeqCst);
-        return Err(ApiError {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            message: format!(
-                "the queue is full ({} requests waiting or running; --max-queue)",
-                s.max_queue
-            ),
-            kind: "rate_limit_error",
-            param: None,
-            code: Some("queue_full"),
-        });
-    }
+    s.enqueue()?;
     let n = s.next_id.fetch_add(1, Ordering::SeqCst);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut job = Job::new(n as usize, "request".into(), request);

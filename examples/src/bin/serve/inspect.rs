@@ -25,7 +25,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 use chain_config::ChainConfig;
 use sampler_core::{Chain, TokenId};
@@ -170,19 +169,8 @@ pub async fn inspect(
         Err(e) => return e.into_response(),
     };
     // Counted with the requests: `--max-queue` bounds inspections too.
-    if s.pending.fetch_add(1, Ordering::SeqCst) >= s.max_queue {
-        s.pending.fetch_sub(1, Ordering::SeqCst);
-        return ApiError {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            message: format!(
-                "the queue is full ({} requests waiting or running; --max-queue)",
-                s.max_queue
-            ),
-            kind: "rate_limit_error",
-            param: None,
-            code: Some("queue_full"),
-        }
-        .into_response();
+    if let Err(e) = s.enqueue() {
+        return e.into_response();
     }
     let (tx, rx) = oneshot::channel();
     let job = InspectJob {
