@@ -136,6 +136,10 @@ pub enum SampleError {
     /// errors into this variant when they concern a single row).
     #[error("device error: {0}")]
     Device(String),
+    /// The request's structured-output constraint failed (its matcher's
+    /// error); the request can take no more tokens under it.
+    #[error("structured output: {0}")]
+    Constraint(#[from] crate::structured::ConstraintError),
 }
 
 impl SampleError {
@@ -143,7 +147,7 @@ impl SampleError {
     /// output of the example commands): `empty_row`, `nan_logit`,
     /// `pos_inf_logit`, `all_masked`, `token_mask_length`, `no_selecting_stage`, `shape`,
     /// `shape_overflow`, `chain_count`, `logprobs_count`, `token_out_of_range`,
-    /// `duplicate_token`, `param`, `custom_stage_output`, `device`.
+    /// `duplicate_token`, `param`, `custom_stage_output`, `device`, `constraint`.
     pub fn kind(&self) -> &'static str {
         match self {
             SampleError::EmptyRow => "empty_row",
@@ -161,6 +165,7 @@ impl SampleError {
             SampleError::Param(_) => "param",
             SampleError::CustomStageOutput { .. } => "custom_stage_output",
             SampleError::Device(_) => "device",
+            SampleError::Constraint(_) => "constraint",
         }
     }
 }

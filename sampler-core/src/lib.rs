@@ -30,6 +30,7 @@ pub mod rng;
 mod sampler;
 pub mod sequences;
 mod spec;
+pub mod structured;
 
 pub use candidates::{Candidates, RawCandidates, desc_cmp, validate_logits};
 pub mod numerics;
@@ -46,6 +47,7 @@ pub use rng::RowRng;
 pub use sampler::{Sampler, StageContext, TokenOrigin};
 pub use sequences::{BeamSpec, EarlyStopping, MAX_SEQUENCES, Sequences, SequencesError};
 pub use spec::{ChainSpec, GREEDY_TEMPERATURE, HistoryScope, StageSpec};
+pub use structured::{ConstraintError, StructuredOutput, TokenConstraint};
 
 /// A token id: an index into the vocabulary, `0..vocab`.
 pub type TokenId = u32;
