@@ -189,6 +189,25 @@ pub struct SamplingParams {
     /// Beam search: `true`, `false` or `"never"` (Hugging Face). Default false.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub early_stopping: Option<crate::sequences::EarlyStoppingFlag>,
+    /// OpenAI structured output: `{"type": "text"}` (none),
+    /// `{"type": "json_object"}`, or `{"type": "json_schema", "json_schema":
+    /// {"name": ..., "schema": {...}}}`. At most one of this and the
+    /// `guided_*` keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<serde_json::Value>,
+    /// vLLM: the output is JSON valid against this JSON Schema (an object,
+    /// or its JSON text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guided_json: Option<serde_json::Value>,
+    /// vLLM: the whole output matches this regular expression.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guided_regex: Option<String>,
+    /// vLLM: the output is a sentence of this Lark grammar.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guided_grammar: Option<String>,
+    /// vLLM: the output is exactly one of these strings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guided_choice: Option<Vec<String>>,
     /// The keys that stages declare in the stage registry
     /// ([`sampler_core::StageMeta::flat_key`]: `epsilon_cutoff`,
     /// `eta_cutoff`), written at the top level like the others. Each sets
@@ -346,7 +365,7 @@ impl<'de> Deserialize<'de> for StageKeys {
 
 /// The JSON keys of [`SamplingParams`]'s own fields (and their aliases);
 /// [`flat_keys`] adds the registry's.
-pub const FIELDS: [&str; 39] = [
+pub const FIELDS: [&str; 44] = [
     "temperature",
     "top_k",
     "top_p",
@@ -386,6 +405,11 @@ pub const FIELDS: [&str; 39] = [
     "num_return_sequences",
     "length_penalty",
     "early_stopping",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_grammar",
+    "guided_choice",
 ];
 
 /// Every flat key: the keys of `SamplingParams`'s own fields, then the keys stages declare in the
@@ -421,11 +445,19 @@ pub(crate) enum FieldKind {
     Word(&'static [&'static str]),
     /// `true` / `false` or one of a fixed set of strings.
     BoolOrWord(&'static [&'static str]),
+    /// A JSON object.
+    Object,
+    /// A JSON object or a string (a schema or its text).
+    Schema,
+    /// A string.
+    Str,
+    /// A list of strings.
+    Strs,
 }
 
 /// Every JSON key of [`SamplingParams`] with its kind and valid range in
 /// words (used verbatim in errors, also for `generation_config.json`).
-pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 39] = [
+pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 44] = [
     (
         "temperature",
         FieldKind::Float,
@@ -549,6 +581,31 @@ pub(crate) const FIELD_RANGES: [(&str, FieldKind, &str); 39] = [
         FieldKind::BoolOrWord(&["true", "false", "never"]),
         "true, false or \"never\"",
     ),
+    (
+        "response_format",
+        FieldKind::Object,
+        "an object: {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}",
+    ),
+    (
+        "guided_json",
+        FieldKind::Schema,
+        "a JSON Schema (an object, or its JSON text)",
+    ),
+    (
+        "guided_regex",
+        FieldKind::Str,
+        "a regular expression (a string)",
+    ),
+    (
+        "guided_grammar",
+        FieldKind::Str,
+        "a Lark grammar (a string)",
+    ),
+    (
+        "guided_choice",
+        FieldKind::Strs,
+        "a non-empty list of strings",
+    ),
 ];
 
 /// An [`ConfigError::OutOfRange`] from [`SamplingParams::check`] (which
@@ -632,6 +689,24 @@ pub(crate) fn check_field_type(doc: Doc<'_>, entry: &Entry) -> Result<(), Config
         },
         FieldKind::Ids => match &v.value {
             LValue::Array(_) => parse_token_ids(at, key, v).map(|_| ()),
+            _ => Err(wrong(doc.found(v), range)),
+        },
+        FieldKind::Object => match &v.value {
+            LValue::Table(_) => Ok(()),
+            _ => Err(wrong(doc.found(v), range)),
+        },
+        FieldKind::Schema => match &v.value {
+            LValue::Table(_) | LValue::Str(_) | LValue::Bool(_) => Ok(()),
+            _ => Err(wrong(doc.found(v), range)),
+        },
+        FieldKind::Str => match &v.value {
+            LValue::Str(_) => Ok(()),
+            _ => Err(wrong(doc.found(v), range)),
+        },
+        FieldKind::Strs => match &v.value {
+            LValue::Array(items) if items.iter().all(|i| matches!(i.value, LValue::Str(_))) => {
+                Ok(())
+            }
             _ => Err(wrong(doc.found(v), range)),
         },
         FieldKind::BoolOrWord(_) if matches!(v.value, LValue::Bool(_)) => Ok(()),
@@ -1041,7 +1116,12 @@ impl SamplingParams {
             num_beams,
             num_return_sequences,
             length_penalty,
-            early_stopping
+            early_stopping,
+            response_format,
+            guided_json,
+            guided_regex,
+            guided_grammar,
+            guided_choice
         );
         let mut keys = file.stage_keys.0.clone();
         keys.extend(self.stage_keys.0.iter().map(|(k, v)| (k.clone(), *v)));
@@ -1330,6 +1410,10 @@ impl SamplingParams {
             None,
         )?;
         cfg.sequences = self.sequences()?;
+        cfg.structured = crate::structured::from_flat(self)?;
+        if cfg.structured.is_some() {
+            crate::structured::ensure_mask(&mut cfg.chain);
+        }
         Ok(cfg)
     }
 }
@@ -1379,6 +1463,11 @@ mod tests {
             num_return_sequences: Some(1),
             length_penalty: Some(1.0),
             early_stopping: Some(crate::sequences::EarlyStoppingFlag::Bool(false)),
+            response_format: Some(serde_json::json!({"type": "text"})),
+            guided_json: Some(serde_json::json!({})),
+            guided_regex: Some(String::new()),
+            guided_grammar: Some(String::new()),
+            guided_choice: Some(vec![]),
             stage_keys: StageKeys::default(),
         };
         let v = serde_json::to_value(&full).unwrap_or_default();

@@ -49,6 +49,7 @@ mod located;
 mod params;
 mod sequences;
 mod speculative;
+mod structured;
 mod suggest;
 mod toml_in;
 mod toml_out;
@@ -61,10 +62,12 @@ pub use error::{ConfigError, Diagnostic, Location};
 pub use flat::{LogprobsFlag, SamplingParams, StageKeys, WHOLE_HISTORY, flat_keys};
 pub use hf::GenerationConfig;
 pub use params::default_stage;
+pub use sampler_core::StructuredOutput;
 pub use sampler_core::{BeamSpec, EarlyStopping, MAX_SEQUENCES, Sequences};
 pub use sampler_core::{ChainSpec, HistoryScope, OffloadPolicy, StageKind, StageSpec};
 pub use sequences::EarlyStoppingFlag;
 pub use speculative::{MAX_SPECULATIVE_TOKENS, SpeculativeConfig, SpeculativeMethod};
+pub use structured::STRUCTURED_KEYS;
 
 /// Device names accepted in `[device] kind`, optionally followed by
 /// `:index` (`cuda:1`; GPU backends only). `cpu` is the whole chain on the
@@ -152,6 +155,10 @@ pub struct ChainConfig {
     /// `[sequences]`; flat keys `n`, `num_beams`, `num_return_sequences`,
     /// `length_penalty`, `early_stopping`). Default one sample.
     pub sequences: Sequences,
+    /// Structured output (TOML `[structured]`; flat keys `response_format`,
+    /// `guided_json`, `guided_regex`, `guided_grammar`, `guided_choice`),
+    /// `None` when not asked for. The chain then has a `mask` stage first.
+    pub structured: Option<StructuredOutput>,
     /// Notes about the declaration (ignored parameters, ...). Not serialised.
     pub diagnostics: Vec<Diagnostic>,
 }
@@ -165,6 +172,7 @@ impl ChainConfig {
             device: DeviceConfig::default(),
             speculative: None,
             sequences: Sequences::default(),
+            structured: None,
             diagnostics: Vec::new(),
         }
     }
@@ -239,6 +247,7 @@ impl ChainConfig {
             device,
             speculative: None,
             sequences: Sequences::default(),
+            structured: None,
             diagnostics,
         })
     }

@@ -18,11 +18,12 @@ use crate::values::{At, parse_seed};
 use crate::{ChainConfig, DeviceConfig, LoadOptions, SpeculativeConfig};
 
 /// Top-level keys other than stage tables.
-pub(crate) const TOP_KEYS: [&str; 10] = [
+pub(crate) const TOP_KEYS: [&str; 11] = [
     "samplers",
     "seed",
     "device",
     "speculative",
+    "structured",
     "sequences",
     "stage",
     "logprobs",
@@ -39,6 +40,7 @@ pub(crate) fn load(text: &str, opts: &LoadOptions) -> Result<ChainConfig, Config
     let mut seed: Option<u64> = None;
     let mut device = DeviceConfig::default();
     let mut speculative = None;
+    let mut structured = None;
     let mut sequences = sampler_core::Sequences::default();
     let mut order: Option<(Vec<StageKind>, Range<usize>)> = None;
     let mut stage_array: Option<&Entry> = None;
@@ -58,6 +60,7 @@ pub(crate) fn load(text: &str, opts: &LoadOptions) -> Result<ChainConfig, Config
             "samplers" => order = Some((parse_samplers(doc, value)?, value.span.clone())),
             "device" => device = parse_device(doc, value)?,
             "speculative" => speculative = Some(parse_speculative(doc, value)?),
+            "structured" => structured = Some(crate::structured::parse_toml(doc, value)?),
             "sequences" => sequences = parse_sequences(doc, value)?,
             "stage" => stage_array = Some(entry),
             _ => match StageKind::from_name(name) {
@@ -185,6 +188,10 @@ pub(crate) fn load(text: &str, opts: &LoadOptions) -> Result<ChainConfig, Config
     )?;
     cfg.speculative = speculative;
     cfg.sequences = sequences;
+    if structured.is_some() {
+        crate::structured::ensure_mask(&mut cfg.chain);
+    }
+    cfg.structured = structured;
     Ok(cfg)
 }
 

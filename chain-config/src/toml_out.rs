@@ -93,6 +93,9 @@ pub(crate) fn to_toml(cfg: &ChainConfig) -> String {
             let _ = writeln!(out, "offload = {}", n.min(i64::MAX as usize));
         }
     }
+    if let Some(s) = &cfg.structured {
+        crate::structured::write_toml(&mut out, s);
+    }
     if let Some(sp) = &cfg.speculative {
         out.push_str("\n[speculative]\n");
         out.push_str("method = \"ngram\"\n");

@@ -4,7 +4,7 @@
 
 use chain_config::{
     ChainConfig, ChainSpec, ConfigError, DeviceConfig, GenerationConfig, HistoryScope, LoadOptions,
-    OffloadPolicy, SamplingParams, StageKind, StageSpec, WHOLE_HISTORY,
+    OffloadPolicy, SamplingParams, StageKind, StageSpec, StructuredOutput, WHOLE_HISTORY,
 };
 use proptest::num::f32 as f;
 use proptest::prelude::*;
@@ -181,16 +181,37 @@ fn chain_config() -> impl Strategy<Value = ChainConfig> {
         device(),
         speculative(),
         sequences(),
+        structured(),
     )
         .prop_map(
-            |(stages, seed, device, speculative, sequences)| ChainConfig {
-                chain: ChainSpec::new(stages, seed),
-                device,
-                speculative,
-                sequences,
-                diagnostics: Vec::new(),
+            |(mut stages, seed, device, speculative, sequences, structured)| {
+                // A structured output's chain has its mask stage first.
+                if structured.is_some() {
+                    stages.retain(|s| *s != StageSpec::Mask);
+                    stages.insert(0, StageSpec::Mask);
+                }
+                ChainConfig {
+                    chain: ChainSpec::new(stages, seed),
+                    device,
+                    speculative,
+                    sequences,
+                    structured,
+                    diagnostics: Vec::new(),
+                }
             },
         )
+}
+
+fn structured() -> impl Strategy<Value = Option<StructuredOutput>> {
+    prop_oneof![
+        Just(None),
+        Just(Some(StructuredOutput::JsonObject)),
+        "[ -~\\n]{0,12}".prop_map(|s| Some(StructuredOutput::Regex(s))),
+        "[ -~\\n]{0,12}".prop_map(|s| Some(StructuredOutput::Grammar(s))),
+        (0u32..1000).prop_map(|n| Some(StructuredOutput::JsonSchema(format!(
+            "{{\"maxLength\": {n}}}"
+        )))),
+    ]
 }
 
 /// The loaders' only outcomes: a chain, or a typed error with a message.

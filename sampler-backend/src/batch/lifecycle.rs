@@ -8,6 +8,7 @@ use sampler_core::{Chain, ChainSpec, StageSpec, TokenId, TokenOrigin};
 
 use crate::BackendError;
 use crate::batch::SamplingBatch;
+use crate::batch::constrained::Constrained;
 use crate::batch::request::{Request, RequestId, masks_act};
 use crate::planner::{Planned, plan_request};
 
@@ -98,6 +99,7 @@ impl SamplingBatch {
             history: Vec::new(),
             outputs: Vec::new(),
             mask: None,
+            constraint: None,
         };
         req.chain.accept_prompt(prompt);
         req.history
@@ -145,6 +147,9 @@ impl SamplingBatch {
             .get_mut(&id)
             .ok_or(BackendError::UnknownRequest { id: id.0 })?;
         req.chain.commit(token);
+        if let Some(c) = &mut req.constraint {
+            c.accept(&[token]);
+        }
         req.outputs.push(token);
         req.history.push((token, TokenOrigin::Output));
         let key = req.key.clone();
@@ -178,8 +183,12 @@ impl SamplingBatch {
         }
         let parent = self
             .requests
-            .get(&id)
+            .get_mut(&id)
             .ok_or(BackendError::UnknownRequest { id: id.0 })?;
+        let mut constraints: Vec<Option<Constrained>> = (0..n)
+            .map(|_| parent.constraint.as_mut().map(Constrained::fork))
+            .collect();
+        let parent = &*parent;
         let seed = parent.chain.seed();
         let children: Vec<Request> = (1..=n as u64)
             .map(|i| {
@@ -198,6 +207,7 @@ impl SamplingBatch {
                     history: parent.history.clone(),
                     outputs: parent.outputs.clone(),
                     mask: parent.mask.clone(),
+                    constraint: constraints[i as usize - 1].take(),
                 }
             })
             .collect();
@@ -225,6 +235,9 @@ impl SamplingBatch {
             .get_mut(&id)
             .ok_or(BackendError::UnknownRequest { id: id.0 })?;
         req.chain.reset();
+        if let Some(c) = &mut req.constraint {
+            c.reset();
+        }
         req.history.clear();
         req.outputs.clear();
         let key = req.key.clone();
@@ -294,6 +307,68 @@ impl SamplingBatch {
         Ok(())
     }
 
+    /// Hold a request's output to a structured-output constraint (a JSON
+    /// schema, regex or grammar matcher; `sampler-structured` builds them
+    /// with llguidance), or release it (`None`). From the next step on,
+    /// every step's mask comes from the constraint in the state the
+    /// request's accepted tokens left it: each token a step samples (or
+    /// [`SamplingBatch::commit`] records) is consumed, and the next mask is
+    /// computed on the thread pool right away, while the engine runs its
+    /// forward pass; `submit` only collects it. A mask given with
+    /// [`SamplingBatch::set_mask`] for the same step is combined with it
+    /// (a token must be allowed by both). `reset` resets the constraint,
+    /// `fork` copies it, `update` keeps it.
+    ///
+    /// The constraint's end-of-sequence tokens are allowed only where it
+    /// accepts the output; [`SamplingBatch::constraint_finished`] says when
+    /// nothing else is. If the matcher fails (its error, a committed token
+    /// it refuses), that request's later steps fail with
+    /// [`SampleError::Constraint`](sampler_core::SampleError::Constraint)
+    /// and accept nothing; other requests are unaffected. Speculative
+    /// verification of a constrained request takes no drafts
+    /// ([`SamplingBatch::submit_verify`]).
+    ///
+    /// # Errors
+    /// [`BackendError::UnknownRequest`], [`BackendError::NoMaskStage`] (the
+    /// chain needs a `mask` stage before its selecting stage; the config
+    /// front ends put one first when a request asks for structured output),
+    /// [`BackendError::StepPending`].
+    pub fn set_constraint(
+        &mut self,
+        id: RequestId,
+        constraint: Option<Box<dyn sampler_core::TokenConstraint>>,
+    ) -> Result<(), BackendError> {
+        self.idle("set_constraint")?;
+        let words = self.vocab.div_ceil(32);
+        let req = self
+            .requests
+            .get_mut(&id)
+            .ok_or(BackendError::UnknownRequest { id: id.0 })?;
+        if constraint.is_some() && !masks_act(&req.chain) {
+            return Err(BackendError::NoMaskStage { id: id.0 });
+        }
+        req.constraint = constraint.map(|c| Constrained::new(c, words));
+        Ok(())
+    }
+
+    /// Whether a request's constraint has finished: its output is complete
+    /// and only an end-of-sequence token is allowed next (`false` without a
+    /// constraint). An engine may end the request here rather than sample
+    /// that token.
+    ///
+    /// # Errors
+    /// [`BackendError::UnknownRequest`].
+    pub fn constraint_finished(&mut self, id: RequestId) -> Result<bool, BackendError> {
+        let req = self
+            .requests
+            .get_mut(&id)
+            .ok_or(BackendError::UnknownRequest { id: id.0 })?;
+        Ok(req
+            .constraint
+            .as_mut()
+            .is_some_and(Constrained::is_finished))
+    }
+
     /// Change a request's chain between steps (new parameters, stages
     /// added or removed). The request keeps its seed (unless `spec` names
     /// one), its step counter, its prompt and generated tokens: the new
@@ -317,6 +392,9 @@ impl SamplingBatch {
         let Some(req) = self.requests.get_mut(&id) else {
             return Err(BackendError::UnknownRequest { id: id.0 });
         };
+        if req.constraint.is_some() && !masks_act(&chain) {
+            return Err(BackendError::NoMaskStage { id: id.0 });
+        }
         if spec.stages.iter().any(|s| s.kind().meta().needs_history) {
             for &(t, origin) in &req.history {
                 chain.accept(t, origin);

@@ -36,6 +36,7 @@
 //! verification ([`verify`]). A step itself runs
 //! in `crate::step`, its device plan comes from `crate::planner`.
 
+pub(crate) mod constrained;
 pub(crate) mod group;
 mod lifecycle;
 pub(crate) mod pending;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use sampler_core::{Chain, ChainSpec, Plan, StageKind, TokenId, TokenOrigin};
 
+use crate::batch::constrained::Constrained;
 use crate::planner::GroupKey;
 
 /// A request of a [`SamplingBatch`](crate::SamplingBatch): returned by
@@ -48,6 +49,31 @@ pub(crate) struct Request {
     pub(crate) outputs: Vec<TokenId>,
     /// The token mask for the next step ([`SamplingBatch::set_mask`]).
     pub(crate) mask: Option<Arc<[u32]>>,
+    /// The structured-output constraint
+    /// ([`SamplingBatch::set_constraint`]).
+    pub(crate) constraint: Option<Constrained>,
+}
+
+impl Request {
+    /// This step's mask: the engine's ([`SamplingBatch::set_mask`], used
+    /// up by a sampling step, kept by a look), combined with the
+    /// constraint's; a failed constraint allows nothing (the row's error is
+    /// the constraint's, at finish).
+    pub(crate) fn step_mask(&mut self, select: bool, vocab: usize) -> Option<Arc<[u32]>> {
+        let mask = if select {
+            self.mask.take()
+        } else {
+            self.mask.clone()
+        };
+        match self.constraint.as_mut().map(Constrained::mask) {
+            None => mask,
+            Some(Err(_)) => Some(Arc::from(vec![0u32; vocab.div_ceil(32)])),
+            Some(Ok(c)) => Some(match mask {
+                Some(m) => m.iter().zip(c.iter()).map(|(a, b)| a & b).collect(),
+                None => c,
+            }),
+        }
+    }
 }
 
 /// Whether a mask given to `chain` acts: it has a `mask` stage before its

@@ -137,7 +137,7 @@ impl SamplingBatch {
         // whatever happens to it (as a step's).
         for d in drafts {
             let req = self.requests.get_mut(&d.id).expect("checked above");
-            if let Some(mask) = req.mask.take() {
+            if let Some(mask) = req.step_mask(true, self.vocab) {
                 req.chain.set_token_mask(Some(mask));
             }
         }
@@ -372,6 +372,26 @@ impl SamplingBatch {
         for (d, src) in drafts.iter().zip(sources) {
             let n = d.tokens.len() + 1;
             let req = self.requests.get_mut(&d.id).expect("checked at submit");
+            // A constrained request: no drafts (their rows would need the
+            // masks of states the matcher has not reached), and nothing
+            // after its constraint failed.
+            if let Some(c) = &req.constraint {
+                let refused = match c.failure() {
+                    Some(e) => Some(e.clone()),
+                    None if !d.tokens.is_empty() => Some(sampler_core::ConstraintError {
+                        kind: "speculative",
+                        message: format!(
+                            "{} drafts given for a request with structured output: verify it without drafts (k = 0)",
+                            d.tokens.len()
+                        ),
+                    }),
+                    None => None,
+                };
+                if let Some(e) = refused {
+                    results.push(Err(SampleError::Constraint(e)));
+                    continue;
+                }
+            }
             let out = match *src {
                 Source::Host(at) => sampler_cpu::verify(
                     &mut req.chain,
@@ -398,6 +418,9 @@ impl SamplingBatch {
                 }
             };
             if let Ok(ver) = &out {
+                if let Some(c) = &mut req.constraint {
+                    c.accept(&ver.tokens);
+                }
                 for &t in &ver.tokens {
                     req.outputs.push(t);
                     req.history.push((t, sampler_core::TokenOrigin::Output));

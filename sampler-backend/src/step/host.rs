@@ -99,9 +99,24 @@ impl SamplingBatch {
             return Err(foreign(pending));
         }
         let ids = pending.ids.clone();
-        let out = self.finish_rows(pending);
+        let mut out = self.finish_rows(pending);
         // A mask holds for one step, whatever happened in it.
         self.end_step(&ids);
+        // A failed constraint's rows were masked whole: its error, not
+        // "all masked".
+        if let Ok(out) = &mut out {
+            for (row, id) in out.rows.iter_mut().zip(&ids) {
+                if let Err(e) = row
+                    && let Some(fail) = self
+                        .requests
+                        .get(id)
+                        .and_then(|r| r.constraint.as_ref())
+                        .and_then(|c| c.failure())
+                {
+                    *e = SampleError::Constraint(fail.clone());
+                }
+            }
+        }
         out
     }
 
@@ -152,6 +167,9 @@ impl SamplingBatch {
                 (_, row) => (row, lp),
             });
             if select && let Ok((RowResult::Token(t), _)) = &res {
+                if let Some(c) = &mut req.constraint {
+                    c.accept(&[*t]);
+                }
                 req.outputs.push(*t);
                 req.history.push((*t, TokenOrigin::Output));
             }

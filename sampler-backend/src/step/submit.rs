@@ -205,12 +205,7 @@ impl SamplingBatch {
             let Some(req) = self.requests.get_mut(id) else {
                 continue;
             };
-            let mask = if select {
-                req.mask.take()
-            } else {
-                req.mask.clone()
-            };
-            if let Some(mask) = mask {
+            if let Some(mask) = req.step_mask(select, self.vocab) {
                 req.chain.set_token_mask(Some(mask));
             }
         }
