@@ -177,6 +177,16 @@ impl ChainConfig {
         }
     }
 
+    /// Give the request a structured output (or none): with one, a `mask`
+    /// stage goes first in the chain unless one already stands before its
+    /// selecting stage.
+    pub fn set_structured(&mut self, structured: Option<StructuredOutput>) {
+        if structured.is_some() {
+            structured::ensure_mask(&mut self.chain);
+        }
+        self.structured = structured;
+    }
+
     /// Validate a chain built in code, as the loaders do.
     ///
     /// # Errors

@@ -102,6 +102,9 @@ pub struct ChatTokenizer {
     /// End-of-sequence (end of turn) token id (`tokenizer.ggml.eos_token_id`).
     pub eos: u32,
     tokens: Vec<String>,
+    /// Per id: a control token (`tokenizer.ggml.token_type` 3), matched
+    /// whole and never part of text.
+    control: Vec<bool>,
     /// GPT-2's byte alphabet inverted (by character), built once.
     byte_of: [Option<u8>; 256 + 68],
 }
@@ -185,10 +188,14 @@ impl ChatTokenizer {
         ])));
         tokenizer.with_decoder(Some(ByteLevel::default()));
         // Control tokens are matched whole and never split.
+        let mut control = vec![false; tokens.len()];
         if let Some(types) = g
             .meta("tokenizer.ggml.token_type")
             .and_then(MetaValue::as_array)
         {
+            for (c, ty) in control.iter_mut().zip(types) {
+                *c = ty.as_u64() == Some(3);
+            }
             let special: Vec<AddedToken> = types
                 .iter()
                 .zip(&tokens)
@@ -212,6 +219,7 @@ impl ChatTokenizer {
                 .map(str::to_string),
             tokenizer,
             tokens,
+            control,
             byte_of: byte_table(),
             path,
         })
@@ -318,5 +326,19 @@ impl crate::llama2::generate::TextCodec for ChatTokenizer {
     }
     fn bos(&self) -> Option<u32> {
         Some(self.bos)
+    }
+    fn grammar_token(&self, id: u32) -> sampler_structured::TokenBytes {
+        use sampler_structured::TokenBytes;
+        let Some(t) = self.tokens.get(id as usize) else {
+            return TokenBytes::Unused;
+        };
+        let byte = |c: char| self.byte_of.get(c as usize).copied().flatten();
+        let text: Option<Vec<u8>> = t.chars().map(byte).collect();
+        match text {
+            Some(bytes) if !self.control.get(id as usize).copied().unwrap_or(false) => {
+                TokenBytes::Text(bytes)
+            }
+            _ => TokenBytes::Special(t.clone()),
+        }
     }
 }

@@ -21,6 +21,7 @@ pub mod report;
 pub mod requests;
 pub mod sample_cli;
 pub mod stop;
+pub mod structured;
 
 /// The README's Rust snippets, compiled and run as doctests.
 #[doc = include_str!("../../README.md")]

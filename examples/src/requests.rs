@@ -33,6 +33,12 @@
 //!   ([`crate::stop`]: across token boundaries, held off by `min_tokens`);
 //!   the output's text ends before it, or after it with
 //!   `include_stop_str_in_output: true`;
+//! - structured output (with any chain): OpenAI's `response_format`
+//!   (`{"type": "json_object"}`, `{"type": "json_schema", "json_schema":
+//!   {"name": ..., "schema": {...}}}`) or vLLM's `guided_json`,
+//!   `guided_regex`, `guided_grammar` (Lark), `guided_choice`; a `toml`
+//!   chain's `[structured]` table does the same. The output is held to it
+//!   token by token (`docs/serving.md`, "Structured outputs");
 //! - `speculative` (with any chain): speculative decoding with n-gram
 //!   drafts, `{"method": "ngram", "num_speculative_tokens": 4,
 //!   "prompt_lookup_min": 2, "prompt_lookup_max": 4}` (every key optional;
@@ -69,7 +75,7 @@ pub const MAX_N: u64 = sampler_core::MAX_SEQUENCES as u64;
 pub const MAX_TOKENS_LIMIT: u64 = 1 << 20;
 
 /// Flat keys that are not stages: allowed beside `toml` / `chain`.
-pub const NON_STAGE_KEYS: [&str; 11] = [
+pub const NON_STAGE_KEYS: [&str; 16] = [
     "seed",
     "n",
     "num_beams",
@@ -81,6 +87,11 @@ pub const NON_STAGE_KEYS: [&str; 11] = [
     "logprob_token_ids",
     "logprobs_mode",
     "stop_token_ids",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_grammar",
+    "guided_choice",
 ];
 
 /// `max_tokens` when a request does not say.
@@ -337,12 +348,16 @@ pub fn parse_request(line: &str, index: usize) -> Result<Request, RequestError> 
             if !extra.sequences.is_default() {
                 config.sequences = extra.sequences;
             }
+            let structured = extra.structured;
             let extra = extra.chain;
             if extra.seed.is_some() {
                 config.chain.seed = extra.seed;
             }
             if extra.logprobs.is_some() {
                 config.chain.logprobs = extra.logprobs;
+            }
+            if structured.is_some() {
+                config.set_structured(structured);
             }
             config
         }

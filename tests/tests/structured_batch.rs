@@ -62,7 +62,10 @@ const GRAMMAR: &str =
 
 /// The constraints, each with a check of a finished output written
 /// without llguidance.
-fn constraints() -> Vec<(StructuredOutput, fn(&str) -> bool)> {
+/// A check of a finished output, written without llguidance.
+type Check = fn(&str) -> bool;
+
+fn constraints() -> Vec<(StructuredOutput, Check)> {
     vec![
         (StructuredOutput::JsonSchema(SCHEMA.into()), |s| {
             let Ok(v) = serde_json::from_str::<serde_json::Value>(s) else {

@@ -193,6 +193,21 @@ pub(crate) struct Args {
     /// Longest suffix n-gram the drafter looks for.
     #[arg(long, value_name = "N", default_value_t = 4, requires = "speculative")]
     ngram_max: usize,
+    /// Structured output: the text is JSON valid against this JSON Schema
+    /// (a file). The chain gets a `mask` stage first; the mask of each step
+    /// comes from llguidance. A config's `[structured]` table does the same.
+    #[arg(long, value_name = "FILE", group = "structured")]
+    json_schema: Option<std::path::PathBuf>,
+    /// Structured output: the text is a JSON object.
+    #[arg(long, group = "structured")]
+    json_object: bool,
+    /// Structured output: the whole text matches this regular expression.
+    #[arg(long, value_name = "RE", group = "structured")]
+    regex: Option<String>,
+    /// Structured output: the text is a sentence of this Lark grammar (a
+    /// file, llguidance's dialect).
+    #[arg(long, value_name = "FILE", group = "structured")]
+    grammar: Option<std::path::PathBuf>,
     /// Device for the model and the chain: flex (burn's CPU backend), ndarray,
     /// wgpu, vulkan, cuda or cuda:N; only compiled-in backends are accepted.
     /// Default: the config's `[device]` kind, else flex.
@@ -564,6 +579,16 @@ fn run(a: Args) -> Result<(), AppError> {
     for d in &cfg.diagnostics {
         eprintln!("note: {d}");
     }
+    let structured = sampler_examples::structured::from_flags(
+        a.json_schema.as_deref(),
+        a.json_object,
+        a.regex.as_deref(),
+        a.grammar.as_deref(),
+    )
+    .map_err(AppError::Usage)?;
+    if structured.is_some() {
+        cfg.set_structured(structured);
+    }
     let (device, policy) = device_of(&cfg.device)?;
     // The flags, else the config's `[speculative]` table.
     let drafter = match (a.speculative.as_deref(), &cfg.speculative) {
@@ -579,6 +604,17 @@ fn run(a: Args) -> Result<(), AppError> {
             .map_err(AppError::Usage)?,
         ),
         (None, None) => None,
+    };
+    // Drafts are not checked against a grammar: one or the other.
+    let drafter = match (&cfg.structured, drafter) {
+        (Some(s), Some(_)) => {
+            eprintln!(
+                "note: speculative decoding is off with structured output ({}): drafts are not checked against it",
+                s.kind()
+            );
+            None
+        }
+        (_, d) => d,
     };
 
     let model_dir = model_path(&a)?;
@@ -631,6 +667,12 @@ fn run(a: Args) -> Result<(), AppError> {
             cfg.sequences.n
         )));
     }
+    if let (Some(_), Some(s)) = (beam, &cfg.structured) {
+        return Err(AppError::Usage(format!(
+            "beam search with structured output ({}): not supported",
+            s.kind()
+        )));
+    }
     if let Some(b) = beam {
         return run_beams(
             &a,
@@ -644,6 +686,22 @@ fn run(a: Args) -> Result<(), AppError> {
         );
     }
     let id = batch.insert(cfg.chain.clone(), &[])?;
+    if let Some(s) = &cfg.structured {
+        let refused = |e: sampler_core::ConstraintError| {
+            let flag = match s.kind() {
+                "json_schema" if a.json_schema.is_some() => "--json-schema",
+                "json_object" if a.json_object => "--json-object",
+                "regex" if a.regex.is_some() => "--regex",
+                "grammar" if a.grammar.is_some() => "--grammar",
+                _ => "[structured]",
+            };
+            AppError::Usage(format!("{flag}: {e}"))
+        };
+        let view = sampler_examples::structured::view(tokenizer, c.vocab_size).map_err(refused)?;
+        let m = sampler_examples::structured::matcher(&std::sync::Arc::new(view), s)
+            .map_err(refused)?;
+        batch.set_constraint(id, Some(m))?;
+    }
     // The seed actually used (drawn from the OS when none was given), so a
     // run can be replayed from its own output.
     let seed = batch.spec(id).and_then(|s| s.seed);

@@ -191,6 +191,9 @@ pub trait TextCodec {
     /// The beginning-of-sequence token, left out of the history that
     /// penalty-style stages see.
     fn bos(&self) -> Option<TokenId>;
+    /// The token as a grammar engine sees it (structured outputs): the
+    /// bytes it writes, or a control token ([`crate::structured::view`]).
+    fn grammar_token(&self, id: TokenId) -> sampler_structured::TokenBytes;
 }
 
 impl TextCodec for Tokenizer {
@@ -212,6 +215,18 @@ impl TextCodec for Tokenizer {
     }
     fn bos(&self) -> Option<TokenId> {
         Some(BOS)
+    }
+    fn grammar_token(&self, id: TokenId) -> sampler_structured::TokenBytes {
+        use sampler_structured::TokenBytes;
+        match self.piece(id) {
+            None => TokenBytes::Unused,
+            Some(p) if matches!(id, super::tokenizer::UNK | BOS | EOS) => {
+                TokenBytes::Special(String::from_utf8_lossy(p).into_owned())
+            }
+            // Byte-fallback pieces (`<0xHH>`) are their byte; a piece keeps
+            // its leading space (the text after a prompt).
+            Some(_) => TokenBytes::Text(self.decode_piece(None, id).to_vec()),
+        }
     }
 }
 

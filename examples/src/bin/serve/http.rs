@@ -406,16 +406,6 @@ pub(super) fn to_request(
                     ));
                 }
             }
-            "response_format" => {
-                if v.get("type").and_then(Value::as_str) != Some("text") {
-                    return Err(ApiError::invalid(
-                        format!(
-                            "`response_format` = {v}: only {{\"type\": \"text\"}} is supported (structured outputs are not built yet)"
-                        ),
-                        Some(key),
-                    ));
-                }
-            }
             "max_tokens" | "max_completion_tokens" => {
                 if max_tokens.is_some() {
                     return Err(ApiError::invalid(
@@ -776,6 +766,7 @@ pub fn run(a: super::Args) -> Result<(), String> {
                 ban,
                 json: true,
                 choices: Default::default(),
+                grammar: None,
             };
             model_loop(&mut server, rx, concurrency, &pending, &running, &cancelled);
         });

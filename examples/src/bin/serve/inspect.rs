@@ -100,15 +100,23 @@ fn parse(body: &[u8], context: usize) -> Result<(InspectJobParts, usize, usize),
         "top_logprobs",
         "stop",
         "speculative",
+        "response_format",
+        "guided_json",
+        "guided_regex",
+        "guided_grammar",
+        "guided_choice",
     ] {
         let given = match obj.get(key) {
             None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+            Some(v) if key == "response_format" => {
+                v.get("type").and_then(Value::as_str) != Some("text")
+            }
             Some(v) => !(key == "n" && v.as_u64() == Some(1)),
         };
         if given {
             return Err(ApiError::invalid(
                 format!(
-                    "`{key}` does not apply to an inspection (one sequence, every probability shown, stopped by token ids only)"
+                    "`{key}` does not apply to an inspection (one sequence, the model's own distribution shown, stopped by token ids only)"
                 ),
                 Some(key),
             ));
@@ -345,6 +353,10 @@ mod tests {
             (r#"{"prompt": "a", "top": 41}"#, "top"),
             (r#"{"prompt": "a", "top": "many"}"#, "top"),
             (r#"{"prompt": "a", "stream": true}"#, "stream"),
+            (
+                r#"{"prompt": "a", "response_format": {"type": "json_object"}}"#,
+                "response_format",
+            ),
             (r#"{"prompt": "a", "n": 2}"#, "n"),
             (r#"{"prompt": "a", "logprobs": 2}"#, "logprobs"),
             (r#"{"prompt": "a", "stop": ["."]}"#, "stop"),

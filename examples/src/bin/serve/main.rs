@@ -247,6 +247,8 @@ struct Job {
     include_stop_str: bool,
     /// Speculative decoding (the request's `speculative`).
     speculative: Option<chain_config::SpeculativeConfig>,
+    /// Structured output (`response_format`, `guided_*`, `[structured]`).
+    structured: Option<sampler_core::StructuredOutput>,
     /// Where its events go (HTTP requests); `None`: printed at the end.
     sink: Option<http::Sink>,
     /// Refuse it when the prompt and `max_tokens` do not fit the context
@@ -273,6 +275,7 @@ impl Job {
             stop_strings: r.stop_strings,
             include_stop_str: r.include_stop_str,
             speculative: r.config.speculative,
+            structured: r.config.structured,
             sink: None,
             fit_context: false,
             n: r.n,
@@ -293,6 +296,7 @@ impl Job {
             stop_strings: Vec::new(),
             include_stop_str: false,
             speculative: None,
+            structured: None,
             sink: None,
             fit_context: false,
             n: 1,
@@ -547,6 +551,9 @@ struct Server<'a> {
     /// Finished choices of requests with `n > 1`, by request index, until
     /// the last one ends.
     choices: std::collections::HashMap<usize, Vec<Value>>,
+    /// The grammar engine's view of the tokenizer, built at the first
+    /// request with structured output.
+    grammar: Option<std::sync::Arc<sampler_structured::TokenizerView>>,
 }
 
 impl Server<'_> {
@@ -616,6 +623,9 @@ impl Server<'_> {
             if job.speculative.is_some() {
                 return Err(refuse("speculative decoding"));
             }
+            if job.structured.is_some() {
+                return Err(refuse("structured output"));
+            }
             if spec.logprobs.is_some() {
                 return Err(refuse("per-token logprobs"));
             }
@@ -626,6 +636,35 @@ impl Server<'_> {
                 return Err(refuse("the HTTP API"));
             }
         }
+        if let (Some(_), Some(s)) = (&job.speculative, &job.structured) {
+            return Err(fail(format!(
+                "`speculative` with structured output ({}): not supported (drafts are not checked against the grammar)",
+                s.kind()
+            )));
+        }
+        // The request's matcher, before anything else is set up for it: a
+        // bad schema, regex or grammar refuses the request alone.
+        let constraint = match &job.structured {
+            None => None,
+            Some(s) => {
+                let vocab = self.model.config().vocab_size;
+                let view = match &self.grammar {
+                    Some(v) => v.clone(),
+                    None => {
+                        let v = std::sync::Arc::new(
+                            sampler_examples::structured::view(self.codec.text(), vocab)
+                                .map_err(|e| fail(e.to_string()))?,
+                        );
+                        self.grammar = Some(v.clone());
+                        v
+                    }
+                };
+                Some(
+                    sampler_examples::structured::matcher(&view, s)
+                        .map_err(|e| fail(format!("structured output: {e}")))?,
+                )
+            }
+        };
         let drafter = match job.speculative {
             Some(sp) => Some(
                 NgramDrafter::new(
@@ -742,6 +781,12 @@ impl Server<'_> {
             }
         };
         let rid = rid.map_err(|e| fail(e.to_string()))?;
+        if constraint.is_some()
+            && let Err(e) = self.batch.set_constraint(rid, constraint)
+        {
+            let _ = self.batch.remove(rid);
+            return Err(fail(e.to_string()));
+        }
         let slot = self.alloc_slot();
         let seed = self.batch.spec(rid).and_then(|s| s.seed);
         let beam = job.beam.map(|b| sampler_cpu::beam::BeamParams {
@@ -1231,6 +1276,7 @@ fn run(a: Args) -> Result<(), String> {
         },
         json: a.json || a.requests_file.is_some(),
         choices: Default::default(),
+        grammar: None,
     };
 
     let mut queue: VecDeque<Job> = jobs.into();
