@@ -39,27 +39,37 @@ fn cases() -> Vec<(&'static str, StructuredOutput, &'static str)> {
     vec![
         (
             "person",
-            s(r#"{"type": "object", "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 16}, "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": false}"#),
+            s(
+                r#"{"type": "object", "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 16}, "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": false}"#,
+            ),
             r#"{"name": "Ada Lovelace", "age": 36}"#,
         ),
         (
             "pets",
-            s(r#"{"type": "object", "properties": {"pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish", "bird"]}, "minItems": 1, "maxItems": 4}, "owner": {"type": "string", "maxLength": 12}}, "required": ["pets"], "additionalProperties": false}"#),
+            s(
+                r#"{"type": "object", "properties": {"pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish", "bird"]}, "minItems": 1, "maxItems": 4}, "owner": {"type": "string", "maxLength": 12}}, "required": ["pets"], "additionalProperties": false}"#,
+            ),
             r#"{"pets": ["cat", "dog", "fish"], "owner": "Sam"}"#,
         ),
         (
             "city",
-            s(r#"{"type": "object", "properties": {"city": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16}, "population": {"type": "integer", "minimum": 1, "maximum": 100000000}}, "required": ["name", "population"], "additionalProperties": false}, "capital": {"type": "boolean"}}, "required": ["city", "capital"], "additionalProperties": false}"#),
+            s(
+                r#"{"type": "object", "properties": {"city": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16}, "population": {"type": "integer", "minimum": 1, "maximum": 100000000}}, "required": ["name", "population"], "additionalProperties": false}, "capital": {"type": "boolean"}}, "required": ["city", "capital"], "additionalProperties": false}"#,
+            ),
             r#"{"city": {"name": "Paris", "population": 2100000}, "capital": true}"#,
         ),
         (
             "weather",
-            s(r#"{"type": "object", "properties": {"temperature": {"type": "number", "minimum": -50, "maximum": 60}, "sky": {"enum": ["sunny", "cloudy", "rainy"]}, "wind": {"type": "integer", "minimum": 0, "maximum": 200}}, "required": ["temperature", "sky"], "additionalProperties": false}"#),
+            s(
+                r#"{"type": "object", "properties": {"temperature": {"type": "number", "minimum": -50, "maximum": 60}, "sky": {"enum": ["sunny", "cloudy", "rainy"]}, "wind": {"type": "integer", "minimum": 0, "maximum": 200}}, "required": ["temperature", "sky"], "additionalProperties": false}"#,
+            ),
             r#"{"temperature": 21.5, "sky": "sunny", "wind": 12}"#,
         ),
         (
             "review",
-            s(r#"{"type": "object", "properties": {"title": {"type": "string", "maxLength": 24}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3}, "rating": {"type": "integer", "minimum": 1, "maximum": 5}}, "required": ["title", "rating"], "additionalProperties": false}"#),
+            s(
+                r#"{"type": "object", "properties": {"title": {"type": "string", "maxLength": 24}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3}, "rating": {"type": "integer", "minimum": 1, "maximum": 5}}, "required": ["title", "rating"], "additionalProperties": false}"#,
+            ),
             r#"{"title": "The Hobbit", "tags": ["fantasy", "classic"], "rating": 5}"#,
         ),
         (
@@ -92,7 +102,10 @@ fn replay(view: &Arc<TokenizerView>, spec: &StructuredOutput, tokens: &[TokenId]
         let t0 = Instant::now();
         m.fill_mask(&mut mask).expect("mask");
         times.push(t0.elapsed());
-        assert!(mask[t as usize / 32] >> (t % 32) & 1 == 1, "token {t} refused");
+        assert!(
+            mask[t as usize / 32] >> (t % 32) & 1 == 1,
+            "token {t} refused"
+        );
         m.consume(t).expect("consume");
     }
     times
@@ -108,7 +121,10 @@ fn bench(cr: &mut Criterion) {
     let vocab = model.config().vocab_size;
     let t0 = Instant::now();
     let view = Arc::new(sampler_examples::structured::view(&tok, vocab).expect("the view"));
-    println!("tokenizer view: {vocab} tokens in {:.1} ms", t0.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "tokenizer view: {vocab} tokens in {:.1} ms",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
 
     let mut group = cr.benchmark_group("structured");
     group.sample_size(10);
@@ -153,17 +169,24 @@ fn bench(cr: &mut Criterion) {
             let id = batch.insert(cfg.chain, &prompt).expect("insert");
             if constrained {
                 let m = Matcher::new(&view, &person).expect("matcher");
-                batch.set_constraint(id, Some(Box::new(m))).expect("constraint");
+                batch
+                    .set_constraint(id, Some(Box::new(m)))
+                    .expect("constraint");
             }
             ids.push(id);
             let positions: Vec<usize> = (0..16).collect();
-            drop(model.forward_batch(&prompt, &positions, &[i; 16], &mut cache).expect("prompt"));
+            drop(
+                model
+                    .forward_batch(&prompt, &positions, &[i; 16], &mut cache)
+                    .expect("prompt"),
+            );
         }
         batches.push((batch, ids, cache));
     }
     let positions = vec![16; c];
     let slots: Vec<usize> = (0..c).collect();
-    for (which, (batch, ids, cache)) in ["step_plain", "step_constrained"].iter().zip(&mut batches) {
+    for (which, (batch, ids, cache)) in ["step_plain", "step_constrained"].iter().zip(&mut batches)
+    {
         let mut next: Vec<TokenId> = vec![500; c];
         let mut steps = 0usize;
         group.bench_function(BenchmarkId::new(*which, c), |b| {
@@ -193,7 +216,11 @@ fn bench(cr: &mut Criterion) {
     let (_, _, cache) = &mut batches[0];
     let next: Vec<TokenId> = vec![500; c];
     group.bench_function(BenchmarkId::new("model", c), |b| {
-        b.iter(|| model.forward_batch(&next, &positions, &slots, cache).expect("forward"))
+        b.iter(|| {
+            model
+                .forward_batch(&next, &positions, &slots, cache)
+                .expect("forward")
+        })
     });
     group.finish();
 }

@@ -465,3 +465,73 @@ fn ctrl_c_finishes_the_running_requests_then_exits() {
     };
     assert!(status.success(), "{status}");
 }
+
+/// Structured output over HTTP: `guided_regex` with `n = 2` (each choice
+/// follows its own matcher), `response_format` with a JSON schema, streamed
+/// text equal to the whole response's; an invalid regex, `speculative` with
+/// structured output and two constraints at once are 400s naming their
+/// field.
+#[test]
+fn structured_output_over_http() {
+    let server = Server::start(&[]);
+    let re = "(, | and )(a|the) [a-z]{2,8} (was|had) [a-z]{2,10}\\.";
+    let b = json!({"prompt": "Once upon a time", "max_tokens": 40, "temperature": 1.0,
+                   "seed": 9, "n": 2, "guided_regex": re});
+    let (status, v) = server.post("/v1/completions", &b);
+    assert_eq!(status, 200, "{v}");
+    let full = regex::Regex::new(&format!("^(?:{re})$")).unwrap();
+    for c in v["choices"].as_array().unwrap() {
+        let text = c["text"].as_str().unwrap();
+        assert_eq!(c["finish_reason"], "stop", "{v}");
+        assert!(full.is_match(text), "{text:?}");
+    }
+    let schema = json!({"type": "string", "enum": ["cat", "dog", "big red ball"]});
+    let b = json!({"messages": [{"role": "user", "content": "Pick one."}], "max_tokens": 20, "seed": 3,
+                   "response_format": {"type": "json_schema", "json_schema": {"name": "pick", "schema": schema}}});
+    let (status, v) = server.post("/v1/chat/completions", &b);
+    assert_eq!(status, 200, "{v}");
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+    let picked: Value =
+        serde_json::from_str(content).unwrap_or_else(|e| panic!("{content:?}: {e}"));
+    assert!(
+        schema["enum"].as_array().unwrap().contains(&picked),
+        "{content}"
+    );
+    let mut sb = b.clone();
+    sb["stream"] = json!(true);
+    let mut s = server.connect();
+    send(&mut s, "POST", "/v1/chat/completions", Some(&sb)).expect("send");
+    let events = stream_events(&mut s);
+    let streamed: String = events
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(streamed, content);
+    for (body, says) in [
+        (json!({"prompt": "x", "guided_regex": "a(b"}), "regex"),
+        (
+            json!({"prompt": "x", "guided_regex": "ab", "speculative": {}}),
+            "speculative",
+        ),
+        (
+            json!({"prompt": "x", "guided_regex": "ab", "guided_choice": ["a"]}),
+            "both given",
+        ),
+        (
+            json!({"prompt": "x", "response_format": {"type": "yaml"}}),
+            "response_format.type",
+        ),
+    ] {
+        let (status, v) = server.post("/v1/completions", &body);
+        assert_eq!(status, 400, "{body}: {v}");
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(says), "{body}: {msg}");
+    }
+    assert_eq!(server.health()["running"], 0);
+}
