@@ -364,7 +364,41 @@ fn failures_stay_with_their_request(d: &Device, dev: &str) {
     }
 }
 
+/// An engine that steps from inside a one-thread pool (its only worker
+/// waits for the mask the batch computes on that pool) still gets its
+/// tokens: the wait runs the pool's jobs.
+fn stepping_from_a_one_thread_pool_finishes(d: &Device, dev: &str) {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let view = view();
+    let tokens = pool.install(|| {
+        let mut batch = SamplingBatch::new(V, d, OffloadPolicy::Device).unwrap();
+        let ids: Vec<RequestId> = (0..2)
+            .map(|_| {
+                let id = batch
+                    .insert(ChainSpec::new(vec![S::Mask, S::Greedy], None), &[])
+                    .unwrap();
+                let m = Matcher::new(&view, &StructuredOutput::Regex("cat|ok".into())).unwrap();
+                batch.set_constraint(id, Some(Box::new(m))).unwrap();
+                id
+            })
+            .collect();
+        let mut row = vec![0.0f32; V];
+        row[usize::from(b'c')] = 1.0;
+        for _ in 0..3 {
+            batch.step(&ids, upload(&row.repeat(2), 2, V, d)).unwrap();
+        }
+        ids.iter()
+            .map(|&id| text(batch.outputs(id).unwrap()))
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(tokens, vec!["cat", "cat"], "{dev}");
+}
+
 device_tests!(
     constrained_requests_match_their_constraint_and_the_cpu,
-    failures_stay_with_their_request
+    failures_stay_with_their_request,
+    stepping_from_a_one_thread_pool_finishes
 );

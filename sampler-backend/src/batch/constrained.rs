@@ -3,7 +3,7 @@
 //! request's last token is known, so that it overlaps the engine's next
 //! forward pass and `submit` only collects it.
 
-use std::sync::mpsc::{Receiver, sync_channel};
+use std::sync::mpsc::{Receiver, TryRecvError, sync_channel};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use sampler_core::{ConstraintError, TokenConstraint, TokenId};
@@ -46,10 +46,10 @@ impl Constrained {
     /// the matcher's error once it has failed.
     pub(crate) fn mask(&mut self) -> MaskResult {
         if let Next::Computing(rx) = &self.next {
-            self.next = match rx.recv() {
-                Ok(Ok(m)) => Next::Ready(m),
-                Ok(Err(e)) => Next::Failed(e),
-                Err(_) => Next::Failed(ConstraintError {
+            self.next = match wait(rx) {
+                Some(Ok(m)) => Next::Ready(m),
+                Some(Err(e)) => Next::Failed(e),
+                None => Next::Failed(ConstraintError {
                     kind: "mask",
                     message: "the mask computation stopped without a result".into(),
                 }),
@@ -118,6 +118,26 @@ impl Constrained {
     /// is allowed now).
     pub(crate) fn is_finished(&mut self) -> bool {
         self.with_matcher(|m| m.is_finished())
+    }
+}
+
+/// The mask job's result. A caller that is itself a thread-pool worker
+/// (an engine stepping from inside a parallel loop) runs other pool jobs
+/// while it waits, so the mask job cannot starve behind it.
+fn wait(rx: &Receiver<MaskResult>) -> Option<MaskResult> {
+    if rayon::current_thread_index().is_none() {
+        return rx.recv().ok();
+    }
+    loop {
+        match rx.try_recv() {
+            Ok(r) => return Some(r),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) => {
+                if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                    std::thread::yield_now();
+                }
+            }
+        }
     }
 }
 
