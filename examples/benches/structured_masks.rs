@@ -193,7 +193,7 @@ fn bench(cr: &mut Criterion) {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
-                    if steps % 24 == 0 {
+                    if steps.is_multiple_of(24) {
                         for &id in ids.iter() {
                             batch.reset(id).expect("reset");
                         }
