@@ -287,3 +287,55 @@ fn smollm2_outputs_validate_against_their_schema_or_regex() {
         "only {finished} of 60 outputs finished within max_tokens"
     );
 }
+
+/// SmolLM2 with a JSON schema: the host path (`--offload off`) and the
+/// device path on flex (`--offload device`: the chain as burn ops, the
+/// mask uploaded as a tensor) give the same tokens, and the output
+/// validates.
+#[test]
+fn smollm2_json_schema_host_and_device_paths_agree() {
+    let Some(model) = smollm2() else { return };
+    let schema = &schemas()[2].0;
+    let file = tmp("city.json", &schema.to_string());
+    let mut runs = Vec::new();
+    for offload in ["off", "device"] {
+        let (ok, v, err) = generate(&[
+            "--model",
+            model.to_str().unwrap(),
+            "--chat",
+            "Give a city as JSON.",
+            "-n",
+            "48",
+            "--seed",
+            "21",
+            "--temperature",
+            "1.0",
+            "--offload",
+            offload,
+            "--json-schema",
+            file.to_str().unwrap(),
+        ]);
+        assert!(ok, "{offload}: {err}");
+        runs.push(v);
+    }
+    assert_eq!(
+        runs[0]["tokens"], runs[1]["tokens"],
+        "host and device paths differ"
+    );
+    assert!(
+        runs[1]["plan"]["device_stages"]
+            .to_string()
+            .contains("mask"),
+        "{}",
+        runs[1]["plan"]
+    );
+    if runs[0]["stop_reason"] == "end_of_text" {
+        // `text` holds the rendered prompt too: the answer follows the
+        // assistant's turn.
+        let text = runs[0]["text"].as_str().unwrap();
+        let text = text.rsplit("assistant\n").next().unwrap();
+        let doc: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        let validator = jsonschema::validator_for(schema).unwrap();
+        assert!(validator.is_valid(&doc), "{text}");
+    }
+}
