@@ -38,28 +38,48 @@ pub(crate) fn ensure_mask(chain: &mut ChainSpec) {
     chain.stages.insert(0, StageSpec::Mask);
 }
 
-/// A located JSON / TOML value as JSON (a TOML table given as a schema).
-fn to_json(doc: Doc<'_>, n: &Node) -> serde_json::Value {
+/// A located TOML value as JSON (a TOML table given as a schema); a date
+/// or a non-finite float has no JSON form: the error names it (`path`).
+fn to_json(doc: Doc<'_>, n: &Node, path: &str) -> Result<serde_json::Value, ConfigError> {
     use serde_json::Value as J;
-    match &n.value {
-        Value::Null | Value::Datetime => J::Null,
+    let no_json = || ConfigError::WrongType {
+        path: path.into(),
+        found: doc.found(n),
+        expected: "a value JSON can hold (no dates, no nan or inf)".into(),
+        location: doc.loc(&n.span),
+    };
+    Ok(match &n.value {
+        Value::Null => J::Null,
+        Value::Datetime => return Err(no_json()),
         Value::Bool(b) => J::Bool(*b),
         Value::Int(i) => i64::try_from(*i)
             .map(J::from)
             .unwrap_or_else(|_| J::from(*i as f64)),
-        Value::Float(_) => n
-            .as_f64()
-            .and_then(serde_json::Number::from_f64)
-            .map_or_else(|| J::String(doc.written(n)), J::Number),
+        Value::Float(_) => J::Number(
+            n.as_f64()
+                .and_then(serde_json::Number::from_f64)
+                .ok_or_else(no_json)?,
+        ),
         Value::Str(s) => J::String(s.clone()),
-        Value::Array(items) => J::Array(items.iter().map(|i| to_json(doc, i)).collect()),
+        Value::Array(items) => J::Array(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, x)| to_json(doc, x, &format!("{path}[{i}]")))
+                .collect::<Result<_, _>>()?,
+        ),
         Value::Table(entries) => J::Object(
             entries
                 .iter()
-                .map(|e| (e.key.clone(), to_json(doc, &e.value)))
-                .collect(),
+                .map(|e| {
+                    Ok((
+                        e.key.clone(),
+                        to_json(doc, &e.value, &format!("{path}.{}", e.key))?,
+                    ))
+                })
+                .collect::<Result<_, ConfigError>>()?,
         ),
-    }
+    })
 }
 
 /// A schema given as JSON text: it must parse.
@@ -112,7 +132,7 @@ pub(crate) fn parse_toml(doc: Doc<'_>, v: &Node) -> Result<StructuredOutput, Con
                 StructuredOutput::JsonSchema(schema_text(&path, s, at)?)
             }
             ("json_schema", Value::Table(_)) => {
-                StructuredOutput::JsonSchema(to_json(doc, &e.value).to_string())
+                StructuredOutput::JsonSchema(to_json(doc, &e.value, &path)?.to_string())
             }
             ("json_schema", _) => return Err(wrong("a JSON Schema: JSON text or a table")),
             ("json_object", Value::Bool(true)) => StructuredOutput::JsonObject,
@@ -329,6 +349,14 @@ mod tests {
             ("regexp = \"a\"", "did you mean `regex`"),
             ("regex = \"a\"\ngrammar = \"start: x\"", "both given"),
             ("json_object = false", "missing key `structured`"),
+            (
+                "json_schema = { const = 1979-05-27 }",
+                "`structured.json_schema.const` has the wrong type",
+            ),
+            (
+                "json_schema = { maximum = nan }",
+                "structured.json_schema.maximum",
+            ),
         ] {
             let text = format!("samplers = \"dist\"\n[dist]\n[structured]\n{table}\n");
             let e = ChainConfig::from_toml_str(&text).unwrap_err().to_string();

@@ -166,6 +166,10 @@ pub enum RequestError {
     /// Two ways of giving the chain at once.
     #[error("`{0}` and `{1}` both give the sampling chain: give one")]
     Conflict(String, &'static str),
+    /// A structured-output key beside a `toml` chain that has its own
+    /// `[structured]` table.
+    #[error("`{0}` and the `[structured]` table of `toml` both give a structured output: give one")]
+    StructuredTwice(String),
     /// A bad stop string.
     #[error(transparent)]
     Stop(#[from] crate::stop::StopError),
@@ -344,7 +348,7 @@ pub fn parse_request(line: &str, index: usize) -> Result<Request, RequestError> 
             let mut config = parsed.map_err(|source| RequestError::Sampling { what, source })?;
             // The non-stage keys through the flat parser (types, ranges):
             // a default chain carrying the seed and the logprobs.
-            let extra = parse_flat(sampling)?;
+            let extra = parse_flat(sampling.clone())?;
             if !extra.sequences.is_default() {
                 config.sequences = extra.sequences;
             }
@@ -357,6 +361,14 @@ pub fn parse_request(line: &str, index: usize) -> Result<Request, RequestError> 
                 config.chain.logprobs = extra.logprobs;
             }
             if structured.is_some() {
+                if config.structured.is_some() {
+                    let key = sampling
+                        .keys()
+                        .find(|k| NON_STAGE_KEYS[11..].contains(&k.as_str()))
+                        .cloned()
+                        .unwrap_or_else(|| "response_format".into());
+                    return Err(RequestError::StructuredTwice(key));
+                }
                 config.set_structured(structured);
             }
             config

@@ -513,25 +513,56 @@ fn structured_output_over_http() {
         })
         .collect();
     assert_eq!(streamed, content);
-    for (body, says) in [
-        (json!({"prompt": "x", "guided_regex": "a(b"}), "regex"),
+    for (body, says, param) in [
+        (
+            json!({"prompt": "x", "guided_regex": "a(b"}),
+            "regex",
+            "guided_regex",
+        ),
         (
             json!({"prompt": "x", "guided_regex": "ab", "speculative": {}}),
+            "speculative",
             "speculative",
         ),
         (
             json!({"prompt": "x", "guided_regex": "ab", "guided_choice": ["a"]}),
             "both given",
+            "guided_regex",
         ),
         (
             json!({"prompt": "x", "response_format": {"type": "yaml"}}),
             "response_format.type",
+            "response_format",
+        ),
+        (
+            json!({"prompt": "x", "guided_json": {"type": "integer", "minimum": 3, "maximum": 1}}),
+            "minimum",
+            "guided_json",
+        ),
+        (
+            json!({"prompt": "x", "sampler_chain": "samplers = \"dist\"\n[structured]\nregex = \"a\"\n", "guided_regex": "b"}),
+            "give one",
+            "guided_regex",
         ),
     ] {
         let (status, v) = server.post("/v1/completions", &body);
         assert_eq!(status, 400, "{body}: {v}");
         let msg = v["error"]["message"].as_str().unwrap_or_default();
         assert!(msg.contains(says), "{body}: {msg}");
+        assert_eq!(v["error"]["param"], param, "{body}: {v}");
     }
+    // A grammar nested 20000 rules deep is compiled (on a thread with a
+    // stack for it), not a crash of the server.
+    let mut deep = String::from("start: r0\n");
+    for i in 0..20_000 {
+        deep.push_str(&format!("r{i}: r{}\n", i + 1));
+    }
+    deep.push_str("r20000: \" and then\"\n");
+    let (status, v) = server.post(
+        "/v1/completions",
+        &json!({"prompt": "Once", "max_tokens": 12, "guided_grammar": deep}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], " and then", "{v}");
     assert_eq!(server.health()["running"], 0);
 }

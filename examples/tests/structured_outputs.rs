@@ -139,6 +139,44 @@ fn generate_refuses_bad_constraints_naming_the_flag() {
     }
 }
 
+/// A config's `[structured]` table holds `generate`'s output as the flag
+/// does; a flag replaces it (with a note).
+#[test]
+fn generate_takes_the_configs_structured_table() {
+    let cfg = tmp(
+        "yes-no.toml",
+        "samplers = \"dist\"\n[structured]\nregex = \" (yes|no)\"\n",
+    );
+    let (ok, v, err) = generate(&[
+        "--prompt",
+        "Once",
+        "-n",
+        "20",
+        "--seed",
+        "1",
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let text = v["text"].as_str().unwrap();
+    assert!(text == "Once yes" || text == "Once no", "{text:?}");
+    let (ok, v, err) = generate(&[
+        "--prompt",
+        "Once",
+        "-n",
+        "20",
+        "--seed",
+        "1",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--regex",
+        " maybe",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(v["text"], "Once maybe");
+    assert!(err.contains("replaces the config's [structured]"), "{err}");
+}
+
 fn smollm2() -> Option<PathBuf> {
     let p = PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),

@@ -77,11 +77,15 @@ impl std::fmt::Debug for TokenizerView {
     }
 }
 
+/// An error of `kind`; the engine's dump of its parser state (`<state>...`)
+/// is left out of the message.
 fn error(kind: &'static str, message: impl Into<String>) -> ConstraintError {
-    ConstraintError {
-        kind,
-        message: message.into(),
+    let mut message = message.into();
+    if let Some(at) = message.find("<state>") {
+        message.truncate(at);
+        message.truncate(message.trim_end().len());
     }
+    ConstraintError { kind, message }
 }
 
 impl TokenizerView {
@@ -172,6 +176,27 @@ fn engine_error(kind: &'static str, e: &dyn std::fmt::Display) -> ConstraintErro
     }
 }
 
+/// A regex in Rust's syntax (the parser's own error, with the position in
+/// the regex as given); verbose mode (`x`), whose comments the engine does
+/// not end at a newline, is refused rather than misread.
+fn check_regex(rx: &str) -> Result<(), String> {
+    regex_syntax::ast::parse::Parser::new()
+        .parse(rx)
+        .map_err(|e| format!("not a valid regex:\n{e}"))?;
+    let mut rest = rx;
+    while let Some(at) = rest.find("(?") {
+        let flags: String = rest[at + 2..]
+            .chars()
+            .take_while(|&c| c != ')' && c != ':')
+            .collect();
+        if flags.split('-').next().is_some_and(|on| on.contains('x')) {
+            return Err("the `x` flag (verbose mode, comments) is not supported: write the regex without it".into());
+        }
+        rest = &rest[at + 2..];
+    }
+    Ok(())
+}
+
 /// The JSON options when a schema names none: compact separators, no free
 /// whitespace.
 fn json_options() -> JsonCompileOptions {
@@ -191,6 +216,15 @@ fn json_grammar(mut schema: serde_json::Value) -> TopLevelGrammar {
     }
     TopLevelGrammar::from_json_schema(schema)
 }
+
+/// The longest schema, regex or grammar text [`Matcher::new`] compiles
+/// (512 KiB).
+pub const MAX_CONSTRAINT_BYTES: usize = 512 << 10;
+
+/// The compiling thread's stack: llguidance's compiler recurses once per
+/// nested rule (about 2.7 KB a level), so 512 KiB of the densest nesting
+/// fits in it (reserved, not committed, memory).
+const COMPILE_STACK_BYTES: usize = 512 << 20;
 
 /// One request's matcher (see the crate docs).
 #[derive(Clone)]
@@ -223,6 +257,36 @@ impl Matcher {
         spec: &StructuredOutput,
     ) -> Result<Self, ConstraintError> {
         let kind = spec.kind();
+        let len = match spec {
+            StructuredOutput::JsonSchema(t)
+            | StructuredOutput::Regex(t)
+            | StructuredOutput::Grammar(t) => t.len(),
+            StructuredOutput::JsonObject => 0,
+        };
+        if len > MAX_CONSTRAINT_BYTES {
+            return Err(error(
+                kind,
+                format!("{len} bytes: at most {MAX_CONSTRAINT_BYTES} bytes are compiled"),
+            ));
+        }
+        // The grammar compiler recurses once per nested rule: on a thread
+        // of its own with a stack that holds the deepest input allowed.
+        std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("grammar-compile".into())
+                .stack_size(COMPILE_STACK_BYTES)
+                .spawn_scoped(s, || Self::compile(view, spec))
+                .map_err(|e| error(kind, format!("no thread to compile it on: {e}")))?
+                .join()
+                .unwrap_or_else(|_| Err(error(kind, "the grammar compiler panicked")))
+        })
+    }
+
+    fn compile(
+        view: &Arc<TokenizerView>,
+        spec: &StructuredOutput,
+    ) -> Result<Self, ConstraintError> {
+        let kind = spec.kind();
         let grammar = match spec {
             StructuredOutput::JsonSchema(text) => {
                 let v: serde_json::Value = serde_json::from_str(text)
@@ -233,7 +297,10 @@ impl Matcher {
                 json_grammar(v)
             }
             StructuredOutput::JsonObject => json_grammar(serde_json::json!({"type": "object"})),
-            StructuredOutput::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            StructuredOutput::Regex(rx) => {
+                check_regex(rx).map_err(|m| error(kind, m))?;
+                TopLevelGrammar::from_regex(rx)
+            }
             StructuredOutput::Grammar(g) => {
                 if g.trim().is_empty() {
                     return Err(error(kind, "the grammar is empty"));

@@ -115,6 +115,16 @@ fn bad_constraints_are_refused_with_their_kind_and_reason() {
         ),
         (StructuredOutput::Regex("a(b".into()), "regex", "a(b"),
         (
+            StructuredOutput::Regex("a\\".into()),
+            "regex",
+            "not a valid regex",
+        ),
+        (
+            StructuredOutput::Regex("(?x)a # c\nb".into()),
+            "regex",
+            "verbose mode",
+        ),
+        (
             StructuredOutput::Regex("[^\\x00-\\u{10FFFF}]".into()),
             "regex",
             "can match",
@@ -149,4 +159,51 @@ fn the_view_refuses_a_bad_vocabulary() {
     assert!(TokenizerView::new(t.clone(), &[]).is_err());
     let e = TokenizerView::new(t, &[5]).unwrap_err();
     assert!(e.message.contains("outside"), "{e}");
+}
+
+/// Deeply nested inputs (a chain of 30000 Lark rules, of 8000 `$ref`s):
+/// compiled on the compiler's own stack, their masks computed on a thread
+/// with a 2 MiB stack (a thread pool's); input past the size limit refused.
+#[test]
+fn deep_grammars_compile_and_mask_without_overflowing_the_stack() {
+    let v = view();
+    let n = 30_000;
+    let mut g = String::from("start: r0\n");
+    for i in 0..n {
+        g.push_str(&format!("r{i}: r{}\n", i + 1));
+    }
+    g.push_str(&format!("r{n}: \"z\"\n"));
+    let mut defs = serde_json::Map::new();
+    for i in 0..8000 {
+        defs.insert(
+            format!("d{i}"),
+            serde_json::json!({"$ref": format!("#/$defs/d{}", i + 1)}),
+        );
+    }
+    defs.insert("d8000".into(), serde_json::json!({"type": "boolean"}));
+    let schema = serde_json::json!({"$ref": "#/$defs/d0", "$defs": defs}).to_string();
+    for spec in [
+        StructuredOutput::Grammar(g),
+        StructuredOutput::JsonSchema(schema),
+    ] {
+        let mut m = Matcher::new(&v, &spec).unwrap();
+        let words = v.mask_words();
+        let allowed = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                let mut mask = vec![0u32; words];
+                m.fill_mask(&mut mask).map(|()| allowed(&mask))
+            })
+            .unwrap()
+            .join()
+            .unwrap()
+            .unwrap();
+        assert!(
+            !allowed.is_empty() && !allowed.contains(&EOS),
+            "{allowed:?}"
+        );
+    }
+    let big = StructuredOutput::Regex("a".repeat(sampler_structured::MAX_CONSTRAINT_BYTES + 1));
+    let e = Matcher::new(&v, &big).unwrap_err();
+    assert!(e.message.contains("at most"), "{e}");
 }

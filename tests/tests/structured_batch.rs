@@ -317,6 +317,31 @@ fn failures_stay_with_their_request(d: &Device, dev: &str) {
     );
     assert_eq!(text(batch.outputs(rx).unwrap()), "cat");
     assert!(batch.constraint_finished(rx).unwrap());
+    // A `min_tokens` that bans the end of a complete output: the row's
+    // error says so, nothing is accepted.
+    let other = batch.insert(greedy(), &[]).unwrap();
+    let m = Matcher::new(&view, &StructuredOutput::Regex("cat|ok".into())).unwrap();
+    batch.set_constraint(other, Some(Box::new(m))).unwrap();
+    let min_tokens = ChainSpec::new(
+        vec![
+            S::Mask,
+            S::MinTokens {
+                n: 10,
+                stop: vec![EOS],
+            },
+            S::Greedy,
+        ],
+        None,
+    );
+    batch.update(other, min_tokens).unwrap();
+    for _ in 0..3 {
+        batch.step(&[other], rows(1)).unwrap();
+    }
+    match &batch.step(&[other], rows(1)).unwrap().tokens[0] {
+        Err(SampleError::Constraint(e)) => assert!(e.message.contains("min_tokens"), "{e}"),
+        other => panic!("{dev}: {other:?}"),
+    }
+    assert_eq!(text(batch.outputs(other).unwrap()), "cat");
     assert_eq!(batch.step(&[rx], rows(1)).unwrap().tokens[0], Ok(EOS));
 
     // `reset` rewinds the matcher; a fork continues from the same state.

@@ -465,6 +465,7 @@ pub(crate) fn build_chain(a: &Args) -> Result<(ChainConfig, Vec<String>), AppErr
         ChainConfig::validated(chain, device, &opts)?
     };
     cfg.speculative = base.speculative;
+    cfg.set_structured(base.structured);
     // The loader's notes, without the ones re-validation found again.
     for d in base.diagnostics {
         if !cfg.diagnostics.contains(&d) {
@@ -586,8 +587,15 @@ fn run(a: Args) -> Result<(), AppError> {
         a.grammar.as_deref(),
     )
     .map_err(AppError::Usage)?;
-    if structured.is_some() {
-        cfg.set_structured(structured);
+    if let Some(s) = structured {
+        if let Some(old) = &cfg.structured {
+            eprintln!(
+                "note: the {} flag replaces the config's [structured] {}",
+                s.kind(),
+                old.kind()
+            );
+        }
+        cfg.set_structured(Some(s));
     }
     let (device, policy) = device_of(&cfg.device)?;
     // The flags, else the config's `[speculative]` table.

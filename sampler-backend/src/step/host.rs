@@ -104,16 +104,21 @@ impl SamplingBatch {
         self.end_step(&ids);
         // A failed constraint's rows were masked whole: its error, not
         // "all masked".
+        // A constrained row that "all masked" hit: say why.
         if let Ok(out) = &mut out {
             for (row, id) in out.rows.iter_mut().zip(&ids) {
-                if let Err(e) = row
-                    && let Some(fail) = self
-                        .requests
-                        .get(id)
-                        .and_then(|r| r.constraint.as_ref())
-                        .and_then(|c| c.failure())
-                {
-                    *e = SampleError::Constraint(fail.clone());
+                let Some(c) = self.requests.get(id).and_then(|r| r.constraint.as_ref()) else {
+                    continue;
+                };
+                match (row, c.failure()) {
+                    (Err(e), Some(fail)) => *e = SampleError::Constraint(fail.clone()),
+                    (Err(e @ SampleError::AllMasked), None) => {
+                        *e = SampleError::Constraint(sampler_core::ConstraintError {
+                            kind: "mask",
+                            message: "no token is allowed both by the structured output and by the chain's other stages (a `min_tokens` that bans the end of a complete output, a `logit_bias` that bans what the grammar allows, a truncation before the `mask` stage)".into(),
+                        });
+                    }
+                    _ => {}
                 }
             }
         }

@@ -272,10 +272,17 @@ fn request_param(e: &RequestError) -> Option<String> {
         RequestError::WrongValue { key, .. } => Some(key.to_string()),
         RequestError::Prompt => Some("prompt".into()),
         RequestError::Conflict(key, _) => Some(key.clone()),
+        RequestError::StructuredTwice(key) => Some(key.clone()),
         RequestError::Stop(_) => Some("stop".into()),
         RequestError::Sampling { what, source } => match *what {
             "toml" | "chain" => Some("sampler_chain".into()),
-            _ => config_param(source),
+            _ => config_param(source).or_else(|| match source {
+                // Two structured outputs: the message names both keys.
+                ConfigError::Conflict { message, .. } => {
+                    message.split('`').nth(1).map(str::to_string)
+                }
+                _ => None,
+            }),
         },
         RequestError::Json(_) | RequestError::NotObject(_) => None,
     }
@@ -980,6 +987,19 @@ async fn start(
     body: &[u8],
 ) -> Result<(Reply, mpsc::UnboundedReceiver<Event>), ApiError> {
     let (request, shape) = to_request(body, endpoint, s.strict, s.context)?;
+    // The key a structured-output refusal is about, as the client wrote it.
+    let structured_key = serde_json::from_slice::<Value>(body).ok().and_then(|v| {
+        [
+            "response_format",
+            "guided_json",
+            "guided_regex",
+            "guided_grammar",
+            "guided_choice",
+            "sampler_chain",
+        ]
+        .into_iter()
+        .find(|k| v.get(k).is_some_and(|x| !x.is_null()))
+    });
     s.enqueue()?;
     let n = s.next_id.fetch_add(1, Ordering::SeqCst);
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -1000,10 +1020,19 @@ async fn start(
                 Endpoint::Completions => "prompt",
                 Endpoint::Chat => "messages",
             };
-            let param = ["logit_bias", "logprob_token_ids", "stop_token_ids"]
-                .into_iter()
-                .find(|k| e.contains(k))
-                .or((e.contains("context") || e.contains("prompt")).then_some(prompt_field));
+            let param = [
+                "speculative",
+                "logit_bias",
+                "logprob_token_ids",
+                "stop_token_ids",
+            ]
+            .into_iter()
+            .find(|k| e.contains(k))
+            .or(e
+                .contains("structured output")
+                .then_some(structured_key)
+                .flatten())
+            .or((e.contains("context") || e.contains("prompt")).then_some(prompt_field));
             return Err(ApiError::invalid(e, param));
         }
         _ => return Err(server_error("the request ended before it started".into())),

@@ -140,6 +140,16 @@ fn parse(body: &[u8], context: usize) -> Result<(InspectJobParts, usize, usize),
     };
     let body = Value::Object(obj).to_string();
     let (request, _) = to_request(body.as_bytes(), endpoint, true, context)?;
+    // The flat keys were refused above; a TOML chain's `[structured]` too.
+    if let Some(s) = &request.config.structured {
+        return Err(ApiError::invalid(
+            format!(
+                "`sampler_chain` has a [structured] table ({}): structured output does not apply to an inspection (the model's own distribution is shown)",
+                s.kind()
+            ),
+            Some("sampler_chain"),
+        ));
+    }
     Ok((
         InspectJobParts {
             prompt: request.prompt,
@@ -356,6 +366,10 @@ mod tests {
             (
                 r#"{"prompt": "a", "response_format": {"type": "json_object"}}"#,
                 "response_format",
+            ),
+            (
+                r#"{"prompt": "a", "sampler_chain": "samplers = \"dist\"\n[structured]\nregex = \"no\"\n"}"#,
+                "sampler_chain",
             ),
             (r#"{"prompt": "a", "n": 2}"#, "n"),
             (r#"{"prompt": "a", "logprobs": 2}"#, "logprobs"),
