@@ -182,7 +182,8 @@ impl SpeculativeConfig {
     }
 }
 
-fn json_type(v: &serde_json::Value) -> &'static str {
+/// A JSON value's type, as errors name it.
+pub(crate) fn json_type(v: &serde_json::Value) -> &'static str {
     match v {
         serde_json::Value::Null => "null",
         serde_json::Value::Bool(_) => "boolean",

@@ -18,6 +18,7 @@ use sampler_core::{ChainSpec, StageKind, StageSpec, StructuredOutput};
 
 use crate::ConfigError;
 use crate::located::{Doc, Node, Value};
+use crate::speculative::json_type;
 use crate::suggest::suggest;
 
 /// The keys of the TOML table (one of them).
@@ -290,17 +291,6 @@ pub(crate) fn from_flat(
             ),
             location: None,
         }),
-    }
-}
-
-fn json_type(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "boolean",
-        serde_json::Value::Number(_) => "number",
-        serde_json::Value::String(_) => "string",
-        serde_json::Value::Array(_) => "array",
-        serde_json::Value::Object(_) => "object",
     }
 }
 
