@@ -183,6 +183,18 @@ fn exp_sum_body(row: &[f32], max: f32) -> f64 {
     combine(lanes)
 }
 
+/// Two biases of one token summed (a `logit_bias` list that names a token
+/// more than once): `-inf` (a ban) wins over anything, `+inf` + `-inf`
+/// included; otherwise the f32 sum saturated to `±f32::MAX`, so that
+/// finite biases never ban a token nor make `+inf`. The CPU stage and the
+/// device's dense table both sum with it.
+pub fn add_bias(a: f32, b: f32) -> f32 {
+    if a == f32::NEG_INFINITY || b == f32::NEG_INFINITY {
+        return f32::NEG_INFINITY;
+    }
+    (a + b).clamp(-f32::MAX, f32::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -92,6 +92,11 @@ fn bug12_logit_bias_lands_on_token_after_top_p_and_top_k(d: &Device, _: &str) {
         dev1(d, vec![S::TopK { k: 2 }, bias2, S::Greedy], &ln(&P4)),
         Ok(2)
     );
+    // A ban among several biases of one token wins (f32 sums gave NaN).
+    let banned = S::LogitBias {
+        bias: vec![(3, f32::MAX), (3, f32::MAX), (3, f32::NEG_INFINITY)],
+    };
+    assert_eq!(dev1(d, vec![banned, S::Greedy], &ln(&P4)), Ok(2));
 }
 
 fn bug12_min_p_one_keeps_the_max(d: &Device, _: &str) {

@@ -2,8 +2,9 @@
 //! `-inf` to ban), applied **by token id**: after a device `top_k` the bias
 //! is looked up through `ids` (llama.cpp biased raw positions or aborted:
 //! bug_cases §12). Duplicate entries for one token are summed in listed order and
-//! added once (the CPU stage does the same); a sum of `+inf`
-//! saturates to `f32::MAX` like the CPU. Ids outside the vocabulary make
+//! added once with the CPU stage's rule (`sampler_core::numerics::add_bias`:
+//! a `-inf` bans, `+inf + -inf` included; finite sums saturate); a logit
+//! that reaches `+inf` saturates to `f32::MAX` like the CPU. Ids outside the vocabulary make
 //! `init` refuse, so the host reports the row's error.
 //!
 //! The per-row biases are expanded once, in `init`, into a dense `[B, V]`
@@ -67,7 +68,8 @@ impl DeviceStage for LogitBias {
         for (r, row) in self.rows.iter().enumerate().take(b) {
             for &(t, x) in row {
                 if (t as usize) < v {
-                    dense[r * v + t as usize] += x;
+                    let at = &mut dense[r * v + t as usize];
+                    *at = sampler_core::numerics::add_bias(*at, x);
                 }
             }
         }

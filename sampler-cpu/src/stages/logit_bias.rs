@@ -8,7 +8,8 @@ use crate::util::for_each_token_position;
 /// id whatever the row's order (llama.cpp logit-bias / OpenAI `logit_bias`).
 /// A token listed more than once gets the sum of its biases, summed in the
 /// listed order and added once (`l + (b1 + b2)`, as the device adds its
-/// dense table; not `(l + b1) + b2`). Tokens no longer in the set are
+/// dense table; not `(l + b1) + b2`), by `sampler_core::numerics::add_bias`:
+/// a `-inf` among them bans the token, finite sums saturate at `±f32::MAX`. Tokens no longer in the set are
 /// skipped. An empty list is a no-op.
 ///
 /// # Errors
@@ -30,7 +31,10 @@ impl LogitBias {
         let mut at = std::collections::HashMap::with_capacity(bias.len());
         for &(t, b) in &bias {
             match at.entry(t) {
-                std::collections::hash_map::Entry::Occupied(e) => values[*e.get()] += b,
+                std::collections::hash_map::Entry::Occupied(e) => {
+                    let v = &mut values[*e.get()];
+                    *v = sampler_core::numerics::add_bias(*v, b);
+                }
                 std::collections::hash_map::Entry::Vacant(e) => {
                     e.insert(tokens.len());
                     tokens.push(t);
