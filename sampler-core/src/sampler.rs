@@ -79,13 +79,21 @@ pub trait Sampler: Send {
         false
     }
 
-    /// Mirostat v2's current maximum surprise `mu` (bits): the stage keeps
-    /// the tokens with `-log2 p <= mu`. The CPU fast path reads it to find
-    /// those tokens with one threshold pass instead of sorting the row.
-    /// `None` for every other stage.
+    /// Mirostat's current maximum surprise `mu` (bits). v2 keeps the tokens
+    /// with `-log2 p <= mu`, v1 sizes its top-k from it. The CPU fast path
+    /// reads it to find those tokens without sorting the row. `None` for
+    /// every other stage.
     fn mirostat_mu(&self) -> Option<f32> {
         None
     }
+
+    /// Record the token this selecting stage chose, and its probability
+    /// after the stage's truncation, when a kernel ran the stage's
+    /// arithmetic instead of [`Sampler::apply`] (the CPU fast path runs
+    /// Mirostat v1's estimate, truncation and draw on the raw row). The
+    /// stage keeps it as `apply` would have, for its update when the token is
+    /// accepted. Other stages ignore it.
+    fn record_selection(&mut self, _token: TokenId, _prob: f32) {}
 
     /// Clone into a box (chains are cloneable per row).
     fn box_clone(&self) -> Box<dyn Sampler>;

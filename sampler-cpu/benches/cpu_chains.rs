@@ -19,7 +19,10 @@
 //! floor is measured in the same run on the same pool: one pass over the row
 //! (a max reduction in 16 independent lanes, so it is bound by memory).
 //!
-//! Groups: `batch1/V=...` (floor, the seven chains through
+//! Groups: `stages/V=...` (every registered stage as a chain's first
+//! stage, `stage; dist`, and after `top_k(40)`, through
+//! `Chain::sample_logits`, with the floor) and `stages_batch32/V=...` (the
+//! first-stage chains, 32 rows); `batch1/V=...` (floor, the seven chains through
 //! `sampler_cpu::fast::sample_row`; at the largest vocabulary also the
 //! README's loop `Chain::sample(&mut Candidates::from_logits(row))`,
 //! `Chain::sample_logits(row)`, and the reference stages
@@ -437,9 +440,227 @@ fn bench_extras(c: &mut Criterion) {
     }
 }
 
+/// Every registered stage with realistic parameters, for the per-stage
+/// grid: `(name, spec, selects)`.
+fn stage_grid() -> Vec<(&'static str, StageSpec, bool)> {
+    let scope = HistoryScope::PromptAndOutput;
+    vec![
+        ("greedy", StageSpec::Greedy, true),
+        ("dist", StageSpec::Dist, true),
+        ("top_k40", StageSpec::TopK { k: 40 }, false),
+        (
+            "top_p0.9",
+            StageSpec::TopP {
+                p: 0.9,
+                min_keep: 1,
+            },
+            false,
+        ),
+        (
+            "min_p0.05",
+            StageSpec::MinP {
+                p: 0.05,
+                min_keep: 1,
+            },
+            false,
+        ),
+        (
+            "typical0.95",
+            StageSpec::Typical {
+                p: 0.95,
+                min_keep: 1,
+            },
+            false,
+        ),
+        ("temperature0.8", temp(0.8), false),
+        (
+            "dynatemp0.8_0.5",
+            StageSpec::Temperature {
+                t: 0.8,
+                dynatemp_range: 0.5,
+                dynatemp_exponent: 1.0,
+            },
+            false,
+        ),
+        (
+            "xtc0.5_0.1",
+            StageSpec::Xtc {
+                probability: 0.5,
+                threshold: 0.1,
+                min_keep: 1,
+            },
+            false,
+        ),
+        ("top_n_sigma1", StageSpec::TopNSigma { n: 1.0 }, false),
+        (
+            "mirostat",
+            StageSpec::Mirostat {
+                tau: 5.0,
+                eta: 0.1,
+                m: 100,
+            },
+            true,
+        ),
+        (
+            "mirostat_v2",
+            StageSpec::MirostatV2 { tau: 5.0, eta: 0.1 },
+            true,
+        ),
+        (
+            "penalties",
+            StageSpec::Penalties {
+                last_n: 64,
+                repeat: 1.1,
+                frequency: 0.1,
+                presence: 0.1,
+                scope,
+            },
+            false,
+        ),
+        (
+            "dry",
+            StageSpec::Dry {
+                multiplier: 0.8,
+                base: 1.75,
+                allowed_length: 2,
+                last_n: 64,
+                seq_breakers: vec![vec![13]],
+                scope,
+            },
+            false,
+        ),
+        (
+            "logit_bias8",
+            StageSpec::LogitBias {
+                bias: (0..8).map(|i| (i * 997, -2.0 + i as f32)).collect(),
+            },
+            false,
+        ),
+        ("mask_dense", StageSpec::Mask, false),
+        (
+            "min_tokens",
+            StageSpec::MinTokens {
+                n: 1 << 30,
+                stop: vec![2],
+            },
+            false,
+        ),
+        (
+            "no_repeat_ngram3",
+            StageSpec::NoRepeatNgram { n: 3, scope },
+            false,
+        ),
+        (
+            "epsilon3e-4",
+            StageSpec::Epsilon {
+                epsilon: 3e-4,
+                min_keep: 1,
+            },
+            false,
+        ),
+        (
+            "eta3e-4",
+            StageSpec::Eta {
+                epsilon: 3e-4,
+                min_keep: 1,
+            },
+            false,
+        ),
+    ]
+}
+
+/// The grid's chain for a stage: `[top_k(40);] stage[; dist]` (no `dist`
+/// after a stage that selects), with the bench history and a dense mask.
+fn grid_chain(
+    spec: &StageSpec,
+    selects: bool,
+    after_top_k: bool,
+    vocab: usize,
+    seed: u64,
+) -> Chain {
+    let mut stages = Vec::new();
+    if after_top_k {
+        stages.push(StageSpec::TopK { k: 40 });
+    }
+    stages.push(spec.clone());
+    if !selects {
+        stages.push(StageSpec::Dist);
+    }
+    let mut chain = chain_with_history(&stages, vocab, seed);
+    let words: std::sync::Arc<[u32]> = vec![0x5555_5555u32; vocab.div_ceil(32)].into();
+    chain.set_token_mask(Some(words));
+    chain
+}
+
+/// Every stage as a chain's first stage (`stage; dist`) and after
+/// `top_k(40)`, at the three vocabularies, batch 1 through
+/// `Chain::sample_logits` (the fast paths where a kernel exists, the stages
+/// on the full row otherwise), with the floor in the same group; and the
+/// first-stage chains at batch 32 (`sampler_cpu::sample_batch`).
+fn bench_stages(c: &mut Criterion) {
+    for vocab in VOCABS {
+        let (pool, rows) = zipf_pool(vocab, min_pool_bytes(), 0x5eed);
+        let mut group = c.benchmark_group(format!("stages/V={vocab}"));
+        group.throughput(Throughput::Elements(1));
+        let mut r = 0usize;
+        group.bench_function("floor_read", |b| {
+            b.iter(|| {
+                r = (r + 1) % rows;
+                black_box(floor_read(&pool[r * vocab..(r + 1) * vocab]))
+            })
+        });
+        for after_top_k in [false, true] {
+            for (name, spec, selects) in stage_grid() {
+                if after_top_k && matches!(spec, StageSpec::TopK { .. }) {
+                    continue;
+                }
+                let mut chain = grid_chain(&spec, selects, after_top_k, vocab, 42);
+                let place = if after_top_k {
+                    "after_top_k40"
+                } else {
+                    "first"
+                };
+                let mut r = 0usize;
+                group.bench_function(BenchmarkId::new(place, name), |b| {
+                    b.iter(|| {
+                        r = (r + 1) % rows;
+                        let row = &pool[r * vocab..(r + 1) * vocab];
+                        black_box(chain.sample_logits(row).expect("sampled"))
+                    })
+                });
+            }
+        }
+        group.finish();
+        drop(pool);
+        let (pool, rows) = zipf_pool(vocab, min_pool_bytes().max(4 * BATCH * 4 * vocab), 0xba7c);
+        let mut group = c.benchmark_group(format!("stages_batch32/V={vocab}"));
+        group.throughput(Throughput::Elements(BATCH as u64));
+        for (name, spec, selects) in stage_grid() {
+            let mut chains: Vec<Chain> = (0..BATCH as u64)
+                .map(|i| grid_chain(&spec, selects, false, vocab, 42 + i))
+                .collect();
+            let mut r = 0usize;
+            group.bench_function(BenchmarkId::new("first", name), |b| {
+                b.iter(|| {
+                    r = (r + BATCH + 1) % (rows - BATCH);
+                    let out = sampler_cpu::sample_batch(
+                        &pool[r * vocab..(r + BATCH) * vocab],
+                        BATCH,
+                        vocab,
+                        &mut chains,
+                    )
+                    .expect("shape ok");
+                    black_box(out)
+                })
+            });
+        }
+        group.finish();
+    }
+}
+
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_batch1, bench_batch32, bench_extras
+    targets = bench_batch1, bench_batch32, bench_extras, bench_stages
 }
 criterion_main!(benches);

@@ -70,3 +70,24 @@ pub(crate) fn saturate(v: f32, orig: f32) -> f32 {
         v
     }
 }
+
+/// `(S, H)` of the softmax of `logits` (in their order), without a
+/// logarithm per candidate: `e_i = exp(l_i − max)` (the project's `exp`),
+/// `S = Σ e_i` in the f64 lane rule (the softmax's normaliser, same bits),
+/// `H = ln S − Σ e_i (l_i − max) / S` over `e_i > 0` (the same lane rule),
+/// which is `−Σ p_i ln p_i` with `−ln p_i` taken as `ln S − (l_i − max)`.
+/// `max`: the largest logit, finite.
+pub(crate) fn log_norm_entropy(logits: &[f32], max: f32) -> (f64, f64) {
+    use sampler_core::numerics::{self, LANES};
+    let mut lanes_e = [0.0f64; LANES];
+    let mut lanes_t = [0.0f64; LANES];
+    for (i, &l) in logits.iter().enumerate() {
+        let e = numerics::exp(l - max);
+        lanes_e[i % LANES] += f64::from(e);
+        if e > 0.0 {
+            lanes_t[i % LANES] += f64::from(e) * f64::from(l - max);
+        }
+    }
+    let sum = numerics::combine(lanes_e);
+    (sum, sum.ln() - numerics::combine(lanes_t) / sum)
+}

@@ -135,7 +135,7 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
         fp,
         last_n,
         tau_eta,
-        0u8..12,
+        0u8..20,
     )
         .prop_map(
             |(k, p, mp, t, mk, rep, freq, pres, last_n, (tau, eta), which)| match which {
@@ -185,6 +185,48 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
                 ],
                 9 => vec![StageSpec::MirostatV2 { tau, eta }],
                 10 => vec![StageSpec::TopK { k }, StageSpec::MirostatV2 { tau, eta }],
+                // m from 1 to 120 (llama.cpp's default is 100).
+                11 => vec![StageSpec::Mirostat {
+                    tau,
+                    eta,
+                    m: 1 + last_n % 120,
+                }],
+                12 => vec![
+                    StageSpec::TopK { k },
+                    StageSpec::Mirostat {
+                        tau,
+                        eta,
+                        m: 1 + last_n % 120,
+                    },
+                ],
+                13 => vec![temp(t), StageSpec::Dist],
+                14 => vec![StageSpec::Dist],
+                // An edit on the full row, then the whole-row tail.
+                15 => vec![penalties(last_n, rep, freq, pres), temp(t), StageSpec::Dist],
+                // epsilon from 0 to 0.02 (the min_p draw / 50; 0 is a no-op).
+                16 => vec![
+                    StageSpec::Epsilon {
+                        epsilon: mp / 50.0,
+                        min_keep: mk,
+                    },
+                    temp(t),
+                    StageSpec::Dist,
+                ],
+                17 => vec![
+                    StageSpec::Eta {
+                        epsilon: mp / 50.0,
+                        min_keep: mk,
+                    },
+                    StageSpec::Dist,
+                ],
+                18 => vec![
+                    StageSpec::Eta {
+                        epsilon: p / 2.0,
+                        min_keep: mk,
+                    },
+                    StageSpec::TopK { k },
+                    StageSpec::Dist,
+                ],
                 _ => vec![temp(t), StageSpec::TopK { k }, StageSpec::Dist],
             },
         )
@@ -270,6 +312,33 @@ fn large_zipf_rows_match_reference() {
         ],
         vec![StageSpec::MirostatV2 { tau: 5.0, eta: 0.1 }],
         vec![StageSpec::MirostatV2 { tau: 2.0, eta: 0.5 }],
+        vec![StageSpec::Mirostat {
+            tau: 5.0,
+            eta: 0.1,
+            m: 100,
+        }],
+        vec![temp(0.8), StageSpec::Dist],
+        vec![StageSpec::Dist],
+        vec![
+            StageSpec::Epsilon {
+                epsilon: 3e-4,
+                min_keep: 1,
+            },
+            StageSpec::Dist,
+        ],
+        vec![
+            StageSpec::Eta {
+                epsilon: 3e-4,
+                min_keep: 5,
+            },
+            temp(0.9),
+            StageSpec::Dist,
+        ],
+        vec![StageSpec::Mirostat {
+            tau: 3.0,
+            eta: 0.5,
+            m: 20,
+        }],
     ];
     for (c, stages) in chains.into_iter().enumerate() {
         let spec = ChainSpec::new(stages, Some(7 + c as u64));

@@ -90,9 +90,32 @@ fn fused_chains_allocate_nothing_per_token() {
                 scope: HistoryScope::PromptAndOutput,
             },
             StageSpec::TopK { k: 40 },
-            temp,
+            temp.clone(),
             StageSpec::Dist,
         ],
+        // The whole-row tail, epsilon / eta, Mirostat v1.
+        vec![temp.clone(), StageSpec::Dist],
+        vec![StageSpec::Dist],
+        vec![
+            StageSpec::Epsilon {
+                epsilon: 3e-4,
+                min_keep: 1,
+            },
+            temp.clone(),
+            StageSpec::Dist,
+        ],
+        vec![
+            StageSpec::Eta {
+                epsilon: 3e-4,
+                min_keep: 3,
+            },
+            StageSpec::Dist,
+        ],
+        vec![StageSpec::Mirostat {
+            tau: 5.0,
+            eta: 0.1,
+            m: 100,
+        }],
     ];
     let vocab = 32_000;
     let rows = rows(vocab, 4);

@@ -225,7 +225,15 @@ fn temperature_edges() {
     // Dynamic: a nearly one-hot row has entropy ~0 -> ~(t - range).
     let row = run(t(1.0, 0.5, 1.0), &[], &[30.0, 0.0, 0.0, 0.0]);
     assert!((row.logits()[0] - 60.0).abs() < 0.1, "{:?}", row.logits());
-    assert!(row.is_sorted() && row.is_normalized());
+    // The set keeps its order (no sort) and gets normalised probabilities.
+    let row = run(t(1.0, 0.5, 1.0), &[], &[0.0, 30.0, 1.0, 0.0]);
+    assert_eq!(row.ids(), &[0, 1, 2, 3]);
+    assert!(!row.is_sorted() && row.is_normalized());
+    let p = row.probs().unwrap();
+    assert!(
+        p[1] > 0.99 && (p.iter().sum::<f32>() - 1.0).abs() < 1e-6,
+        "{p:?}"
+    );
 }
 
 #[test]
@@ -294,4 +302,217 @@ fn typical_keeps_the_most_typical_first() {
         &[0.97f32.ln(), 0.01f32.ln(), 0.01f32.ln(), 0.01f32.ln()],
     );
     assert_eq!(row.len(), 3);
+}
+
+/// Rows for the full-sort oracles: Zipf-like with scattered ranks, exact
+/// ties (bf16-like rounding), `-inf` entries, flat rows, one huge spread.
+fn oracle_rows() -> Vec<Vec<f32>> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(36);
+    let mut rows = Vec::new();
+    for (n, shape) in [1usize, 2, 3, 7, 40, 100, 333, 1000, 5000, 20_000]
+        .into_iter()
+        .flat_map(|n| (0..4).map(move |s| (n, s)))
+    {
+        let row: Vec<f32> = (0..n)
+            .map(|i| {
+                let rank = ((i * 7919 + 13) % n + 1) as f32;
+                let x = -1.2 * rank.ln() + rng.random_range(-0.3f32..0.3);
+                match shape {
+                    0 => x,
+                    // bf16-like: 8 bits of mantissa, many exact ties.
+                    1 => f32::from_bits(x.to_bits() & 0xffff_0000),
+                    2 if i % 5 == 3 => f32::NEG_INFINITY,
+                    2 => x,
+                    _ => rng.random_range(-0.5f32..0.5),
+                }
+            })
+            .collect();
+        rows.push(row);
+    }
+    rows.push(vec![0.0, -200.0, -200.0, 5.0, -1e30, 5.0]);
+    rows
+}
+
+/// `typical` without a full sort equals the documented rule computed with
+/// one: softmax, surprise `ln S − (l − max)`, entropy, every candidate
+/// sorted by (score, canonical order), the f32 walk.
+#[test]
+fn typical_matches_its_rule_with_a_full_sort() {
+    for (r, logits) in oracle_rows().iter().enumerate() {
+        for (p, min_keep) in [(0.2f32, 0usize), (0.5, 1), (0.9, 0), (0.95, 10), (0.999, 0)] {
+            let got = run(StageSpec::Typical { p, min_keep }, &[], logits);
+            // The oracle.
+            let mut row = Candidates::from_logits(logits);
+            row.softmax().unwrap();
+            let probs = row.probs().unwrap().to_vec();
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f32> = logits
+                .iter()
+                .map(|&l| sampler_core::numerics::exp(l - max))
+                .collect();
+            let sum = sampler_core::numerics::sum_f64_slice(&e);
+            let mut lanes = [0.0f64; sampler_core::numerics::LANES];
+            for (i, (&e, &l)) in e.iter().zip(logits).enumerate() {
+                if e > 0.0 {
+                    lanes[i % lanes.len()] += f64::from(e) * f64::from(l - max);
+                }
+            }
+            let h = sum.ln() - sampler_core::numerics::combine(lanes) / sum;
+            let score = |i: usize| (sum.ln() - f64::from(logits[i] - max) - h).abs();
+            let mut order: Vec<usize> = (0..logits.len()).collect();
+            order.sort_by(|&a, &b| {
+                score(a).total_cmp(&score(b)).then_with(|| {
+                    sampler_core::desc_cmp(logits[a], a as TokenId, logits[b], b as TokenId)
+                })
+            });
+            let mut cum = 0.0f32;
+            let mut keep = order.len();
+            for (i, &at) in order.iter().enumerate() {
+                cum += probs[at];
+                if cum > p && (min_keep == 0 || i + 1 >= min_keep) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            let want: Vec<TokenId> = order[..keep].iter().map(|&i| i as TokenId).collect();
+            assert_eq!(got.ids(), &want[..], "row {r}, p {p}, min_keep {min_keep}");
+            let want_p: Vec<f32> = order[..keep].iter().map(|&i| probs[i]).collect();
+            assert_eq!(got.probs().unwrap(), &want_p[..], "row {r}, p {p}");
+        }
+    }
+}
+
+/// `mirostat` (v1) without a full sort equals its rule computed with one:
+/// the same kept set (sorted), the same token, the same `mu` afterwards;
+/// over steps, so `mu` moves (and, with a large `tau`, reaches "keep all").
+#[test]
+fn mirostat_matches_its_rule_with_a_full_sort() {
+    for (r, logits) in oracle_rows().iter().enumerate() {
+        for (tau, eta, m) in [(5.0f32, 0.1f32, 100usize), (2.0, 0.5, 7), (12.0, 1.0, 2)] {
+            let mut stage = build_stage(&StageSpec::Mirostat { tau, eta, m }).unwrap();
+            let mut mu = 2.0 * tau;
+            for step in 0..5u64 {
+                let at = format!("row {r}, tau {tau}, m {m}, step {step}");
+                let ctx = StageContext {
+                    rng: RowRng {
+                        seed: 9,
+                        step,
+                        stage_index: 0,
+                    },
+                };
+                let mut got = Candidates::from_logits(logits);
+                let out = stage.apply(&mut got, &ctx);
+                // The oracle: softmax in id order, the full sort, the head.
+                let mut row = Candidates::from_logits(logits);
+                if row.softmax().is_err() {
+                    assert!(out.is_err(), "{at}");
+                    break;
+                }
+                out.unwrap();
+                row.sort_desc();
+                let probs = row.probs().unwrap();
+                let pairs = (m - 1).min(row.len() - 1);
+                let (mut tb, mut t2) = (0.0f64, 0.0f64);
+                for i in 0..pairs {
+                    let t = ((i as f64 + 2.0) / (i as f64 + 1.0)).ln();
+                    tb += t * (f64::from(probs[i]) / f64::from(probs[i + 1])).ln();
+                    t2 += t * t;
+                }
+                let s = tb / t2;
+                let v = row.len() as f64;
+                let k =
+                    ((s - 1.0) * 2f64.powf(f64::from(mu)) / (1.0 - v.powf(1.0 - s))).powf(1.0 / s);
+                let keep = if k.is_finite() {
+                    (k.max(1.0) as usize).min(row.len())
+                } else {
+                    row.len()
+                };
+                let mut want = if keep < row.len() {
+                    row.truncate(keep);
+                    row
+                } else {
+                    Candidates::from_logits(logits)
+                };
+                let index = dist_select(&mut want, ctx.rng.uniform(0)).unwrap();
+                assert_eq!(got.ids(), want.ids(), "{at}");
+                assert_eq!(got.selected(), Some(index), "{at}");
+                let p = want.probs().unwrap()[index];
+                let token = want.ids()[index];
+                stage.accept(token, TokenOrigin::Output);
+                let next = mu - eta * (-p.log2() - tau);
+                if next.is_finite() {
+                    mu = next;
+                }
+                assert_eq!(stage.mirostat_mu(), Some(mu), "{at}");
+            }
+        }
+    }
+}
+
+/// `xtc` without a sort removes what llama.cpp's rule removes (sort, scan
+/// from the top while `p >= threshold`, drop all above the last such) and
+/// keeps the rest in the order they came.
+#[test]
+fn xtc_matches_its_rule_with_a_full_sort() {
+    for (r, logits) in oracle_rows().iter().enumerate() {
+        for (threshold, min_keep) in [(0.1f32, 0usize), (0.0, 1), (0.02, 3), (0.3, 100), (0.5, 0)] {
+            let spec = StageSpec::Xtc {
+                probability: 1.0,
+                threshold,
+                min_keep,
+            };
+            let got = run(spec, &[], logits);
+            let mut sorted = Candidates::from_logits(logits);
+            if sorted.softmax().is_err() {
+                continue;
+            }
+            sorted.sort_desc();
+            let probs = sorted.probs().unwrap();
+            let last = probs
+                .iter()
+                .take_while(|&&p| p >= threshold && p > 0.0)
+                .count()
+                .saturating_sub(1);
+            let dropped: Vec<TokenId> =
+                if logits.len() >= 2 && last > 0 && logits.len() - last >= min_keep {
+                    sorted.ids()[..last].to_vec()
+                } else {
+                    Vec::new()
+                };
+            let want: Vec<TokenId> = (0..logits.len() as TokenId)
+                .filter(|t| !dropped.contains(t))
+                .collect();
+            assert_eq!(got.ids(), &want[..], "row {r}, threshold {threshold}");
+        }
+    }
+}
+
+/// A token listed several times: its biases summed with a ban winning and
+/// finite sums saturated (summing `MAX`, `MAX`, `-inf` in f32 gave NaN).
+#[test]
+fn logit_bias_sums_saturate_and_bans_win() {
+    let max = f32::MAX;
+    let cases: [(Vec<(TokenId, f32)>, f32); 5] = [
+        (
+            vec![(1, max), (1, max), (1, f32::NEG_INFINITY)],
+            f32::NEG_INFINITY,
+        ),
+        (
+            vec![(1, f32::NEG_INFINITY), (1, max), (1, max)],
+            f32::NEG_INFINITY,
+        ),
+        (vec![(1, max), (1, max)], max),
+        (vec![(1, -max), (1, -max)], -max),
+        (vec![(1, 2.0), (1, -0.5)], 2.5),
+    ];
+    for (bias, want) in cases {
+        let row = run(
+            StageSpec::LogitBias { bias: bias.clone() },
+            &[],
+            &[1.0, 1.0, 0.0],
+        );
+        assert_eq!(row.logits()[1], want, "{bias:?}");
+        assert_eq!(row.logits()[0], 1.0);
+    }
 }

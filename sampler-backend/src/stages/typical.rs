@@ -14,8 +14,9 @@
 //! `top_k`, as in llama.cpp's default chain); on wider rows `init` refuses
 //! ([`DeviceRefusal::PairwiseTooWide`]) and the stage runs on the host.
 //!
-//! Sums run in f32 in another order than the CPU's (f64 softmax sum,
-//! sequential entropy and mass): a candidate can differ only when its mass
+//! Sums run in f32 in another order than the CPU's (f64 softmax and
+//! entropy sums, the surprise from the logit, a sequential f32 mass): a
+//! candidate can differ only when its mass
 //! before lies within rounding of `p`, or two scores within rounding of
 //! each other; the equivalence tests report such rows as ties.
 

@@ -24,6 +24,9 @@
 //! | `penalties` (never raising a logit) then `top_k(k)` | with a `[temperature] -> dist` tail: selection of the tokens outside the history down to a threshold `k` of them reach (raised by the history tokens above it), the history's tokens penalised and added where they still reach it, the `k` best keys, the fused tail; otherwise selection of `k + last_n` and the penalties stage on it | the token; otherwise `k + last_n`, id order |
 //! | `min_p(p)`, `p <= 1` | every block's maximum, the blocks that reach `max + ln p` read again | tokens `>= max + ln p`, id order |
 //! | `top_p(p)` | max; exp + sum with mass estimates per depth; gather the head down to the estimate's depth (a wide deep tier narrowed by band counts first); bucket it, sort only up to the cut | nucleus, sorted |
+//! | `epsilon` / `eta` | max; exp + sum (`eta`: the entropy pass); the `min_keep`-th logit by selection; tokens within 1e-3 nats of the cut gathered by `min_p`'s block scan, tested with the stage's test | the kept tokens, id order, the row's probabilities |
+//! | `[temperature] -> dist` (the whole chain) | a validating max pass, the fused tail over the row (it is in id order) | the token |
+//! | `mirostat` (v1; its `mu` read from the stage) | max; exp + sum; the `m` best by `top_k`'s selection for the estimate; the `k` best by the same selection; the stage's draw, the token and its probability handed to the stage ([`Sampler::record_selection`]) | the token |
 //! | `mirostat_v2` (its `mu` read from the stage, [`Sampler::mirostat_mu`]) | max; exp + sum; the smallest kept probability (a search over the floats' bits), tokens within 1e-3 nats of its logit gathered by `min_p`'s block scan, sorted, walked with the stage's own test | the kept tokens, sorted; the stage then runs on them (it keeps them all: checked) and draws |
 //!
 //! Each kernel validates the row on the way (NaN, `+inf`); a bad row, an
@@ -51,7 +54,7 @@
 // which is how the kernels route NaN to their (erroring) slow path.
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
-mod scan;
+pub(crate) mod scan;
 mod simd;
 mod tail;
 mod top_p;
@@ -88,6 +91,17 @@ enum Lead {
     TopP { at: usize, p: f32, min_keep: usize },
     /// `mirostat_v2` at stage `at`, its maximum surprise `mu` now.
     MirostatV2 { at: usize, mu: f32 },
+    /// `mirostat` (v1) at stage `at`: `m` for its estimate, `mu` now.
+    Mirostat { at: usize, m: usize, mu: f32 },
+    /// `[temperature] -> dist` over the whole row.
+    Dist { tail: tail::TempDist },
+    /// `epsilon` (or `eta` when `eta`) at stage `at`, `epsilon > 0`.
+    Cut {
+        at: usize,
+        eta: bool,
+        epsilon: f32,
+        min_keep: usize,
+    },
 }
 
 /// The fast kernels as [`RowKernels`], for [`Chain::with_kernels`]
@@ -147,6 +161,25 @@ fn lead_from(stages: &[Box<dyn Sampler>], start: usize) -> Option<Lead> {
             .mirostat_mu()
             .filter(|mu| mu.is_finite())
             .map(|mu| Lead::MirostatV2 { at, mu }),
+        StageSpec::Epsilon { epsilon, min_keep } if epsilon > 0.0 => Some(Lead::Cut {
+            at,
+            eta: false,
+            epsilon,
+            min_keep,
+        }),
+        StageSpec::Eta { epsilon, min_keep } if epsilon > 0.0 => Some(Lead::Cut {
+            at,
+            eta: true,
+            epsilon,
+            min_keep,
+        }),
+        StageSpec::Dist | StageSpec::Temperature { .. } => {
+            temp_dist_tail(stages, at).map(|tail| Lead::Dist { tail })
+        }
+        StageSpec::Mirostat { m, .. } => first
+            .mirostat_mu()
+            .filter(|mu| mu.is_finite())
+            .map(|mu| Lead::Mirostat { at, m, mu }),
         _ => None,
     }
 }
@@ -319,6 +352,17 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
                 None => Survivors::Reference,
             }
         }
+        // Decided whole by `mirostat_token` when sampling; `apply_row`
+        // (the candidates, no draw accepted) runs the stage itself.
+        Lead::Mirostat { .. } => Survivors::Reference,
+        // The whole row is the set: nothing to narrow for `apply_row`.
+        Lead::Dist { .. } => Survivors::Reference,
+        Lead::Cut {
+            at,
+            eta,
+            epsilon,
+            min_keep,
+        } => cut_survivors(logits, at, eta, epsilon, min_keep, s),
         Lead::MirostatV2 { at, mu } => {
             if !mirostat_v2_head(logits, mu, s) {
                 return Survivors::Reference;
@@ -443,13 +487,205 @@ fn mirostat_v2_head(logits: &[f32], mu: f32, s: &mut Scratch) -> bool {
         .all(|&e| keeps((f64::from(e) * inv_kept) as f32))
 }
 
+/// `epsilon` / `eta` on a raw row (the stages' `cut_below`): a max pass, an
+/// exp-sum pass (and for `eta` the entropy pass, `util::log_norm_entropy`)
+/// give the reference's softmax and cutoff; the `min_keep`-th logit comes
+/// from `top_k`'s selection; the tokens within a margin of the cut's logit
+/// (or at that logit) are gathered in id order by `min_p`'s block scan and
+/// tested with the stage's own test (`p >= cutoff` or `logit >= k-th`).
+/// The kept ids, ascending, into `s.ids`; returns the row's maximum and
+/// `1 / S` (each kept token's probability is `(exp(l - max) · (1/S)) as
+/// f32`). `None`: not decided here (a bad or all-`-inf` row, fewer finite
+/// logits than `min_keep`).
+fn cut_ids(
+    logits: &[f32],
+    eta: bool,
+    epsilon: f32,
+    min_keep: usize,
+    s: &mut Scratch,
+) -> Option<(f32, f64)> {
+    let vocab = logits.len();
+    let max = max_checked(logits, &mut s.sel).ok()?;
+    if max == f32::NEG_INFINITY {
+        return None;
+    }
+    let sum = sampler_core::numerics::exp_sum(logits, max);
+    let inv = 1.0 / sum;
+    let cutoff = if eta {
+        crate::stages::eta::eta_cutoff(epsilon, crate::util::log_norm_entropy(logits, max).1)
+    } else {
+        epsilon
+    };
+    let kth = if min_keep <= 1 {
+        max
+    } else {
+        top_k_keys(
+            logits,
+            min_keep.min(vocab),
+            &mut s.blocks,
+            &mut s.sel,
+            &mut s.keys,
+        )
+        .ok()?;
+        // Fewer finite logits than `min_keep`: the reference's clamp.
+        let l = logits[key_id(*s.keys.last()?) as usize];
+        if l == f32::NEG_INFINITY {
+            return None;
+        }
+        l
+    };
+    // p >= cutoff <=> e >= cutoff · S up to the roundings of e, p and the
+    // f32 threshold `max + ln_p`: 1e-3 nats below, as `mirostat_v2_head`.
+    let margin = 1e-3 + 8.0 * f64::from(max.abs() * f32::EPSILON);
+    let ln_p = ((f64::from(cutoff) * sum).ln())
+        .min(f64::from(kth) - f64::from(max))
+        .min(0.0)
+        - margin;
+    min_p_ids(logits, ln_p as f32, &mut s.blocks, &mut s.sel, &mut s.ids).ok()?;
+    s.ids.retain(|&i| {
+        let l = logits[i as usize];
+        cut_prob(l, max, inv) >= cutoff || l >= kth
+    });
+    Some((max, inv))
+}
+
+/// A token's probability in the reference's softmax of a raw row.
+#[inline]
+fn cut_prob(l: f32, max: f32, inv: f64) -> f32 {
+    (f64::from(sampler_core::numerics::exp(l - max)) * inv) as f32
+}
+
+/// [`cut_ids`] as the candidate set the stage leaves: id order, the row's
+/// probabilities (normalised only when nothing was cut).
+fn cut_survivors(
+    logits: &[f32],
+    at: usize,
+    eta: bool,
+    epsilon: f32,
+    min_keep: usize,
+    s: &mut Scratch,
+) -> Survivors {
+    let Some((max, inv)) = cut_ids(logits, eta, epsilon, min_keep, s) else {
+        return Survivors::Reference;
+    };
+    let ids = s.ids.clone();
+    let l: Vec<f32> = ids.iter().map(|&i| logits[i as usize]).collect();
+    let all = ids.len() == logits.len();
+    match Candidates::from_parts(ids, l, logits.len()) {
+        Ok(mut row) => {
+            let raw = row.raw_mut();
+            for (p, &l) in raw.probs.iter_mut().zip(raw.logits.iter()) {
+                *p = cut_prob(l, max, inv);
+            }
+            row.set_probs_valid(all);
+            Survivors::Set {
+                row,
+                resume: at + 1,
+                by_id: None,
+            }
+        }
+        Err(_) => Survivors::Reference,
+    }
+}
+
+/// `[temperature] -> dist` over a whole raw row, which is both the set's
+/// order and id order: a validating max pass (a bad row is left to the
+/// reference, which reports it), then the fused tail. `None`: not decided
+/// here.
+fn row_tail_token(
+    logits: &[f32],
+    chain: &Chain,
+    tail: tail::TempDist,
+    s: &mut Scratch,
+) -> Option<Result<TokenId, SampleError>> {
+    max_checked(logits, &mut s.sel).ok()?;
+    let by_id = (0..).zip(logits.iter().copied());
+    Some(temp_dist_token(
+        logits,
+        by_id,
+        tail.t,
+        tail_uniform(chain, tail),
+    ))
+}
+
+/// Mirostat v1 on a raw row, with the stage's arithmetic
+/// ([`crate::stages::mirostat::keep_count`]) and without sorting the row:
+/// a max pass and an exp-sum pass give the softmax the stage computes (its
+/// `exp`, the f64 lane sum in id order, `(e · (1/S)) as f32`); the `m` best
+/// by `top_k`'s selection give the estimate and `k`; the `k` best by the
+/// same selection are the kept set, sorted, from which the fused tail draws
+/// with the stage's uniform (`dist_select`'s arithmetic, from reused
+/// buffers). Returns the token and its probability after
+/// the truncation (what the stage records for its `mu` update). `None`:
+/// not decided here (a bad or all-`-inf` row, or a kept set of a quarter
+/// of the row or more, where selecting is no cheaper than the stage).
+fn mirostat_token(
+    logits: &[f32],
+    chain: &Chain,
+    at: usize,
+    m: usize,
+    mu: f32,
+    s: &mut Scratch,
+) -> Option<Result<(TokenId, f32), SampleError>> {
+    let vocab = logits.len();
+    let max = max_checked(logits, &mut s.sel).ok()?;
+    if max == f32::NEG_INFINITY || m == 0 {
+        return None;
+    }
+    let inv = 1.0 / sampler_core::numerics::exp_sum(logits, max);
+    top_k_keys(logits, m.min(vocab), &mut s.blocks, &mut s.sel, &mut s.keys).ok()?;
+    s.current.clear();
+    s.current.extend(s.keys.iter().map(|&key| {
+        let e = sampler_core::numerics::exp(logits[key_id(key) as usize] - max);
+        (f64::from(e) * inv) as f32
+    }));
+    let keep = crate::stages::mirostat::keep_count(&s.current, m, mu, vocab, vocab);
+    if keep >= vocab / 4 {
+        return None;
+    }
+    // `keep` follows `mu` from step to step: the buffers take the largest
+    // set this path decides at once, so that they never grow per token.
+    s.current.reserve(vocab / 4);
+    s.by_id.reserve(vocab / 4);
+    s.keys.reserve(vocab / 4);
+    s.blocks.reserve(vocab.div_ceil(simd::BLOCK));
+    s.sel.reserve(vocab / 4);
+    top_k_keys(logits, keep, &mut s.blocks, &mut s.sel, &mut s.keys).ok()?;
+    // The kept set in its (sorted) order for the normaliser, by id for the
+    // walk: `dist_select`'s arithmetic, as the fused tails.
+    s.current.clear();
+    s.current
+        .extend(s.keys.iter().map(|&key| logits[key_id(key) as usize]));
+    s.by_id.clear();
+    s.by_id.extend(
+        s.keys
+            .iter()
+            .map(|&key| (key_id(key), logits[key_id(key) as usize])),
+    );
+    s.by_id.sort_unstable_by_key(|&(id, _)| id);
+    let u = RowRng {
+        seed: chain.seed(),
+        step: chain.step(),
+        stage_index: at,
+    }
+    .uniform(0);
+    let token = match temp_dist_token(&s.current, s.by_id.iter().copied(), None, u) {
+        Ok(t) => t,
+        Err(e) => return Some(Err(e)),
+    };
+    // Its probability as `dist_select` writes it: `e · (1/S)` in f64, as f32.
+    let (kept_max, kept_sum) = tail::max_exp_sum(&s.current, None);
+    let e = sampler_core::numerics::exp(logits[token as usize] - kept_max);
+    Some(Ok((token, (f64::from(e) * (1.0 / kept_sum)) as f32)))
+}
+
 /// Sample one token from a raw logits row `[vocab]` (token id = position)
 /// with `chain`, which accepts the token and advances its step.
 ///
 /// Exactly [`Chain::sample`] on `Candidates::from_logits(logits)` (same
 /// token, same errors, same chain state afterwards), but when the chain's
 /// first active stage is `greedy`, `top_k`, `penalties` + `top_k`, `min_p`,
-/// `top_p` or `mirostat_v2`, the full-vocabulary candidate set is never
+/// `top_p`, `mirostat` or `mirostat_v2`, the full-vocabulary candidate set is never
 /// built: a pass or three over the row keep only that stage's survivors
 /// (see the module docs).
 ///
@@ -649,7 +885,25 @@ fn lead_tail_token(
                 u,
             ))
         }
-        Lead::Greedy | Lead::PenaltiesTopK { .. } | Lead::MirostatV2 { .. } => None,
+        Lead::Cut {
+            eta,
+            epsilon,
+            min_keep,
+            ..
+        } => {
+            cut_ids(logits, eta, epsilon, min_keep, s)?;
+            // The kept set is in id order: one order for both.
+            s.current.clear();
+            s.current.extend(s.ids.iter().map(|&i| logits[i as usize]));
+            let pairs = s.ids.iter().copied().zip(s.current.iter().copied());
+            let u = tail_uniform(chain, tail);
+            Some(temp_dist_token(&s.current, pairs, tail.t, u))
+        }
+        Lead::Greedy
+        | Lead::PenaltiesTopK { .. }
+        | Lead::MirostatV2 { .. }
+        | Lead::Mirostat { .. }
+        | Lead::Dist { .. } => None,
     }
 }
 
@@ -673,11 +927,29 @@ fn run_lead(
         chain.commit(token);
         return Ok(token);
     }
-    if let Lead::TopK { at, .. } | Lead::MinP { at, .. } | Lead::TopP { at, .. } = lead
+    if let Lead::TopK { at, .. }
+    | Lead::MinP { at, .. }
+    | Lead::TopP { at, .. }
+    | Lead::Cut { at, .. } = lead
         && let Some(tail) = temp_dist_tail(chain.stages(), at + 1)
         && let Some(token) = with_scratch(|s| lead_tail_token(logits, lead, chain, tail, s))
     {
         let token = token?;
+        chain.commit(token);
+        return Ok(token);
+    }
+    if let Lead::Dist { tail } = lead
+        && let Some(token) = with_scratch(|s| row_tail_token(logits, chain, tail, s))
+    {
+        let token = token?;
+        chain.commit(token);
+        return Ok(token);
+    }
+    if let Lead::Mirostat { at, m, mu } = lead
+        && let Some(out) = with_scratch(|s| mirostat_token(logits, chain, at, m, mu, s))
+    {
+        let (token, prob) = out?;
+        chain.stages_mut()[at].record_selection(token, prob);
         chain.commit(token);
         return Ok(token);
     }
@@ -816,6 +1088,20 @@ mod tests {
             ],
             vec![StageSpec::MirostatV2 { tau: 5.0, eta: 0.1 }],
             vec![StageSpec::MirostatV2 { tau: 1.0, eta: 0.1 }],
+            vec![
+                StageSpec::Epsilon {
+                    epsilon: 3e-4,
+                    min_keep: 1,
+                },
+                StageSpec::Dist,
+            ],
+            vec![
+                StageSpec::Eta {
+                    epsilon: 3e-4,
+                    min_keep: 10,
+                },
+                StageSpec::Dist,
+            ],
         ];
         let logits = zipf(10_007);
         for stages in cases {
@@ -823,6 +1109,42 @@ mod tests {
             let lead = lead(chain.stages()).unwrap();
             let out = with_scratch(|s| survivors(&logits, lead, s));
             assert!(!matches!(out, Survivors::Reference), "{lead:?} fell back");
+        }
+        // `[temperature] -> dist` over the whole row, decided by its tail.
+        for stages in [
+            vec![StageSpec::Dist],
+            vec![
+                StageSpec::Temperature {
+                    t: 0.7,
+                    dynatemp_range: 0.0,
+                    dynatemp_exponent: 1.0,
+                },
+                StageSpec::Dist,
+            ],
+        ] {
+            let chain = crate::build_chain(&ChainSpec::new(stages, Some(1))).unwrap();
+            let Some(Lead::Dist { tail }) = lead(chain.stages()) else {
+                panic!("no whole-row tail lead");
+            };
+            let out = with_scratch(|s| row_tail_token(&logits, &chain, tail, s));
+            assert!(matches!(out, Some(Ok(_))), "{tail:?} fell back");
+        }
+        // Mirostat v1 is decided whole (token and probability), over steps
+        // as its `mu` moves.
+        for (tau, m) in [(5.0, 100), (3.0, 20)] {
+            let spec = ChainSpec::new(vec![StageSpec::Mirostat { tau, eta: 0.1, m }], Some(1));
+            let mut chain = crate::build_chain(&spec).unwrap();
+            for step in 0..4 {
+                let Some(Lead::Mirostat { at, m, mu }) = lead(chain.stages()) else {
+                    panic!("mirostat is no lead");
+                };
+                let out = with_scratch(|s| mirostat_token(&logits, &chain, at, m, mu, s));
+                assert!(
+                    matches!(out, Some(Ok((_, p))) if p > 0.0),
+                    "tau {tau} m {m} step {step}: fell back ({out:?})"
+                );
+                sample_row(&logits, &mut chain).unwrap();
+            }
         }
     }
 

@@ -104,7 +104,7 @@ fn e_of(l: f32, t: Option<f32>, max: f32) -> f32 {
 /// run time: the same operations in the same order, so the same bits). The
 /// maximum's sign of zero may differ from a serial fold; `e_i` does not
 /// (`l - (±0)` is `l` for `l != 0`, and `exp(±0) = 1`).
-fn max_exp_sum(current: &[f32], t: Option<f32>) -> (f32, f64) {
+pub(crate) fn max_exp_sum(current: &[f32], t: Option<f32>) -> (f32, f64) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx512f") {

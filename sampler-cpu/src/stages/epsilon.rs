@@ -25,19 +25,19 @@ impl Epsilon {
 }
 
 /// Remove the candidates whose probability (softmax over the current set) is
-/// below `cutoff(probs)`, keeping the `max(1, min_keep)` highest logits and
+/// below `cutoff(row)` (the row softmaxed), keeping the `max(1, min_keep)` highest logits and
 /// their ties. Shared by [`Epsilon`] and [`Eta`](super::Eta).
 pub(crate) fn cut_below(
     row: &mut Candidates,
     min_keep: usize,
-    cutoff: impl FnOnce(&[f32]) -> f32,
+    cutoff: impl FnOnce(&Candidates) -> f32,
 ) -> Result<(), SampleError> {
     if row.is_empty() || row.max_logit() == f32::NEG_INFINITY {
         return Ok(());
     }
     row.softmax()?;
+    let threshold = cutoff(row);
     let probs = row.probs().unwrap_or(&[]);
-    let threshold = cutoff(probs);
     // `min_keep` counts drawable candidates: never a `-inf` one.
     let finite = row.logits().iter().filter(|l| l.is_finite()).count();
     let k = min_keep.clamp(1, finite.max(1));

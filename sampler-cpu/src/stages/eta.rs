@@ -6,7 +6,8 @@ use super::epsilon::cut_below;
 
 /// Eta sampling with Hugging Face `EtaLogitsWarper` semantics (Hewitt et al.
 /// 2022): `p = softmax(logits)` over the current candidates, entropy
-/// `H = -sum p ln p` (nats, over `p > 0`), cutoff
+/// `H = -sum p ln p` (nats, over `p > 0`; in f64 as
+/// `ln S − Σ e_i (l_i − max) / S`, no logarithm per candidate), cutoff
 /// `eta = min(epsilon, sqrt(epsilon) * exp(-H))`; every candidate with
 /// `p < eta` is removed, except the `max(1, min_keep)` highest logits and
 /// their ties (as [`Epsilon`](super::Epsilon)). Order kept; not renormalised.
@@ -25,14 +26,11 @@ impl Eta {
     }
 }
 
-/// `min(epsilon, sqrt(epsilon) * exp(-H))` for normalised `probs`.
-pub(crate) fn eta_cutoff(epsilon: f32, probs: &[f32]) -> f32 {
-    let entropy: f32 = probs
-        .iter()
-        .filter(|&&p| p > 0.0)
-        .map(|&p| -p * p.ln())
-        .sum();
-    epsilon.min(epsilon.sqrt() * (-entropy).exp())
+/// `min(epsilon, sqrt(epsilon) * exp(-H))` (in f32) for the entropy `H`
+/// (nats).
+pub(crate) fn eta_cutoff(epsilon: f32, entropy: f64) -> f32 {
+    let h = entropy as f32;
+    epsilon.min(epsilon.sqrt() * (-h).exp())
 }
 
 impl Sampler for Eta {
@@ -50,7 +48,10 @@ impl Sampler for Eta {
             return Ok(());
         }
         let epsilon = self.epsilon;
-        cut_below(row, self.min_keep, |probs| eta_cutoff(epsilon, probs))
+        cut_below(row, self.min_keep, |row| {
+            let (_, h) = crate::util::log_norm_entropy(row.logits(), row.max_logit());
+            eta_cutoff(epsilon, h)
+        })
     }
     fn box_clone(&self) -> Box<dyn Sampler> {
         Box::new(*self)

@@ -1,19 +1,23 @@
 //! `mirostat`: Mirostat v1 (selects a token).
 
 use sampler_core::{
-    Candidates, SampleError, Sampler, StageContext, StageSpec, TokenId, TokenOrigin,
+    Candidates, SampleError, Sampler, StageContext, StageSpec, TokenId, TokenOrigin, desc_cmp,
 };
 
 use super::dist::dist_select;
+use crate::util::is_sorted_desc;
 
 /// Mirostat v1 (Basu et al. 2021, algorithm 1) with llama.cpp semantics.
 ///
-/// Per step: sort and softmax; estimate the Zipf exponent `s` from the top
-/// `m` probabilities (`t_i = ln((i+2)/(i+1))`, `b_i = ln(p_i / p_{i+1})`,
-/// `s = Σ t b / Σ t²`); `k = ((ε·2^μ) / (1 − V^(−ε)))^(1/s)` with `ε = s − 1`
-/// and `V` the vocabulary size; keep the top `max(k, 1)`, softmax again and
+/// Per step: softmax (its sum in the order the set comes in: id order for
+/// a raw row); estimate the Zipf exponent `s` from the `m` most probable
+/// (`t_i = ln((i+2)/(i+1))`, `b_i = ln(p_i / p_{i+1})`, `s = Σ t b / Σ t²`);
+/// `k = ((ε·2^μ) / (1 − V^(−ε)))^(1/s)` with `ε = s − 1` and `V` the
+/// vocabulary size; keep the top `max(k, 1)`, sorted, softmax again and
 /// draw with [`dist_select`] (uniform `ctx.rng.uniform(0)`). A non-finite `k`
-/// keeps every candidate.
+/// (or one of at least the set's size) keeps every candidate, in the order
+/// they came. Never sorts the whole set: the `m` best and the `k` best are
+/// found by selection, O(n + m log m + k log k).
 ///
 /// State: `μ`, initialised (and reset) to `2τ`. When the drawn token is then
 /// accepted as output, `μ -= η·(−log2 p_token − τ)`, with `p_token` its
@@ -50,6 +54,54 @@ impl Mirostat {
     }
 }
 
+/// The probabilities of the `h` best candidates of a softmaxed set, in the
+/// canonical order (descending logit, ties by ascending id), by selection.
+fn head_probs(row: &Candidates, h: usize) -> Vec<f32> {
+    let probs = row.probs().unwrap_or(&[]);
+    if row.is_sorted() {
+        return probs[..h.min(probs.len())].to_vec();
+    }
+    if h == 0 {
+        return Vec::new();
+    }
+    let (ids, logits) = (row.ids(), row.logits());
+    let cmp = |&a: &usize, &b: &usize| desc_cmp(logits[a], ids[a], logits[b], ids[b]);
+    let mut order: Vec<usize> = (0..row.len()).collect();
+    if h < order.len() {
+        order.select_nth_unstable_by(h - 1, cmp);
+        order.truncate(h);
+    }
+    order.sort_unstable_by(cmp);
+    order.iter().map(|&i| probs[i]).collect()
+}
+
+/// How many candidates Mirostat v1 keeps: `k` from the exponent estimated on
+/// `head` (the most probable candidates' probabilities, descending, at
+/// least `min(m, len)` of them), `m`, `mu` and the vocabulary size; at
+/// least 1, `len` when `k` is not finite.
+pub(crate) fn keep_count(head: &[f32], m: usize, mu: f32, vocab: usize, len: usize) -> usize {
+    let pairs = m
+        .saturating_sub(1)
+        .min(len.saturating_sub(1))
+        .min(head.len().saturating_sub(1));
+    let (mut sum_tb, mut sum_t2) = (0.0f64, 0.0f64);
+    for i in 0..pairs {
+        let t = ((i as f64 + 2.0) / (i as f64 + 1.0)).ln();
+        let b = (f64::from(head[i]) / f64::from(head[i + 1])).ln();
+        sum_tb += t * b;
+        sum_t2 += t * t;
+    }
+    let s_hat = sum_tb / sum_t2;
+    let eps = s_hat - 1.0;
+    let vocab = vocab as f64;
+    let k = ((eps * 2f64.powf(f64::from(mu))) / (1.0 - vocab.powf(-eps))).powf(1.0 / s_hat);
+    if k.is_finite() {
+        (k.max(1.0) as usize).min(len)
+    } else {
+        len
+    }
+}
+
 /// Record the selected token and its probability (for the `μ` update on accept).
 pub(crate) fn selected_surprise(row: &Candidates, index: usize) -> Option<(TokenId, f32)> {
     let token = *row.ids().get(index)?;
@@ -79,31 +131,24 @@ impl Sampler for Mirostat {
         if row.is_empty() {
             return Err(SampleError::EmptyRow);
         }
-        row.sort_desc();
         row.softmax()?;
-        let probs = row.probs().unwrap_or(&[]);
-        let pairs = self.m.saturating_sub(1).min(probs.len().saturating_sub(1));
-        let (mut sum_tb, mut sum_t2) = (0.0f64, 0.0f64);
-        for i in 0..pairs {
-            let t = ((i as f64 + 2.0) / (i as f64 + 1.0)).ln();
-            let b = (f64::from(probs[i]) / f64::from(probs[i + 1])).ln();
-            sum_tb += t * b;
-            sum_t2 += t * t;
+        let head = head_probs(row, self.m.min(row.len()));
+        let vocab = row.vocab_size().max(row.len());
+        let keep = keep_count(&head, self.m, self.mu, vocab, row.len());
+        if keep < row.len() {
+            row.top_k_sorted(keep);
+        } else if !row.is_sorted() && is_sorted_desc(row.logits(), row.ids()) {
+            row.set_sorted(true);
         }
-        let s_hat = sum_tb / sum_t2;
-        let eps = s_hat - 1.0;
-        let vocab = row.vocab_size().max(row.len()) as f64;
-        let k =
-            ((eps * 2f64.powf(f64::from(self.mu))) / (1.0 - vocab.powf(-eps))).powf(1.0 / s_hat);
-        let keep = if k.is_finite() {
-            (k.max(1.0) as usize).min(row.len())
-        } else {
-            row.len()
-        };
-        row.top_k_sorted(keep);
         let index = dist_select(row, ctx.rng.uniform(0))?;
         self.pending = selected_surprise(row, index);
         Ok(())
+    }
+    fn mirostat_mu(&self) -> Option<f32> {
+        Some(self.mu)
+    }
+    fn record_selection(&mut self, token: TokenId, prob: f32) {
+        self.pending = Some((token, prob));
     }
     fn accept(&mut self, token: TokenId, origin: TokenOrigin) {
         if origin != TokenOrigin::Output {

@@ -12,10 +12,12 @@ use crate::util::{div_saturating, is_sorted_desc};
 ///   logit is divided by `t`; a finite logit never becomes `±inf` (it
 ///   saturates to `±f32::MAX`). `t == 1` is a no-op.
 /// * `dynatemp_range > 0` (Zhu et al. 2024, llama.cpp temp-ext): on sets of
-///   2 or more, the candidates are sorted, `H` is the entropy of their softmax
-///   and `H_max = ln(n)` with `n` the number of finite-logit candidates; the temperature is
+///   2 or more, `H` is the entropy of their softmax (in the order they come,
+///   `ln S − Σ e_i (l_i − max) / S` in f64: no sort, no logarithm per
+///   candidate) and `H_max = ln(n)` with `n` the number of finite-logit
+///   candidates; the temperature is
 ///   `max(0, t - range) + 2·range·(H / H_max)^exponent`, applied as above,
-///   and the probabilities are recomputed (sorted set, normalised).
+///   and the probabilities are recomputed (order kept, normalised).
 ///
 /// # Errors
 /// None for plain temperature; the dynamic path on an all-`-inf` set leaves it unchanged.
@@ -80,16 +82,11 @@ impl Sampler for Temperature {
         }
         let min_t = (self.t - self.range).max(0.0);
         let max_t = self.t + self.range;
-        row.sort_desc();
         if row.softmax().is_err() {
             return Ok(());
         }
-        let probs = row.probs().unwrap_or(&[]);
-        let entropy: f32 = probs
-            .iter()
-            .filter(|&&p| p > 0.0)
-            .map(|&p| -p * p.ln())
-            .sum();
+        let (_, entropy) = crate::util::log_norm_entropy(row.logits(), row.max_logit());
+        let entropy = entropy as f32;
         // H_max counts the candidates that can still be drawn (finite logits):
         // a `-inf` entry left by an earlier mask is not a choice. llama.cpp's
         // CPU path counts the physical set size and its device path the
@@ -105,10 +102,9 @@ impl Sampler for Temperature {
         let dyn_t = min_t + (max_t - min_t) * norm.powf(self.exponent);
         let dyn_t = if dyn_t.is_finite() { dyn_t } else { self.t };
         apply_temperature(row, dyn_t);
-        // The set was sorted; division keeps the order (the argmax rule does not).
-        if is_sorted_desc(row.logits(), row.ids()) {
-            row.set_sorted(true);
-        }
+        // Marked sorted when the order is the sorted one (llama.cpp sorts
+        // here; division keeps a sorted set sorted, the argmax rule may not).
+        row.set_sorted(is_sorted_desc(row.logits(), row.ids()));
         let _ = row.softmax();
         Ok(())
     }
