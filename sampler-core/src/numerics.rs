@@ -183,6 +183,68 @@ fn exp_sum_body(row: &[f32], max: f32) -> f64 {
     combine(lanes)
 }
 
+/// `(Σ e_i, Σ e_i · x_i)` with `x_i = l_i − max` and `e_i = exp(x_i)` (the
+/// project's [`exp`]), the second over `e_i > 0` only, both with the
+/// [`sum_f64`] lane rule (`f64(e_i) · f64(x_i)` for the second): the
+/// softmax's normaliser `S` and what the entropy `H = ln S − Σ e x / S`
+/// needs, in one pass without a logarithm per value. Vectorised and
+/// dispatched as [`exp_sum`] (the same bits on every level; the first
+/// value is [`exp_sum`]'s).
+pub fn exp_entropy_sums(row: &[f32], max: f32) -> (f64, f64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { exp_entropy_sums_avx512(row, max) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { exp_entropy_sums_avx2(row, max) };
+        }
+    }
+    exp_entropy_sums_body(row, max)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn exp_entropy_sums_avx512(row: &[f32], max: f32) -> (f64, f64) {
+    exp_entropy_sums_body(row, max)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn exp_entropy_sums_avx2(row: &[f32], max: f32) -> (f64, f64) {
+    exp_entropy_sums_body(row, max)
+}
+
+#[inline(always)]
+fn exp_entropy_sums_body(row: &[f32], max: f32) -> (f64, f64) {
+    let mut lanes_e = [0.0f64; LANES];
+    let mut lanes_t = [0.0f64; LANES];
+    let mut e = [0.0f32; 64];
+    let mut t = [0.0f64; 64];
+    for chunk in row.chunks(64) {
+        let n = chunk.len();
+        for ((ei, ti), &l) in e.iter_mut().zip(t.iter_mut()).zip(chunk) {
+            let x = l - max;
+            let v = exp(x);
+            *ei = v;
+            // Adding 0.0 leaves a lane as skipping it would (a lane is
+            // never -0.0 before: it starts at +0.0).
+            *ti = if v > 0.0 {
+                f64::from(v) * f64::from(x)
+            } else {
+                0.0
+            };
+        }
+        add_to_lanes(&mut lanes_e, &e[..n]);
+        for (j, &v) in t[..n].iter().enumerate() {
+            lanes_t[j % LANES] += v;
+        }
+    }
+    (combine(lanes_e), combine(lanes_t))
+}
+
 /// Two biases of one token summed (a `logit_bias` list that names a token
 /// more than once): `-inf` (a ban) wins over anything, `+inf` + `-inf`
 /// included; otherwise the f32 sum saturated to `±f32::MAX`, so that
@@ -198,6 +260,57 @@ pub fn add_bias(a: f32, b: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `exp_entropy_sums` on every level gives the serial rule's bits.
+    #[test]
+    fn exp_entropy_sums_are_the_serial_rule() {
+        let mut x = 0x2468_ace1u32;
+        for len in [0usize, 1, 7, 63, 64, 65, 1000, 32_003] {
+            let row: Vec<f32> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    match x % 40 {
+                        0 => f32::NEG_INFINITY,
+                        1 => -200.0,
+                        2 => -0.0,
+                        _ => (x % 30_000) as f32 / 1000.0 - 20.0,
+                    }
+                })
+                .collect();
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let max = if max.is_finite() { max } else { 0.0 };
+            let mut lanes_e = [0.0f64; LANES];
+            let mut lanes_t = [0.0f64; LANES];
+            for (i, &l) in row.iter().enumerate() {
+                let e = exp(l - max);
+                lanes_e[i % LANES] += f64::from(e);
+                if e > 0.0 {
+                    lanes_t[i % LANES] += f64::from(e) * f64::from(l - max);
+                }
+            }
+            let want = (combine(lanes_e).to_bits(), combine(lanes_t).to_bits());
+            let got = exp_entropy_sums(&row, max);
+            assert_eq!((got.0.to_bits(), got.1.to_bits()), want, "len {len}");
+            let base = exp_entropy_sums_body(&row, max);
+            assert_eq!((base.0.to_bits(), base.1.to_bits()), want, "len {len}");
+            assert_eq!(got.0.to_bits(), exp_sum(&row, max).to_bits(), "len {len}");
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2.
+                    let g = unsafe { exp_entropy_sums_avx2(&row, max) };
+                    assert_eq!((g.0.to_bits(), g.1.to_bits()), want, "avx2");
+                }
+                if std::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F.
+                    let g = unsafe { exp_entropy_sums_avx512(&row, max) };
+                    assert_eq!((g.0.to_bits(), g.1.to_bits()), want, "avx512f");
+                }
+            }
+        }
+    }
 
     /// The run-time dispatched `exp_sum` (AVX-512F or AVX2 where the CPU has it) gives
     /// the baseline build's bits, and follows the lane rule.

@@ -78,16 +78,6 @@ pub(crate) fn saturate(v: f32, orig: f32) -> f32 {
 /// which is `−Σ p_i ln p_i` with `−ln p_i` taken as `ln S − (l_i − max)`.
 /// `max`: the largest logit, finite.
 pub(crate) fn log_norm_entropy(logits: &[f32], max: f32) -> (f64, f64) {
-    use sampler_core::numerics::{self, LANES};
-    let mut lanes_e = [0.0f64; LANES];
-    let mut lanes_t = [0.0f64; LANES];
-    for (i, &l) in logits.iter().enumerate() {
-        let e = numerics::exp(l - max);
-        lanes_e[i % LANES] += f64::from(e);
-        if e > 0.0 {
-            lanes_t[i % LANES] += f64::from(e) * f64::from(l - max);
-        }
-    }
-    let sum = numerics::combine(lanes_e);
-    (sum, sum.ln() - numerics::combine(lanes_t) / sum)
+    let (sum, t) = sampler_core::numerics::exp_entropy_sums(logits, max);
+    (sum, sum.ln() - t / sum)
 }

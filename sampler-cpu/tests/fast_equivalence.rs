@@ -135,7 +135,7 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
         fp,
         last_n,
         tau_eta,
-        0u8..20,
+        0u8..23,
     )
         .prop_map(
             |(k, p, mp, t, mk, rep, freq, pres, last_n, (tau, eta), which)| match which {
@@ -225,6 +225,20 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
                         min_keep: mk,
                     },
                     StageSpec::TopK { k },
+                    StageSpec::Dist,
+                ],
+                19 => vec![
+                    StageSpec::Typical { p, min_keep: mk },
+                    temp(t),
+                    StageSpec::Dist,
+                ],
+                20 => vec![StageSpec::Typical { p, min_keep: mk }, StageSpec::Greedy],
+                21 => vec![
+                    StageSpec::Temperature {
+                        t,
+                        dynatemp_range: p,
+                        dynatemp_exponent: 1.0 + mp,
+                    },
                     StageSpec::Dist,
                 ],
                 _ => vec![temp(t), StageSpec::TopK { k }, StageSpec::Dist],
@@ -319,6 +333,29 @@ fn large_zipf_rows_match_reference() {
         }],
         vec![temp(0.8), StageSpec::Dist],
         vec![StageSpec::Dist],
+        vec![
+            StageSpec::Temperature {
+                t: 0.8,
+                dynatemp_range: 0.5,
+                dynatemp_exponent: 1.0,
+            },
+            StageSpec::Dist,
+        ],
+        vec![
+            StageSpec::Typical {
+                p: 0.95,
+                min_keep: 1,
+            },
+            StageSpec::Dist,
+        ],
+        vec![
+            StageSpec::Typical {
+                p: 0.5,
+                min_keep: 0,
+            },
+            temp(0.8),
+            StageSpec::Dist,
+        ],
         vec![
             StageSpec::Epsilon {
                 epsilon: 3e-4,

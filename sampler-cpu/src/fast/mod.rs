@@ -24,7 +24,9 @@
 //! | `penalties` (never raising a logit) then `top_k(k)` | with a `[temperature] -> dist` tail: selection of the tokens outside the history down to a threshold `k` of them reach (raised by the history tokens above it), the history's tokens penalised and added where they still reach it, the `k` best keys, the fused tail; otherwise selection of `k + last_n` and the penalties stage on it | the token; otherwise `k + last_n`, id order |
 //! | `min_p(p)`, `p <= 1` | every block's maximum, the blocks that reach `max + ln p` read again | tokens `>= max + ln p`, id order |
 //! | `top_p(p)` | max; exp + sum with mass estimates per depth; gather the head down to the estimate's depth (a wide deep tier narrowed by band counts first); bucket it, sort only up to the cut | nucleus, sorted |
+//! | `typical(p)` | max; one pass for the stage's `S` and entropy with a histogram of mass per 1/16-nat band of `l - max`; bands taken by their distance from `ln S - H` until they hold `p + 1e-4`; the tokens within that distance (plus a band) gathered, sorted by exact key, walked with the stage's f32 sum (checked to end before any token left out) | the kept tokens, score order, the row's probabilities |
 //! | `epsilon` / `eta` | max; exp + sum (`eta`: the entropy pass); the `min_keep`-th logit by selection; tokens within 1e-3 nats of the cut gathered by `min_p`'s block scan, tested with the stage's test | the kept tokens, id order, the row's probabilities |
+//! | dynamic temperature then `dist` (the whole chain) | max; the stage's entropy pass and finite count give its temperature; the fused tail with it over the row (the argmax rule runs the stage) | the token |
 //! | `[temperature] -> dist` (the whole chain) | a validating max pass, the fused tail over the row (it is in id order) | the token |
 //! | `mirostat` (v1; its `mu` read from the stage) | max; exp + sum; the `m` best by `top_k`'s selection for the estimate; the `k` best by the same selection; the stage's draw, the token and its probability handed to the stage ([`Sampler::record_selection`]) | the token |
 //! | `mirostat_v2` (its `mu` read from the stage, [`Sampler::mirostat_mu`]) | max; exp + sum; the smallest kept probability (a search over the floats' bits), tokens within 1e-3 nats of its logit gathered by `min_p`'s block scan, sorted, walked with the stage's own test | the kept tokens, sorted; the stage then runs on them (it keeps them all: checked) and draws |
@@ -58,6 +60,7 @@ pub(crate) mod scan;
 mod simd;
 mod tail;
 mod top_p;
+mod typical;
 
 use std::cell::RefCell;
 
@@ -68,6 +71,7 @@ use sampler_core::{
 use self::scan::{desc_key, key_id, max_checked, min_p_ids, top_k_keys, top_k_keys_outside};
 use self::tail::{temp_dist_tail, temp_dist_token};
 use self::top_p::{Nucleus, TopPScratch, top_p_full};
+use self::typical::{TypicalScratch, TypicalSet, typical_full};
 
 /// What the first active stage of a chain lets the fast path do.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -95,6 +99,16 @@ enum Lead {
     Mirostat { at: usize, m: usize, mu: f32 },
     /// `[temperature] -> dist` over the whole row.
     Dist { tail: tail::TempDist },
+    /// Dynamic temperature (`range > 0`), then `dist` at `dist_at`, over the
+    /// whole row.
+    DynDist {
+        t: f32,
+        range: f32,
+        exponent: f32,
+        dist_at: usize,
+    },
+    /// `typical(p)` at stage `at`, `p < 1`.
+    Typical { at: usize, p: f32, min_keep: usize },
     /// `epsilon` (or `eta` when `eta`) at stage `at`, `epsilon > 0`.
     Cut {
         at: usize,
@@ -161,6 +175,7 @@ fn lead_from(stages: &[Box<dyn Sampler>], start: usize) -> Option<Lead> {
             .mirostat_mu()
             .filter(|mu| mu.is_finite())
             .map(|mu| Lead::MirostatV2 { at, mu }),
+        StageSpec::Typical { p, min_keep } if p < 1.0 => Some(Lead::Typical { at, p, min_keep }),
         StageSpec::Epsilon { epsilon, min_keep } if epsilon > 0.0 => Some(Lead::Cut {
             at,
             eta: false,
@@ -173,6 +188,19 @@ fn lead_from(stages: &[Box<dyn Sampler>], start: usize) -> Option<Lead> {
             epsilon,
             min_keep,
         }),
+        StageSpec::Temperature {
+            t,
+            dynatemp_range,
+            dynatemp_exponent,
+        } if dynatemp_range > 0.0 => match temp_dist_tail(stages, at + 1)? {
+            tail::TempDist { t: None, dist_at } => Some(Lead::DynDist {
+                t,
+                range: dynatemp_range,
+                exponent: dynatemp_exponent,
+                dist_at,
+            }),
+            _ => None,
+        },
         StageSpec::Dist | StageSpec::Temperature { .. } => {
             temp_dist_tail(stages, at).map(|tail| Lead::Dist { tail })
         }
@@ -197,6 +225,8 @@ struct Scratch {
     keyed: Vec<(u64, f32)>,
     top_p: TopPScratch,
     nucleus: Nucleus,
+    typical: TypicalScratch,
+    typical_set: TypicalSet,
     /// A survivor set in ascending token id, and its logits in the set's
     /// order, for a fused tail.
     by_id: Vec<(TokenId, f32)>,
@@ -356,7 +386,26 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
         // (the candidates, no draw accepted) runs the stage itself.
         Lead::Mirostat { .. } => Survivors::Reference,
         // The whole row is the set: nothing to narrow for `apply_row`.
-        Lead::Dist { .. } => Survivors::Reference,
+        Lead::Dist { .. } | Lead::DynDist { .. } => Survivors::Reference,
+        Lead::Typical { at, p, min_keep } => {
+            let set = &mut s.typical_set;
+            if !typical_full(logits, p, min_keep, &mut s.sel, &mut s.typical, set) {
+                return Survivors::Reference;
+            }
+            let all = set.ids.len() == logits.len();
+            match from_parts(set.ids.clone(), set.logits.clone()) {
+                Some(mut row) => {
+                    row.raw_mut().probs.copy_from_slice(&set.probs);
+                    row.set_probs_valid(all);
+                    Survivors::Set {
+                        row,
+                        resume: at + 1,
+                        by_id: None,
+                    }
+                }
+                None => Survivors::Reference,
+            }
+        }
         Lead::Cut {
             at,
             eta,
@@ -606,6 +655,34 @@ fn row_tail_token(
         tail.t,
         tail_uniform(chain, tail),
     ))
+}
+
+/// The dynamic temperature the stage computes on a raw row
+/// (`stages::temperature::dynamic_t` of its entropy and finite count), as
+/// the fused tail's temperature: `Some(None)` for 1 (no division). `None`:
+/// not decided here (a bad, all-`-inf` or one-token row, or the argmax
+/// rule).
+fn dynamic_row_t(
+    logits: &[f32],
+    t: f32,
+    range: f32,
+    exponent: f32,
+    s: &mut Scratch,
+) -> Option<Option<f32>> {
+    if logits.len() <= 1 {
+        return None;
+    }
+    let max = max_checked(logits, &mut s.sel).ok()?;
+    if max == f32::NEG_INFINITY {
+        return None;
+    }
+    let (_, entropy) = crate::util::log_norm_entropy(logits, max);
+    let finite = logits.iter().filter(|l| l.is_finite()).count();
+    let t = crate::stages::temperature::dynamic_t(t, range, exponent, entropy, finite);
+    if t.is_nan() || t < sampler_core::GREEDY_TEMPERATURE {
+        return None;
+    }
+    Some((t != 1.0).then_some(t))
 }
 
 /// Mirostat v1 on a raw row, with the stage's arithmetic
@@ -885,6 +962,24 @@ fn lead_tail_token(
                 u,
             ))
         }
+        Lead::Typical { p, min_keep, .. } => {
+            let set = &mut s.typical_set;
+            if !typical_full(logits, p, min_keep, &mut s.sel, &mut s.typical, set) {
+                return None;
+            }
+            // The set's (score) order for the normaliser, ids for the walk.
+            s.by_id.clear();
+            s.by_id
+                .extend(set.ids.iter().copied().zip(set.logits.iter().copied()));
+            s.by_id.sort_unstable_by_key(|&(id, _)| id);
+            let u = tail_uniform(chain, tail);
+            Some(temp_dist_token(
+                &set.logits,
+                s.by_id.iter().copied(),
+                tail.t,
+                u,
+            ))
+        }
         Lead::Cut {
             eta,
             epsilon,
@@ -903,7 +998,8 @@ fn lead_tail_token(
         | Lead::PenaltiesTopK { .. }
         | Lead::MirostatV2 { .. }
         | Lead::Mirostat { .. }
-        | Lead::Dist { .. } => None,
+        | Lead::Dist { .. }
+        | Lead::DynDist { .. } => None,
     }
 }
 
@@ -930,6 +1026,7 @@ fn run_lead(
     if let Lead::TopK { at, .. }
     | Lead::MinP { at, .. }
     | Lead::TopP { at, .. }
+    | Lead::Typical { at, .. }
     | Lead::Cut { at, .. } = lead
         && let Some(tail) = temp_dist_tail(chain.stages(), at + 1)
         && let Some(token) = with_scratch(|s| lead_tail_token(logits, lead, chain, tail, s))
@@ -940,6 +1037,24 @@ fn run_lead(
     }
     if let Lead::Dist { tail } = lead
         && let Some(token) = with_scratch(|s| row_tail_token(logits, chain, tail, s))
+    {
+        let token = token?;
+        chain.commit(token);
+        return Ok(token);
+    }
+    if let Lead::DynDist {
+        t,
+        range,
+        exponent,
+        dist_at,
+    } = lead
+        && let Some(token) = with_scratch(|s| {
+            let tail = tail::TempDist {
+                t: dynamic_row_t(logits, t, range, exponent, s)?,
+                dist_at,
+            };
+            row_tail_token(logits, chain, tail, s)
+        })
     {
         let token = token?;
         chain.commit(token);
@@ -1102,6 +1217,20 @@ mod tests {
                 },
                 StageSpec::Dist,
             ],
+            vec![
+                StageSpec::Typical {
+                    p: 0.95,
+                    min_keep: 1,
+                },
+                StageSpec::Dist,
+            ],
+            vec![
+                StageSpec::Typical {
+                    p: 0.2,
+                    min_keep: 5,
+                },
+                StageSpec::Dist,
+            ],
         ];
         let logits = zipf(10_007);
         for stages in cases {
@@ -1129,6 +1258,30 @@ mod tests {
             let out = with_scratch(|s| row_tail_token(&logits, &chain, tail, s));
             assert!(matches!(out, Some(Ok(_))), "{tail:?} fell back");
         }
+        // Dynamic temperature then `dist`: its temperature from the row.
+        let spec = ChainSpec::new(
+            vec![
+                StageSpec::Temperature {
+                    t: 0.8,
+                    dynatemp_range: 0.5,
+                    dynatemp_exponent: 1.0,
+                },
+                StageSpec::Dist,
+            ],
+            Some(1),
+        );
+        let chain = crate::build_chain(&spec).unwrap();
+        let Some(Lead::DynDist {
+            t, range, exponent, ..
+        }) = lead(chain.stages())
+        else {
+            panic!("no dynamic-temperature lead");
+        };
+        let got = with_scratch(|s| dynamic_row_t(&logits, t, range, exponent, s));
+        assert!(
+            matches!(got, Some(Some(t)) if t > 0.3 && t < 1.3),
+            "{got:?}"
+        );
         // Mirostat v1 is decided whole (token and probability), over steps
         // as its `mu` moves.
         for (tau, m) in [(5.0, 100), (3.0, 20)] {

@@ -74,20 +74,100 @@ pub(crate) fn temp_dist_token(
     if max == f32::NEG_INFINITY || max.is_nan() || !(sum > 0.0) {
         return Err(SampleError::AllMasked);
     }
-    let target = u * sum;
+    walk(by_id, t, max, u * sum).ok_or(SampleError::AllMasked)
+}
+
+/// The inverse CDF walk: ascending ids, `cum += e_i` (f64) over `e_i > 0`,
+/// the first with `cum >= target`, else the last with `e_i > 0`. Chunks of
+/// 64: their exponentials first (that loop vectorises; AVX-512F / AVX2
+/// chosen at run time, the same bits), then the sequential sum.
+fn walk(
+    by_id: impl Iterator<Item = (TokenId, f32)>,
+    t: Option<f32>,
+    max: f32,
+    target: f64,
+) -> Option<TokenId> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { walk_avx512(by_id, t, max, target) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { walk_avx2(by_id, t, max, target) };
+        }
+    }
+    walk_body(by_id, t, max, target)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn walk_avx512(
+    by_id: impl Iterator<Item = (TokenId, f32)>,
+    t: Option<f32>,
+    max: f32,
+    target: f64,
+) -> Option<TokenId> {
+    walk_body(by_id, t, max, target)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn walk_avx2(
+    by_id: impl Iterator<Item = (TokenId, f32)>,
+    t: Option<f32>,
+    max: f32,
+    target: f64,
+) -> Option<TokenId> {
+    walk_body(by_id, t, max, target)
+}
+
+#[inline(always)]
+fn walk_body(
+    mut by_id: impl Iterator<Item = (TokenId, f32)>,
+    t: Option<f32>,
+    max: f32,
+    target: f64,
+) -> Option<TokenId> {
+    const W: usize = 64;
+    let mut ids = [0 as TokenId; W];
+    let mut ls = [0.0f32; W];
+    let mut es = [0.0f32; W];
     let mut cum = 0.0f64;
     let mut last = None;
-    for (id, l) in by_id {
-        let ei = e_of(l, t, max);
-        if ei > 0.0 {
-            cum += f64::from(ei);
-            last = Some(id);
-            if cum >= target {
-                return Ok(id);
+    loop {
+        let mut n = 0;
+        for (id, l) in by_id.by_ref().take(W) {
+            ids[n] = id;
+            ls[n] = l;
+            n += 1;
+        }
+        if n == 0 {
+            return last;
+        }
+        match t {
+            Some(t) => {
+                for (e, &l) in es.iter_mut().zip(&ls) {
+                    *e = e_of(l, Some(t), max);
+                }
+            }
+            None => {
+                for (e, &l) in es.iter_mut().zip(&ls) {
+                    *e = e_of(l, None, max);
+                }
+            }
+        }
+        for (&id, &ei) in ids[..n].iter().zip(&es[..n]) {
+            if ei > 0.0 {
+                cum += f64::from(ei);
+                last = Some(id);
+                if cum >= target {
+                    return Some(id);
+                }
             }
         }
     }
-    last.ok_or(SampleError::AllMasked)
 }
 
 /// `exp(scaled(l) - max)` as the reference computes it, NaN as 0. `max` is

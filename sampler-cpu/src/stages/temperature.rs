@@ -61,6 +61,24 @@ pub(crate) fn apply_temperature(row: &mut Candidates, t: f32) {
     }
 }
 
+/// The dynamic temperature for entropy `entropy` (nats) over `finite`
+/// drawable candidates: `max(0, t − range) + 2·range·(H / ln n)^exponent`
+/// (the ratio clamped to `[0, 1]`, 0 when `ln n <= 0`), `t` when that is
+/// not finite.
+pub(crate) fn dynamic_t(t: f32, range: f32, exponent: f32, entropy: f64, finite: usize) -> f32 {
+    let min_t = (t - range).max(0.0);
+    let max_t = t + range;
+    let entropy = entropy as f32;
+    let max_entropy = (finite as f32).ln();
+    let norm = if max_entropy > 0.0 {
+        (entropy / max_entropy).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let dyn_t = min_t + (max_t - min_t) * norm.powf(exponent);
+    if dyn_t.is_finite() { dyn_t } else { t }
+}
+
 impl Sampler for Temperature {
     fn name(&self) -> &str {
         "temperature"
@@ -80,27 +98,19 @@ impl Sampler for Temperature {
         if row.len() <= 1 {
             return Ok(());
         }
-        let min_t = (self.t - self.range).max(0.0);
-        let max_t = self.t + self.range;
-        if row.softmax().is_err() {
+        // An all-`-inf` set is left as it is.
+        let max = row.max_logit();
+        if max == f32::NEG_INFINITY {
             return Ok(());
         }
-        let (_, entropy) = crate::util::log_norm_entropy(row.logits(), row.max_logit());
-        let entropy = entropy as f32;
+        let (_, entropy) = crate::util::log_norm_entropy(row.logits(), max);
         // H_max counts the candidates that can still be drawn (finite logits):
         // a `-inf` entry left by an earlier mask is not a choice. llama.cpp's
         // CPU path counts the physical set size and its device path the
         // tensor length; counting finite candidates makes the result
         // independent of whether a filter removed or masked (docs/semantics.md).
         let finite = row.logits().iter().filter(|l| l.is_finite()).count();
-        let max_entropy = (finite as f32).ln();
-        let norm = if max_entropy > 0.0 {
-            (entropy / max_entropy).clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
-        let dyn_t = min_t + (max_t - min_t) * norm.powf(self.exponent);
-        let dyn_t = if dyn_t.is_finite() { dyn_t } else { self.t };
+        let dyn_t = dynamic_t(self.t, self.range, self.exponent, entropy, finite);
         apply_temperature(row, dyn_t);
         // Marked sorted when the order is the sorted one (llama.cpp sorts
         // here; division keeps a sorted set sorted, the argmax rule may not).
