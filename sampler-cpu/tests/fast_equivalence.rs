@@ -135,7 +135,7 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
         fp,
         last_n,
         tau_eta,
-        0u8..23,
+        0u8..25,
     )
         .prop_map(
             |(k, p, mp, t, mk, rep, freq, pres, last_n, (tau, eta), which)| match which {
@@ -198,6 +198,36 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
                         eta,
                         m: 1 + last_n % 120,
                     },
+                ],
+                // Stages after a selecting stage run on its set; the last
+                // selecting stage picks the token (the fuzz's find).
+                22 => vec![
+                    StageSpec::Mirostat {
+                        tau,
+                        eta,
+                        m: 1 + last_n % 120,
+                    },
+                    StageSpec::TopK { k },
+                    StageSpec::Greedy,
+                ],
+                23 => vec![
+                    penalties(last_n, rep, freq, pres),
+                    StageSpec::Mirostat {
+                        tau,
+                        eta,
+                        m: 1 + last_n % 120,
+                    },
+                    temp(t),
+                    StageSpec::Dist,
+                ],
+                24 => vec![
+                    StageSpec::Typical { p, min_keep: mk },
+                    StageSpec::Mirostat {
+                        tau,
+                        eta,
+                        m: 1 + last_n % 120,
+                    },
+                    StageSpec::Greedy,
                 ],
                 13 => vec![temp(t), StageSpec::Dist],
                 14 => vec![StageSpec::Dist],
@@ -331,6 +361,17 @@ fn large_zipf_rows_match_reference() {
             eta: 0.1,
             m: 100,
         }],
+        // A selecting stage that is not the last: the stages after it run
+        // on its set and the last one picks the token.
+        vec![
+            StageSpec::Mirostat {
+                tau: 5.0,
+                eta: 0.1,
+                m: 100,
+            },
+            StageSpec::TopK { k: 3 },
+            StageSpec::Greedy,
+        ],
         vec![temp(0.8), StageSpec::Dist],
         vec![StageSpec::Dist],
         vec![

@@ -28,7 +28,7 @@
 //! | `epsilon` / `eta` | max; exp + sum (`eta`: the entropy pass); the `min_keep`-th logit by selection; tokens within 1e-3 nats of the cut gathered by `min_p`'s block scan, tested with the stage's test | the kept tokens, id order, the row's probabilities |
 //! | dynamic temperature then `dist` (the whole chain) | max; the stage's entropy pass and finite count give its temperature; the fused tail with it over the row (the argmax rule runs the stage) | the token |
 //! | `[temperature] -> dist` (the whole chain) | a validating max pass, the fused tail over the row (it is in id order) | the token |
-//! | `mirostat` (v1; its `mu` read from the stage) | max; exp + sum; the `m` best by `top_k`'s selection for the estimate; the `k` best by the same selection; the stage's draw, the token and its probability handed to the stage ([`Sampler::record_selection`]) | the token |
+//! | `mirostat` (v1; its `mu` read from the stage), the chain's last active stage | max; exp + sum; the `m` best by `top_k`'s selection for the estimate; the `k` best by the same selection; the stage's draw, the token and its probability handed to the stage ([`Sampler::record_selection`]) | the token |
 //! | `mirostat_v2` (its `mu` read from the stage, [`Sampler::mirostat_mu`]) | max; exp + sum; the smallest kept probability (a search over the floats' bits), tokens within 1e-3 nats of its logit gathered by `min_p`'s block scan, sorted, walked with the stage's own test | the kept tokens, sorted; the stage then runs on them (it keeps them all: checked) and draws |
 //!
 //! Each kernel validates the row on the way (NaN, `+inf`); a bad row, an
@@ -204,7 +204,10 @@ fn lead_from(stages: &[Box<dyn Sampler>], start: usize) -> Option<Lead> {
         StageSpec::Dist | StageSpec::Temperature { .. } => {
             temp_dist_tail(stages, at).map(|tail| Lead::Dist { tail })
         }
-        StageSpec::Mirostat { m, .. } => first
+        // Decided whole (the token): only as the chain's last active stage
+        // (stages after a selecting stage still run on its set, and a later
+        // selecting stage picks the token).
+        StageSpec::Mirostat { m, .. } if active.next().is_none() => first
             .mirostat_mu()
             .filter(|mu| mu.is_finite())
             .map(|mu| Lead::Mirostat { at, m, mu }),
