@@ -342,6 +342,26 @@ fn bench_batch1(c: &mut Criterion) {
     }
 }
 
+/// One batch-32 `sampler_cpu::sample_batch` per iteration over windows of
+/// the pool `[rows, vocab]`, one chain per row.
+fn iter_batch32(
+    b: &mut criterion::Bencher<'_>,
+    pool: &[f32],
+    rows: usize,
+    vocab: usize,
+    chains: &mut [Chain],
+) {
+    let mut r = 0usize;
+    b.iter(|| {
+        // A step coprime with the window count: every window is used.
+        r = (r + BATCH + 1) % (rows - BATCH);
+        let out =
+            sampler_cpu::sample_batch(&pool[r * vocab..(r + BATCH) * vocab], BATCH, vocab, chains)
+                .expect("shape ok");
+        black_box(out)
+    })
+}
+
 fn bench_batch32(c: &mut Criterion) {
     for vocab in VOCABS {
         let (pool, rows) = zipf_pool(vocab, min_pool_bytes().max(4 * BATCH * 4 * vocab), 0xba7c);
@@ -351,20 +371,8 @@ fn bench_batch32(c: &mut Criterion) {
             let mut chains: Vec<Chain> = (0..BATCH as u64)
                 .map(|i| chain_with_history(&stages, vocab, 42 + i))
                 .collect();
-            let mut r = 0usize;
             group.bench_function(BenchmarkId::new("fast", name), |b| {
-                b.iter(|| {
-                    // A step coprime with the window count: every window is used.
-                    r = (r + BATCH + 1) % (rows - BATCH);
-                    let out = sampler_cpu::sample_batch(
-                        &pool[r * vocab..(r + BATCH) * vocab],
-                        BATCH,
-                        vocab,
-                        &mut chains,
-                    )
-                    .expect("shape ok");
-                    black_box(out)
-                })
+                iter_batch32(b, &pool, rows, vocab, &mut chains)
             });
         }
         group.finish();
@@ -639,19 +647,8 @@ fn bench_stages(c: &mut Criterion) {
             let mut chains: Vec<Chain> = (0..BATCH as u64)
                 .map(|i| grid_chain(&spec, selects, false, vocab, 42 + i))
                 .collect();
-            let mut r = 0usize;
             group.bench_function(BenchmarkId::new("first", name), |b| {
-                b.iter(|| {
-                    r = (r + BATCH + 1) % (rows - BATCH);
-                    let out = sampler_cpu::sample_batch(
-                        &pool[r * vocab..(r + BATCH) * vocab],
-                        BATCH,
-                        vocab,
-                        &mut chains,
-                    )
-                    .expect("shape ok");
-                    black_box(out)
-                })
+                iter_batch32(b, &pool, rows, vocab, &mut chains)
             });
         }
         group.finish();

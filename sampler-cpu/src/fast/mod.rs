@@ -69,7 +69,7 @@ use sampler_core::{
 };
 
 use self::scan::{desc_key, key_id, max_checked, min_p_ids, top_k_keys, top_k_keys_outside};
-use self::tail::{temp_dist_tail, temp_dist_token};
+use self::tail::{temp_dist_draw, temp_dist_tail, temp_dist_token};
 use self::top_p::{Nucleus, TopPScratch, top_p_full};
 use self::typical::{TypicalScratch, TypicalSet, typical_full};
 
@@ -731,30 +731,15 @@ fn mirostat_token(
     s.blocks.reserve(vocab.div_ceil(simd::BLOCK));
     s.sel.reserve(vocab / 4);
     top_k_keys(logits, keep, &mut s.blocks, &mut s.sel, &mut s.keys).ok()?;
-    // The kept set in its (sorted) order for the normaliser, by id for the
-    // walk: `dist_select`'s arithmetic, as the fused tails.
-    s.current.clear();
-    s.current
-        .extend(s.keys.iter().map(|&key| logits[key_id(key) as usize]));
-    s.by_id.clear();
-    s.by_id.extend(
-        s.keys
-            .iter()
-            .map(|&key| (key_id(key), logits[key_id(key) as usize])),
-    );
-    s.by_id.sort_unstable_by_key(|&(id, _)| id);
-    let u = RowRng {
-        seed: chain.seed(),
-        step: chain.step(),
-        stage_index: at,
-    }
-    .uniform(0);
-    let token = match temp_dist_token(&s.current, s.by_id.iter().copied(), None, u) {
-        Ok(t) => t,
-        Err(e) => return Some(Err(e)),
-    };
+    // `dist_select`'s arithmetic, as the fused tails.
+    keyed_set(logits, &s.keys, &mut s.current, &mut s.by_id);
+    let u = stage_uniform(chain, at);
+    let (token, kept_max, kept_sum) =
+        match temp_dist_draw(&s.current, s.by_id.iter().copied(), None, u) {
+            Ok(drawn) => drawn,
+            Err(e) => return Some(Err(e)),
+        };
     // Its probability as `dist_select` writes it: `e · (1/S)` in f64, as f32.
-    let (kept_max, kept_sum) = tail::max_exp_sum(&s.current, None);
     let e = sampler_core::numerics::exp(logits[token as usize] - kept_max);
     Some(Ok((token, (f64::from(e) * (1.0 / kept_sum)) as f32)))
 }
@@ -864,12 +849,37 @@ fn penalised_top_k_token(
 /// The uniform in `[0, 1)` that the `dist` stage at `tail.dist_at` draws at
 /// the chain's current step.
 fn tail_uniform(chain: &Chain, tail: tail::TempDist) -> f64 {
+    stage_uniform(chain, tail.dist_at)
+}
+
+/// The uniform in `[0, 1)` that the stage at `at` draws at the chain's
+/// current step (its lane 0).
+fn stage_uniform(chain: &Chain, at: usize) -> f64 {
     RowRng {
         seed: chain.seed(),
         step: chain.step(),
-        stage_index: tail.dist_at,
+        stage_index: at,
     }
     .uniform(0)
+}
+
+/// A set given as [`desc_key`]s (in their order) for the fused tail: its
+/// logits in that order (`current`, for the normaliser) and `(id, logit)`
+/// by ascending id (`by_id`, for the walk), into reused buffers.
+fn keyed_set(
+    logits: &[f32],
+    keys: &[u64],
+    current: &mut Vec<f32>,
+    by_id: &mut Vec<(TokenId, f32)>,
+) {
+    current.clear();
+    current.extend(keys.iter().map(|&key| logits[key_id(key) as usize]));
+    by_id.clear();
+    by_id.extend(
+        keys.iter()
+            .map(|&key| (key_id(key), logits[key_id(key) as usize])),
+    );
+    by_id.sort_unstable_by_key(|&(id, _)| id);
 }
 
 /// `top_k(k) -> [temperature] -> dist` over `(key, logit)` pairs
@@ -920,18 +930,7 @@ fn lead_tail_token(
             if s.keys.is_empty() {
                 return None;
             }
-            // The set's order (descending logit) for the normaliser, ids
-            // ascending for the walk.
-            s.by_id.clear();
-            s.by_id.extend(
-                s.keys
-                    .iter()
-                    .map(|&key| (key_id(key), logits[key_id(key) as usize])),
-            );
-            s.by_id.sort_unstable_by_key(|&(id, _)| id);
-            s.current.clear();
-            s.current
-                .extend(s.keys.iter().map(|&key| logits[key_id(key) as usize]));
+            keyed_set(logits, &s.keys, &mut s.current, &mut s.by_id);
             let u = tail_uniform(chain, tail);
             Some(temp_dist_token(
                 &s.current,

@@ -69,12 +69,27 @@ pub(crate) fn temp_dist_token(
     t: Option<f32>,
     u: f64,
 ) -> Result<TokenId, SampleError> {
+    temp_dist_draw(current, by_id, t, u).map(|(token, _, _)| token)
+}
+
+/// [`temp_dist_token`], with the largest scaled logit and the normaliser
+/// `S` it drew with (the token's probability is `exp(l - max) · (1/S)`).
+///
+/// # Errors
+/// As [`temp_dist_token`].
+pub(crate) fn temp_dist_draw(
+    current: &[f32],
+    by_id: impl Iterator<Item = (TokenId, f32)>,
+    t: Option<f32>,
+    u: f64,
+) -> Result<(TokenId, f32, f64), SampleError> {
     let t = t.filter(|&t| t != 1.0);
     let (max, sum) = max_exp_sum(current, t);
     if max == f32::NEG_INFINITY || max.is_nan() || !(sum > 0.0) {
         return Err(SampleError::AllMasked);
     }
-    walk(by_id, t, max, u * sum).ok_or(SampleError::AllMasked)
+    let token = walk(by_id, t, max, u * sum).ok_or(SampleError::AllMasked)?;
+    Ok((token, max, sum))
 }
 
 /// The inverse CDF walk: ascending ids, `cum += e_i` (f64) over `e_i > 0`,
@@ -184,7 +199,7 @@ fn e_of(l: f32, t: Option<f32>, max: f32) -> f32 {
 /// run time: the same operations in the same order, so the same bits). The
 /// maximum's sign of zero may differ from a serial fold; `e_i` does not
 /// (`l - (±0)` is `l` for `l != 0`, and `exp(±0) = 1`).
-pub(crate) fn max_exp_sum(current: &[f32], t: Option<f32>) -> (f32, f64) {
+fn max_exp_sum(current: &[f32], t: Option<f32>) -> (f32, f64) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx512f") {
