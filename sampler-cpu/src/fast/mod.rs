@@ -69,7 +69,7 @@ use sampler_core::{
 };
 
 use self::scan::{desc_key, key_id, max_checked, min_p_ids, top_k_keys, top_k_keys_outside};
-use self::tail::{temp_dist_draw, temp_dist_tail, temp_dist_token};
+use self::tail::{temp_dist_draw, temp_dist_tail, temp_dist_token, temp_dist_token_in_id_order};
 use self::top_p::{Nucleus, TopPScratch, top_p_full};
 use self::typical::{TypicalScratch, TypicalSet, typical_full};
 
@@ -234,6 +234,9 @@ struct Scratch {
     /// order, for a fused tail.
     by_id: Vec<(TokenId, f32)>,
     current: Vec<f32>,
+    /// The running sums at every block of a fused tail over a set in id
+    /// order (`tail::temp_dist_draw_in_id_order`).
+    prefix: Vec<f64>,
     /// A full row for stages that edit logits before a lead.
     row: Candidates,
 }
@@ -650,13 +653,14 @@ fn row_tail_token(
     tail: tail::TempDist,
     s: &mut Scratch,
 ) -> Option<Result<TokenId, SampleError>> {
-    max_checked(logits, &mut s.sel).ok()?;
-    let by_id = (0..).zip(logits.iter().copied());
-    Some(temp_dist_token(
+    let max = max_checked(logits, &mut s.sel).ok()?;
+    Some(temp_dist_token_in_id_order(
+        None,
         logits,
-        by_id,
+        Some(max),
         tail.t,
         tail_uniform(chain, tail),
+        &mut s.prefix,
     ))
 }
 
@@ -944,12 +948,19 @@ fn lead_tail_token(
             if max == f32::NEG_INFINITY || s.ids.len() < min_keep.max(1) {
                 return None;
             }
-            // The kept set is in id order: one order for both.
+            // The kept set is in id order: one order for both; it holds
+            // the row's maximum.
             s.current.clear();
             s.current.extend(s.ids.iter().map(|&i| logits[i as usize]));
-            let pairs = s.ids.iter().copied().zip(s.current.iter().copied());
             let u = tail_uniform(chain, tail);
-            Some(temp_dist_token(&s.current, pairs, tail.t, u))
+            Some(temp_dist_token_in_id_order(
+                Some(&s.ids),
+                &s.current,
+                Some(max),
+                tail.t,
+                u,
+                &mut s.prefix,
+            ))
         }
         Lead::TopP { p, min_keep, .. } => {
             let nucleus = &mut s.nucleus;
@@ -988,13 +999,20 @@ fn lead_tail_token(
             min_keep,
             ..
         } => {
-            cut_ids(logits, eta, epsilon, min_keep, s)?;
-            // The kept set is in id order: one order for both.
+            let (max, _) = cut_ids(logits, eta, epsilon, min_keep, s)?;
+            // The kept set is in id order: one order for both; it holds
+            // the row's maximum.
             s.current.clear();
             s.current.extend(s.ids.iter().map(|&i| logits[i as usize]));
-            let pairs = s.ids.iter().copied().zip(s.current.iter().copied());
             let u = tail_uniform(chain, tail);
-            Some(temp_dist_token(&s.current, pairs, tail.t, u))
+            Some(temp_dist_token_in_id_order(
+                Some(&s.ids),
+                &s.current,
+                Some(max),
+                tail.t,
+                u,
+                &mut s.prefix,
+            ))
         }
         Lead::Greedy
         | Lead::PenaltiesTopK { .. }
@@ -1110,7 +1128,16 @@ fn run_lead(
                 let pairs = row.ids().iter().copied().zip(row.logits().iter().copied());
                 let token = match by_id {
                     Some(by_id) => temp_dist_token(current, by_id.into_iter(), tail.t, u),
-                    None if row.ids().is_sorted() => temp_dist_token(current, pairs, tail.t, u),
+                    None if row.ids().is_sorted() => with_scratch(|s| {
+                        temp_dist_token_in_id_order(
+                            Some(row.ids()),
+                            current,
+                            None,
+                            tail.t,
+                            u,
+                            &mut s.prefix,
+                        )
+                    }),
                     None => {
                         let mut by_id: Vec<(TokenId, f32)> = pairs.collect();
                         by_id.sort_unstable_by_key(|&(id, _)| id);

@@ -92,6 +92,131 @@ pub(crate) fn temp_dist_draw(
     Ok((token, max, sum))
 }
 
+/// Elements per block of the certified walk ([`temp_dist_draw_in_id_order`]),
+/// a multiple of the 64 of the exp chunks.
+const BLOCK: usize = 1024;
+
+/// [`temp_dist_draw`] for a set whose current order is ascending token id
+/// (a whole row: `ids` is `None` and position is id; or a set kept in id
+/// order), the same token, maximum and normaliser, without walking the set
+/// from its start.
+///
+/// The exp-sum pass also records the running lane sums at every
+/// [`BLOCK`]-th position (`prefix[k]`, the sum of the `e` before block `k`
+/// in another order than the walk's); the walk starts at the last block
+/// whose prefix is below `u·S` and goes on from that prefix. A running sum
+/// in any order is within `δ = 4·(n + BLOCK + 16)·2^-53·S` of the walk's
+/// sequential f64 sum at the same position (both are sums of nonnegative
+/// terms over trees no deeper than `n + BLOCK + 3`: each within
+/// `γ_d·Σe` of the exact sum). A candidate is taken only when the sum
+/// before it is below `u·S - δ` and the sum after it is at least
+/// `u·S + δ`, which proves the sequential walk crosses `u·S` at that very
+/// candidate. When neither holds (`u·S` within `δ` of a running sum, about
+/// `1e-10` of the mass at `n = 151936`, or past the end), the sequential
+/// walk decides.
+///
+/// `known_max`: the set's largest logit (before the temperature), when a
+/// pass before this one found it; the largest scaled logit is then its
+/// scaled value (division by `t > 0`, saturated, is monotone), and the
+/// exponentials are the same (a zero's sign aside, which no `e` sees).
+///
+/// # Errors
+/// As [`temp_dist_token`].
+pub(crate) fn temp_dist_draw_in_id_order(
+    ids: Option<&[TokenId]>,
+    logits: &[f32],
+    known_max: Option<f32>,
+    t: Option<f32>,
+    u: f64,
+    prefix: &mut Vec<f64>,
+) -> Result<(TokenId, f32, f64), SampleError> {
+    debug_assert!(ids.is_none_or(|ids| ids.len() == logits.len() && ids.is_sorted()));
+    let t = t.filter(|&t| t != 1.0);
+    let max = known_max.map_or_else(|| max_scaled(logits, t), |m| scaled(m, t));
+    let sum = exp_sum_prefix(logits, t, max, prefix);
+    if max == f32::NEG_INFINITY || max.is_nan() || !(sum > 0.0) {
+        return Err(SampleError::AllMasked);
+    }
+    let token = crossing_in_id_order(ids, logits, t, max, u * sum, sum, prefix)
+        .ok_or(SampleError::AllMasked)?;
+    Ok((token, max, sum))
+}
+
+/// The walk's token for `target` over a set in id order, from the
+/// certified crossing or else the sequential walk.
+fn crossing_in_id_order(
+    ids: Option<&[TokenId]>,
+    logits: &[f32],
+    t: Option<f32>,
+    max: f32,
+    target: f64,
+    sum: f64,
+    prefix: &[f64],
+) -> Option<TokenId> {
+    let id_at = |j: usize| ids.map_or(j as TokenId, |ids| ids[j]);
+    if let Some(j) = certified_crossing(logits, t, max, target, sum, prefix) {
+        return Some(id_at(j));
+    }
+    walk(
+        (0..logits.len()).map(|j| (id_at(j), logits[j])),
+        t,
+        max,
+        target,
+    )
+}
+
+/// [`temp_dist_draw_in_id_order`]'s token.
+///
+/// # Errors
+/// As [`temp_dist_token`].
+pub(crate) fn temp_dist_token_in_id_order(
+    ids: Option<&[TokenId]>,
+    logits: &[f32],
+    known_max: Option<f32>,
+    t: Option<f32>,
+    u: f64,
+    prefix: &mut Vec<f64>,
+) -> Result<TokenId, SampleError> {
+    temp_dist_draw_in_id_order(ids, logits, known_max, t, u, prefix).map(|(token, _, _)| token)
+}
+
+/// The position where the sequential walk provably crosses `target`
+/// (see [`temp_dist_draw_in_id_order`]), or `None` when that is not proved.
+fn certified_crossing(
+    logits: &[f32],
+    t: Option<f32>,
+    max: f32,
+    target: f64,
+    sum: f64,
+    prefix: &[f64],
+) -> Option<usize> {
+    let n = logits.len();
+    let depth = (n + BLOCK + 16) as f64;
+    let delta = 4.0 * depth * f64::EPSILON * 0.5 * sum;
+    // The last block whose prefix is below the target (prefix[0] = 0).
+    let k = prefix.partition_point(|&p| p < target).saturating_sub(1);
+    let start = k * BLOCK;
+    let end = (start + BLOCK).min(n);
+    let mut cum = prefix[k];
+    let mut es = [0.0f32; 64];
+    for (c, chunk) in logits[start..end].chunks(64).enumerate() {
+        for (e, &l) in es.iter_mut().zip(chunk) {
+            *e = e_of(l, t, max);
+        }
+        for (i, &e) in es[..chunk.len()].iter().enumerate() {
+            if e > 0.0 {
+                let before = cum;
+                cum += f64::from(e);
+                if cum >= target {
+                    return (before + delta < target && cum - delta >= target)
+                        .then_some(start + c * 64 + i);
+                }
+            }
+        }
+    }
+    None
+}
+
 /// The inverse CDF walk: ascending ids, `cum += e_i` (f64) over `e_i > 0`,
 /// the first with `cum >= target`, else the last with `e_i > 0`. Chunks of
 /// 64: their exponentials first (that loop vectorises; AVX-512F / AVX2
@@ -194,6 +319,77 @@ fn e_of(l: f32, t: Option<f32>, max: f32) -> f32 {
     if e.is_nan() { 0.0 } else { e }
 }
 
+/// [`max_exp_sum`]'s normaliser for the largest scaled logit `max`, also
+/// recording in `prefix` the lane rule's running sum (the lanes combined)
+/// at the start of every [`BLOCK`]: `prefix[k]` sums the `e` before
+/// position `k·BLOCK`. 0 (and no prefix) when `max` is `-inf` or NaN.
+fn exp_sum_prefix(current: &[f32], t: Option<f32>, max: f32, prefix: &mut Vec<f64>) -> f64 {
+    prefix.clear();
+    if max == f32::NEG_INFINITY || max.is_nan() {
+        return 0.0;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { exp_sum_prefix_avx512(current, t, max, prefix) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { exp_sum_prefix_avx2(current, t, max, prefix) };
+        }
+    }
+    exp_sum_prefix_body(current, t, max, prefix)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn exp_sum_prefix_avx512(current: &[f32], t: Option<f32>, max: f32, prefix: &mut Vec<f64>) -> f64 {
+    exp_sum_prefix_body(current, t, max, prefix)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn exp_sum_prefix_avx2(current: &[f32], t: Option<f32>, max: f32, prefix: &mut Vec<f64>) -> f64 {
+    exp_sum_prefix_body(current, t, max, prefix)
+}
+
+#[inline(always)]
+fn exp_sum_prefix_body(current: &[f32], t: Option<f32>, max: f32, prefix: &mut Vec<f64>) -> f64 {
+    use sampler_core::numerics::{LANES, add_to_lanes, combine};
+    let mut lanes = [0.0f64; LANES];
+    let mut e = [0.0f32; 64];
+    for block in current.chunks(BLOCK) {
+        prefix.push(combine(lanes));
+        for chunk in block.chunks(64) {
+            let n = chunk.len();
+            for (ei, &l) in e.iter_mut().zip(chunk) {
+                *ei = e_of(l, t, max);
+            }
+            add_to_lanes(&mut lanes, &e[..n]);
+        }
+    }
+    combine(lanes)
+}
+
+/// The largest scaled logit (vector lanes, then the rest).
+#[inline(always)]
+fn max_scaled(current: &[f32], t: Option<f32>) -> f32 {
+    const W: usize = 16;
+    let mut acc = [f32::NEG_INFINITY; W];
+    let chunks = current.chunks_exact(W);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..W {
+            acc[j] = acc[j].max(scaled(c[j], t));
+        }
+    }
+    acc.iter()
+        .copied()
+        .chain(rest.iter().map(|&l| scaled(l, t)))
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
 /// The largest scaled logit of `current` and `Σ e_i` over it with the lane
 /// rule of `numerics::sum_f64`, in vector lanes (AVX-512F / AVX2 chosen at
 /// run time: the same operations in the same order, so the same bits). The
@@ -229,20 +425,7 @@ fn max_exp_sum_avx2(current: &[f32], t: Option<f32>) -> (f32, f64) {
 #[inline(always)]
 fn max_exp_sum_body(current: &[f32], t: Option<f32>) -> (f32, f64) {
     use sampler_core::numerics::{LANES, add_to_lanes, combine};
-    const W: usize = 16;
-    let mut acc = [f32::NEG_INFINITY; W];
-    let chunks = current.chunks_exact(W);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for j in 0..W {
-            acc[j] = acc[j].max(scaled(c[j], t));
-        }
-    }
-    let max = acc
-        .iter()
-        .copied()
-        .chain(rest.iter().map(|&l| scaled(l, t)))
-        .fold(f32::NEG_INFINITY, f32::max);
+    let max = max_scaled(current, t);
     if max == f32::NEG_INFINITY || max.is_nan() {
         return (max, 0.0);
     }
@@ -263,6 +446,154 @@ fn max_exp_sum_body(current: &[f32], t: Option<f32>) -> (f32, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn xorshift(x: &mut u32) -> u32 {
+        *x ^= *x << 13;
+        *x ^= *x >> 17;
+        *x ^= *x << 5;
+        *x
+    }
+
+    /// Rows that stress the certificate: ordinary, a few large values over
+    /// a sea of tiny ones (where sums in another order round otherwise),
+    /// masked stretches, and lengths around the block size.
+    fn stress_rows() -> Vec<Vec<f32>> {
+        let mut x = 0x2468_ace1u32;
+        let mut rows = Vec::new();
+        for len in [1usize, 63, 1023, 1024, 1025, 3000, 5003] {
+            rows.push(
+                (0..len)
+                    .map(|_| (xorshift(&mut x) % 20_000) as f32 / 1000.0 - 10.0)
+                    .collect(),
+            );
+            // One value at 0, the rest 33-40 nats below it (e from 5e-15
+            // down to 4e-18, around and below the f64 ulp of 1): a
+            // sequential sum after the big value rounds them or drops them,
+            // a sum that adds them first does not.
+            rows.push(
+                (0..len)
+                    .map(|i| {
+                        if i == len / 3 {
+                            0.0
+                        } else {
+                            -33.0 - (xorshift(&mut x) % 7000) as f32 / 1000.0
+                        }
+                    })
+                    .collect(),
+            );
+            rows.push(
+                (0..len)
+                    .map(|i| match xorshift(&mut x) % 7 {
+                        _ if (i / 100) % 3 == 1 => f32::NEG_INFINITY,
+                        0 => -80.0,
+                        1 => 0.0,
+                        _ => -((xorshift(&mut x) % 4000) as f32) / 100.0,
+                    })
+                    .collect(),
+            );
+        }
+        rows
+    }
+
+    /// The sequential walk's running sums `c_j` (the reference's), to aim
+    /// targets exactly at them and at their neighbours.
+    fn sequential_sums(row: &[f32], t: Option<f32>, max: f32) -> Vec<f64> {
+        let mut cum = 0.0f64;
+        let mut out = Vec::new();
+        for &l in row {
+            let e = e_of(l, t, max);
+            if e > 0.0 {
+                cum += f64::from(e);
+                out.push(cum);
+            }
+        }
+        out
+    }
+
+    /// The certified walk gives the sequential walk's token for every
+    /// target, including targets exactly at (and one ulp around) each of
+    /// the sequential running sums, where any other summation order would
+    /// round differently; and it decides almost every random target itself.
+    #[test]
+    fn the_certified_walk_is_the_sequential_walk() {
+        let mut x = 0x0bad_5eedu32;
+        let mut certified = 0usize;
+        let mut random_targets = 0usize;
+        for row in stress_rows() {
+            for t in [None, Some(0.7f32), Some(2.0)] {
+                let mut prefix = Vec::new();
+                let max = max_scaled(&row, t);
+                let sum = exp_sum_prefix(&row, t, max, &mut prefix);
+                let (m0, s0) = max_exp_sum(&row, t);
+                assert_eq!((max.to_bits(), sum.to_bits()), (m0.to_bits(), s0.to_bits()));
+                let known = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                assert_eq!(scaled(known, t), max);
+                assert_eq!(prefix.len(), row.len().div_ceil(BLOCK));
+                if !(sum > 0.0) {
+                    continue;
+                }
+                let ids: Vec<TokenId> = (0..row.len() as TokenId).map(|i| 3 * i + 1).collect();
+                let mut targets = vec![0.0, sum, sum * 1.5, f64::MIN_POSITIVE];
+                for c in sequential_sums(&row, t, max).into_iter().step_by(7) {
+                    targets.extend([c, c.next_up(), c.next_down()]);
+                }
+                let randoms: Vec<f64> = (0..200)
+                    .map(|_| f64::from(xorshift(&mut x)) / 4_294_967_296.0 * sum)
+                    .collect();
+                for &target in targets.iter().chain(&randoms) {
+                    for ids in [None, Some(&ids[..])] {
+                        let id_at = |j: usize| ids.map_or(j as TokenId, |ids| ids[j]);
+                        let seq = walk((0..row.len()).map(|j| (id_at(j), row[j])), t, max, target);
+                        let got = crossing_in_id_order(ids, &row, t, max, target, sum, &prefix);
+                        assert_eq!(got, seq, "len {} t {t:?} target {target:e}", row.len());
+                    }
+                }
+                for &target in &randoms {
+                    random_targets += 1;
+                    certified += usize::from(
+                        certified_crossing(&row, t, max, target, sum, &prefix).is_some(),
+                    );
+                }
+            }
+        }
+        assert!(
+            certified * 100 >= random_targets * 99,
+            "the certificate decided only {certified} of {random_targets} random targets"
+        );
+    }
+
+    /// The full draw agrees with [`temp_dist_draw`] (token, maximum,
+    /// normaliser) for uniforms across `[0, 1)`.
+    #[test]
+    fn the_id_order_draw_is_the_draw() {
+        let mut prefix = Vec::new();
+        for row in stress_rows() {
+            for t in [None, Some(0.5f32)] {
+                for k in 0..64 {
+                    let u = f64::from(k) / 64.0 + 0.003;
+                    let by_id = (0..row.len() as TokenId).zip(row.iter().copied());
+                    let want = temp_dist_draw(&row, by_id, t, u);
+                    let want = want.map(|(id, m, s)| (id, m.to_bits(), s.to_bits()));
+                    let known = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    for known_max in [None, Some(known)] {
+                        let got =
+                            temp_dist_draw_in_id_order(None, &row, known_max, t, u, &mut prefix);
+                        assert_eq!(
+                            got.map(|(id, m, s)| (id, m.to_bits(), s.to_bits())),
+                            want,
+                            "len {} t {t:?} u {u} known max {known_max:?}",
+                            row.len()
+                        );
+                    }
+                }
+            }
+        }
+        let masked = [f32::NEG_INFINITY; 3000];
+        assert_eq!(
+            temp_dist_draw_in_id_order(None, &masked, None, None, 0.5, &mut prefix).err(),
+            Some(SampleError::AllMasked)
+        );
+    }
 
     /// The vectorised normaliser (every level the CPU has) gives the serial
     /// rule's bits: `sum_f64` of `exp(scaled(l) - max)` in the set's order.
