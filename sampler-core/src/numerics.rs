@@ -238,8 +238,15 @@ fn exp_entropy_sums_body(row: &[f32], max: f32) -> (f64, f64) {
             };
         }
         add_to_lanes(&mut lanes_e, &e[..n]);
-        for (j, &v) in t[..n].iter().enumerate() {
-            lanes_t[j % LANES] += v;
+        let blocks = t[..n].chunks_exact(LANES);
+        let rest = blocks.remainder();
+        for block in blocks {
+            for (lane, &v) in lanes_t.iter_mut().zip(block) {
+                *lane += v;
+            }
+        }
+        for (lane, &v) in lanes_t.iter_mut().zip(rest) {
+            *lane += v;
         }
     }
     (combine(lanes_e), combine(lanes_t))

@@ -30,6 +30,7 @@
 mod batch;
 pub mod beam;
 mod build;
+mod cdf;
 pub mod fast;
 pub mod speculative;
 pub mod stages;

@@ -564,13 +564,14 @@ fn cut_ids(
     if max == f32::NEG_INFINITY {
         return None;
     }
-    let sum = sampler_core::numerics::exp_sum(logits, max);
-    let inv = 1.0 / sum;
-    let cutoff = if eta {
-        crate::stages::eta::eta_cutoff(epsilon, crate::util::log_norm_entropy(logits, max).1)
+    // `eta`'s entropy pass gives `S` too (`exp_sum`'s bits).
+    let (sum, cutoff) = if eta {
+        let (sum, entropy) = crate::util::log_norm_entropy(logits, max);
+        (sum, crate::stages::eta::eta_cutoff(epsilon, entropy))
     } else {
-        epsilon
+        (sampler_core::numerics::exp_sum(logits, max), epsilon)
     };
+    let inv = 1.0 / sum;
     let kth = if min_keep <= 1 {
         max
     } else {

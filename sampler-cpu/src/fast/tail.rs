@@ -11,6 +11,7 @@
 
 use sampler_core::{GREEDY_TEMPERATURE, SampleError, Sampler, StageSpec, TokenId};
 
+use crate::cdf::{BLOCK, certified_crossing};
 use crate::util::div_saturating;
 
 /// The tail of a chain after the fast lead stage, when it is exactly
@@ -92,28 +93,15 @@ pub(crate) fn temp_dist_draw(
     Ok((token, max, sum))
 }
 
-/// Elements per block of the certified walk ([`temp_dist_draw_in_id_order`]),
-/// a multiple of the 64 of the exp chunks.
-const BLOCK: usize = 1024;
-
 /// [`temp_dist_draw`] for a set whose current order is ascending token id
 /// (a whole row: `ids` is `None` and position is id; or a set kept in id
 /// order), the same token, maximum and normaliser, without walking the set
 /// from its start.
 ///
-/// The exp-sum pass also records the running lane sums at every
-/// [`BLOCK`]-th position (`prefix[k]`, the sum of the `e` before block `k`
-/// in another order than the walk's); the walk starts at the last block
-/// whose prefix is below `u·S` and goes on from that prefix. A running sum
-/// in any order is within `δ = 4·(n + BLOCK + 16)·2^-53·S` of the walk's
-/// sequential f64 sum at the same position (both are sums of nonnegative
-/// terms over trees no deeper than `n + BLOCK + 3`: each within
-/// `γ_d·Σe` of the exact sum). A candidate is taken only when the sum
-/// before it is below `u·S - δ` and the sum after it is at least
-/// `u·S + δ`, which proves the sequential walk crosses `u·S` at that very
-/// candidate. When neither holds (`u·S` within `δ` of a running sum, about
-/// `1e-10` of the mass at `n = 151936`, or past the end), the sequential
-/// walk decides.
+/// The exp-sum pass also records the lane rule's running sum at every
+/// block, and the walk starts at the block that holds `u·S`, its crossing
+/// proved to be the sequential walk's, else that walk decides
+/// ([`crate::cdf`]).
 ///
 /// `known_max`: the set's largest logit (before the temperature), when a
 /// pass before this one found it; the largest scaled logit is then its
@@ -154,7 +142,12 @@ fn crossing_in_id_order(
     prefix: &[f64],
 ) -> Option<TokenId> {
     let id_at = |j: usize| ids.map_or(j as TokenId, |ids| ids[j]);
-    if let Some(j) = certified_crossing(logits, t, max, target, sum, prefix) {
+    let fill = |start: usize, out: &mut [f32]| {
+        for (e, &l) in out.iter_mut().zip(&logits[start..]) {
+            *e = e_of(l, t, max);
+        }
+    };
+    if let Some(j) = certified_crossing(logits.len(), target, sum, prefix, fill) {
         return Some(id_at(j));
     }
     walk(
@@ -178,43 +171,6 @@ pub(crate) fn temp_dist_token_in_id_order(
     prefix: &mut Vec<f64>,
 ) -> Result<TokenId, SampleError> {
     temp_dist_draw_in_id_order(ids, logits, known_max, t, u, prefix).map(|(token, _, _)| token)
-}
-
-/// The position where the sequential walk provably crosses `target`
-/// (see [`temp_dist_draw_in_id_order`]), or `None` when that is not proved.
-fn certified_crossing(
-    logits: &[f32],
-    t: Option<f32>,
-    max: f32,
-    target: f64,
-    sum: f64,
-    prefix: &[f64],
-) -> Option<usize> {
-    let n = logits.len();
-    let depth = (n + BLOCK + 16) as f64;
-    let delta = 4.0 * depth * f64::EPSILON * 0.5 * sum;
-    // The last block whose prefix is below the target (prefix[0] = 0).
-    let k = prefix.partition_point(|&p| p < target).saturating_sub(1);
-    let start = k * BLOCK;
-    let end = (start + BLOCK).min(n);
-    let mut cum = prefix[k];
-    let mut es = [0.0f32; 64];
-    for (c, chunk) in logits[start..end].chunks(64).enumerate() {
-        for (e, &l) in es.iter_mut().zip(chunk) {
-            *e = e_of(l, t, max);
-        }
-        for (i, &e) in es[..chunk.len()].iter().enumerate() {
-            if e > 0.0 {
-                let before = cum;
-                cum += f64::from(e);
-                if cum >= target {
-                    return (before + delta < target && cum - delta >= target)
-                        .then_some(start + c * 64 + i);
-                }
-            }
-        }
-    }
-    None
 }
 
 /// The inverse CDF walk: ascending ids, `cum += e_i` (f64) over `e_i > 0`,
@@ -550,8 +506,13 @@ mod tests {
                 }
                 for &target in &randoms {
                     random_targets += 1;
+                    let fill = |start: usize, out: &mut [f32]| {
+                        for (e, &l) in out.iter_mut().zip(&row[start..]) {
+                            *e = e_of(l, t, max);
+                        }
+                    };
                     certified += usize::from(
-                        certified_crossing(&row, t, max, target, sum, &prefix).is_some(),
+                        certified_crossing(row.len(), target, sum, &prefix, fill).is_some(),
                     );
                 }
             }

@@ -59,39 +59,26 @@ pub fn dist_select(row: &mut Candidates, u: f64) -> Result<usize, SampleError> {
     if row.is_empty() {
         return Err(SampleError::EmptyRow);
     }
-    // One pass finds the max and refuses NaN / +inf (a row that reached
-    // `dist_select` without a chain's validation).
-    let mut max = f32::NEG_INFINITY;
-    for (index, &l) in row.logits().iter().enumerate() {
-        if l.is_nan() {
-            return Err(SampleError::NanLogit { index });
-        }
-        if l == f32::INFINITY {
-            return Err(SampleError::PosInfLogit { index });
-        }
-        max = max.max(l);
-    }
+    // Refuse NaN / +inf (a row that reached `dist_select` without a
+    // chain's validation), then the maximum.
+    sampler_core::validate_logits(row.logits())?;
+    let max = crate::cdf::max_of(row.logits());
     if max == f32::NEG_INFINITY {
         return Err(SampleError::AllMasked);
     }
     let was_sorted = row.is_sorted();
     let vocab = row.vocab_size();
-    let (sum, chosen) = {
+    let (sum, chosen) = PREFIX.with_borrow_mut(|prefix| {
         let raw = row.raw_mut();
-        for (p, &l) in raw.probs.iter_mut().zip(raw.logits.iter()) {
-            *p = sampler_core::numerics::exp(l - max);
-        }
-        let sum = sampler_core::numerics::sum_f64_slice(raw.probs);
-        // `probs` hold the exponentials e_i until normalised below.
-        let chosen = select_in_id_order(raw.ids, raw.probs, u * sum, vocab);
+        // `probs` hold the exponentials e_i until normalised below; the
+        // sum is `sum_f64_slice`'s.
+        let sum = crate::cdf::exp_into_with_prefix(raw.logits, max, raw.probs, prefix);
+        let chosen = select_in_id_order(raw.ids, raw.probs, u * sum, sum, prefix, vocab);
         if sum > 0.0 {
-            let inv = 1.0 / sum;
-            for p in raw.probs.iter_mut() {
-                *p = (f64::from(*p) * inv) as f32;
-            }
+            crate::cdf::scale_in_place(raw.probs, 1.0 / sum);
         }
         (sum, chosen)
-    };
+    });
     if sum.is_nan() || sum <= 0.0 {
         return Err(SampleError::AllMasked);
     }
@@ -104,11 +91,32 @@ pub fn dist_select(row: &mut Candidates, u: f64) -> Result<usize, SampleError> {
     Ok(index)
 }
 
+thread_local! {
+    /// The block prefix sums of [`dist_select`]'s walk (`crate::cdf`),
+    /// reused from row to row.
+    static PREFIX: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Index (into `ids`/`e`) of the first candidate in ascending-id order with
 /// `e > 0` whose running sum reaches `target`; fallback the last with `e > 0`.
-fn select_in_id_order(ids: &[TokenId], e: &[f32], target: f64, vocab: usize) -> Option<usize> {
+/// A set already in ascending id starts at the block that holds the target
+/// (`prefix`, `sum`: [`crate::cdf`]).
+fn select_in_id_order(
+    ids: &[TokenId],
+    e: &[f32],
+    target: f64,
+    sum: f64,
+    prefix: &[f64],
+    vocab: usize,
+) -> Option<usize> {
     let n = ids.len();
-    let ascending = ids.windows(2).all(|w| w[0] < w[1]);
+    let ascending = crate::cdf::strictly_ascending(ids);
+    if ascending {
+        let fill = |start: usize, out: &mut [f32]| out.copy_from_slice(&e[start..start + out.len()]);
+        if let Some(i) = crate::cdf::certified_crossing(n, target, sum, prefix, fill) {
+            return Some(i);
+        }
+    }
     let walk = |order: &mut dyn Iterator<Item = usize>| -> Option<usize> {
         let mut cum = 0.0f64;
         let mut last_pos = None;
@@ -143,5 +151,113 @@ fn select_in_id_order(ids: &[TokenId], e: &[f32], target: f64, vocab: usize) -> 
             }
         }
         walk(&mut table.into_iter().filter(|&p| p != usize::MAX))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rule as written, one step after another: the oracle.
+    fn spec_select(ids: &[TokenId], logits: &[f32], u: f64) -> (Option<TokenId>, Vec<u32>) {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = logits
+            .iter()
+            .map(|&l| sampler_core::numerics::exp(l - max))
+            .collect();
+        let sum = sampler_core::numerics::sum_f64(e.iter().copied());
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_by_key(|&i| ids[i]);
+        let (mut cum, mut last, mut token) = (0.0f64, None, None);
+        for i in order {
+            if e[i] > 0.0 {
+                cum += f64::from(e[i]);
+                last = Some(ids[i]);
+                if cum >= u * sum {
+                    token = Some(ids[i]);
+                    break;
+                }
+            }
+        }
+        let probs = e.iter().map(|&x| ((f64::from(x) * (1.0 / sum)) as f32).to_bits());
+        (token.or(last), probs.collect())
+    }
+
+    /// `dist_select` is the rule as written: token, probabilities (bits)
+    /// and order, for sets in id order (where the walk starts at the
+    /// target's block) and out of it, with uniforms aimed at the running
+    /// sums' boundaries and rows where sums in another order round otherwise.
+    #[test]
+    fn dist_select_is_the_rule_as_written() {
+        let mut x = 0x51ed_2701u32;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        for len in [1usize, 2, 1023, 1025, 4100] {
+            for shape in 0..3 {
+                let logits: Vec<f32> = (0..len)
+                    .map(|i| match shape {
+                        0 => (next() % 20_000) as f32 / 1000.0 - 10.0,
+                        // One at 0 over a sea 33-40 nats below.
+                        1 if i == len / 2 => 0.0,
+                        1 => -33.0 - (next() % 7000) as f32 / 1000.0,
+                        _ if (i / 50) % 4 == 1 => f32::NEG_INFINITY,
+                        _ => -((next() % 3000) as f32) / 100.0,
+                    })
+                    .collect();
+                let ascending: Vec<TokenId> = (0..len as TokenId).map(|i| 2 * i + 5).collect();
+                let mut shuffled = ascending.clone();
+                shuffled.reverse();
+                let vocab = 2 * len + 10;
+                for ids in [&ascending, &shuffled] {
+                    let mut us: Vec<f64> = (0..40).map(|k| f64::from(k) / 40.0 + 1e-3).collect();
+                    us.extend([0.0, 0.999_999_999_999]);
+                    // Uniforms whose target lands on a running sum.
+                    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let e: Vec<f32> = logits
+                        .iter()
+                        .map(|&l| sampler_core::numerics::exp(l - max))
+                        .collect();
+                    let sum = sampler_core::numerics::sum_f64(e.iter().copied());
+                    let mut cum = 0.0f64;
+                    for (j, &v) in e.iter().enumerate() {
+                        cum += f64::from(v);
+                        if j % 97 == 0 && sum > 0.0 {
+                            let u = cum / sum;
+                            us.extend([u, u.next_up(), u.next_down()]);
+                        }
+                    }
+                    for &u in us.iter().filter(|u| (0.0..1.0).contains(*u)) {
+                        let mut row = Candidates::from_parts(ids.clone(), logits.clone(), vocab)
+                            .expect("valid set");
+                        let (want_token, want_probs) = spec_select(ids, &logits, u);
+                        let got = dist_select(&mut row, u).ok().map(|i| row.ids()[i]);
+                        assert_eq!(got, want_token, "len {len} shape {shape} u {u}");
+                        let probs: Vec<u32> =
+                            row.probs().expect("probs").iter().map(|p| p.to_bits()).collect();
+                        assert_eq!(probs, want_probs, "len {len} shape {shape} u {u}");
+                        assert_eq!(row.ids(), &ids[..]);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dist_select_errors() {
+        let mut row = Candidates::from_logits(&[0.0, f32::INFINITY, f32::NAN]);
+        assert_eq!(
+            dist_select(&mut row, 0.5),
+            Err(SampleError::PosInfLogit { index: 1 })
+        );
+        let mut row = Candidates::from_logits(&[0.0, f32::NAN, f32::INFINITY]);
+        assert_eq!(dist_select(&mut row, 0.5), Err(SampleError::NanLogit { index: 1 }));
+        let mut row = Candidates::from_logits(&[f32::NEG_INFINITY; 3]);
+        assert_eq!(dist_select(&mut row, 0.5), Err(SampleError::AllMasked));
+        let mut row = Candidates::from_logits(&[]);
+        assert_eq!(dist_select(&mut row, 0.5), Err(SampleError::EmptyRow));
     }
 }

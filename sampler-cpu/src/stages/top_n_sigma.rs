@@ -4,8 +4,9 @@ use sampler_core::{Candidates, SampleError, Sampler, StageContext, StageSpec};
 
 /// Top-nσ (Tang et al. 2024) with llama.cpp semantics: over the finite
 /// (not `-inf`) logits compute the maximum, the mean and the population
-/// standard deviation (divide by the count; accumulated in f64); every logit
-/// `< max - n·std` becomes `-inf`. The set keeps its size and order (no sort,
+/// standard deviation (divide by the count; the sums in f64 with the
+/// project's lane rule, `sampler_core::numerics::sum_f64`, over the set's
+/// order with 0 for a `-inf`); every logit `< max - n·std` becomes `-inf`. The set keeps its size and order (no sort,
 /// no softmax). `n <= 0` or a set of at most one candidate is a no-op.
 #[derive(Debug, Clone, Copy)]
 pub struct TopNSigma {
@@ -30,26 +31,9 @@ impl Sampler for TopNSigma {
         if self.n.is_nan() || self.n <= 0.0 || row.len() <= 1 {
             return Ok(());
         }
-        let (mut count, mut sum, mut max) = (0usize, 0.0f64, f64::NEG_INFINITY);
-        for &l in row.logits() {
-            if l.is_finite() {
-                count += 1;
-                sum += f64::from(l);
-                max = max.max(f64::from(l));
-            }
-        }
-        if count == 0 {
+        let Some(threshold) = threshold(row.logits(), self.n) else {
             return Ok(());
-        }
-        let mean = sum / count as f64;
-        let var = row
-            .logits()
-            .iter()
-            .filter(|l| l.is_finite())
-            .map(|&l| (f64::from(l) - mean).powi(2))
-            .sum::<f64>()
-            / count as f64;
-        let threshold = max - f64::from(self.n) * var.sqrt();
+        };
         if !row.logits().iter().any(|&l| f64::from(l) < threshold) {
             return Ok(());
         }
@@ -62,5 +46,139 @@ impl Sampler for TopNSigma {
     }
     fn box_clone(&self) -> Box<dyn Sampler> {
         Box::new(*self)
+    }
+}
+
+/// `max - n·std` over the finite logits (`None` without one), with the
+/// lane-rule sums; vectorised, on x86-64 the AVX-512F or AVX2 copy of the
+/// same code chosen at run time (the same operations in the same order, so
+/// the same bits).
+fn threshold(logits: &[f32], n: f32) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { threshold_avx512(logits, n) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { threshold_avx2(logits, n) };
+        }
+    }
+    threshold_body(logits, n)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn threshold_avx512(logits: &[f32], n: f32) -> Option<f64> {
+    threshold_body(logits, n)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn threshold_avx2(logits: &[f32], n: f32) -> Option<f64> {
+    threshold_body(logits, n)
+}
+
+#[inline(always)]
+fn threshold_body(logits: &[f32], n: f32) -> Option<f64> {
+    use sampler_core::numerics::{LANES, combine};
+    let blocks = logits.chunks_exact(LANES);
+    let rest = blocks.remainder();
+    // Pass 1: count, sum and maximum of the finite logits (a non-finite one
+    // adds 0.0, which leaves a lane as it is).
+    let mut count = [0u64; LANES];
+    let mut sum = [0.0f64; LANES];
+    let mut max = [f32::NEG_INFINITY; LANES];
+    let mut add = |j: usize, l: f32| {
+        let finite = l.is_finite();
+        count[j] += u64::from(finite);
+        sum[j] += if finite { f64::from(l) } else { 0.0 };
+        max[j] = if finite && l > max[j] { l } else { max[j] };
+    };
+    for block in blocks.clone() {
+        for (j, &l) in block.iter().enumerate() {
+            add(j, l);
+        }
+    }
+    for (j, &l) in rest.iter().enumerate() {
+        add(j, l);
+    }
+    let count: u64 = count.iter().sum();
+    if count == 0 {
+        return None;
+    }
+    let max = max.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mean = combine(sum) / count as f64;
+    // Pass 2: the squared deviations, the same lanes.
+    let mut sq = [0.0f64; LANES];
+    let mut add_sq = |j: usize, l: f32| {
+        let d = f64::from(l) - mean;
+        sq[j] += if l.is_finite() { d * d } else { 0.0 };
+    };
+    for block in blocks {
+        for (j, &l) in block.iter().enumerate() {
+            add_sq(j, l);
+        }
+    }
+    for (j, &l) in rest.iter().enumerate() {
+        add_sq(j, l);
+    }
+    let var = combine(sq) / count as f64;
+    Some(f64::from(max) - f64::from(n) * var.sqrt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The threshold follows the serial lane rule (`sum_f64` over the set
+    /// with 0 for a non-finite logit) on every level the CPU has.
+    #[test]
+    fn the_threshold_is_the_lane_rule() {
+        let mut x = 0x9e37_79b9u32;
+        for len in [1usize, 7, 8, 9, 100, 1001] {
+            let row: Vec<f32> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    if x % 9 == 0 {
+                        f32::NEG_INFINITY
+                    } else {
+                        (x % 100_000) as f32 / 997.0 - 50.0
+                    }
+                })
+                .collect();
+            let finite = |l: f32| if l.is_finite() { l } else { 0.0 };
+            let count = row.iter().filter(|l| l.is_finite()).count();
+            let want = (count > 0).then(|| {
+                let mean = sampler_core::numerics::sum_f64(row.iter().map(|&l| finite(l)))
+                    / count as f64;
+                let mut lanes = [0.0f64; 8];
+                for (i, &l) in row.iter().enumerate() {
+                    let d = f64::from(l) - mean;
+                    lanes[i % 8] += if l.is_finite() { d * d } else { 0.0 };
+                }
+                let var = sampler_core::numerics::combine(lanes) / count as f64;
+                let max = row.iter().copied().filter(|l| l.is_finite()).fold(f32::MIN, f32::max);
+                f64::from(max) - 1.5 * var.sqrt()
+            });
+            let bits = |t: Option<f64>| t.map(f64::to_bits);
+            assert_eq!(bits(threshold_body(&row, 1.5)), bits(want), "len {len}");
+            assert_eq!(bits(threshold(&row, 1.5)), bits(want), "len {len}");
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2.
+                    assert_eq!(bits(unsafe { threshold_avx2(&row, 1.5) }), bits(want));
+                }
+                if std::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F.
+                    assert_eq!(bits(unsafe { threshold_avx512(&row, 1.5) }), bits(want));
+                }
+            }
+        }
+        assert_eq!(threshold(&[f32::NEG_INFINITY; 20], 1.0), None);
     }
 }
