@@ -62,6 +62,58 @@ pub(crate) fn typical_full(
     s: &mut TypicalScratch,
     out: &mut TypicalSet,
 ) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { typical_full_avx512(logits, p, min_keep, maxima, s, out) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { typical_full_avx2(logits, p, min_keep, maxima, s, out) };
+        }
+    }
+    typical_full_body(logits, p, min_keep, maxima, s, out)
+}
+
+/// [`typical_full`] compiled for AVX-512F (the same operations, so the same
+/// result).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn typical_full_avx512(
+    logits: &[f32],
+    p: f32,
+    min_keep: usize,
+    maxima: &mut Vec<f32>,
+    s: &mut TypicalScratch,
+    out: &mut TypicalSet,
+) -> bool {
+    typical_full_body(logits, p, min_keep, maxima, s, out)
+}
+
+/// [`typical_full`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn typical_full_avx2(
+    logits: &[f32],
+    p: f32,
+    min_keep: usize,
+    maxima: &mut Vec<f32>,
+    s: &mut TypicalScratch,
+    out: &mut TypicalSet,
+) -> bool {
+    typical_full_body(logits, p, min_keep, maxima, s, out)
+}
+
+#[inline(always)]
+fn typical_full_body(
+    logits: &[f32],
+    p: f32,
+    min_keep: usize,
+    maxima: &mut Vec<f32>,
+    s: &mut TypicalScratch,
+    out: &mut TypicalSet,
+) -> bool {
     use sampler_core::numerics;
     let Ok(max) = max_checked(logits, maxima) else {
         return false;

@@ -34,13 +34,20 @@ impl Sampler for TopNSigma {
         let Some(threshold) = threshold(row.logits(), self.n) else {
             return Ok(());
         };
-        if !row.logits().iter().any(|&l| f64::from(l) < threshold) {
+        // `f64(l) < threshold` <=> `l < c` for `c` the least f32 `>= threshold`
+        // (every f32 below `c` is below the threshold): f32 compares that
+        // vectorise.
+        let c = threshold as f32;
+        let c = if f64::from(c) < threshold {
+            c.next_up()
+        } else {
+            c
+        };
+        if threshold.is_nan() || !row.logits().iter().fold(false, |any, &l| any | (l < c)) {
             return Ok(());
         }
         for l in row.logits_mut() {
-            if f64::from(*l) < threshold {
-                *l = f32::NEG_INFINITY;
-            }
+            *l = if *l < c { f32::NEG_INFINITY } else { *l };
         }
         Ok(())
     }
@@ -80,31 +87,47 @@ fn threshold_avx2(logits: &[f32], n: f32) -> Option<f64> {
     threshold_body(logits, n)
 }
 
+/// Add `v` (a chunk starting at a multiple of the lanes) to its lanes.
 #[inline(always)]
-fn threshold_body(logits: &[f32], n: f32) -> Option<f64> {
-    use sampler_core::numerics::{LANES, combine};
-    let blocks = logits.chunks_exact(LANES);
+fn add_f64_to_lanes(lanes: &mut [f64; 8], v: &[f64]) {
+    let blocks = v.chunks_exact(8);
     let rest = blocks.remainder();
-    // Pass 1: count, sum and maximum of the finite logits (a non-finite one
-    // adds 0.0, which leaves a lane as it is).
-    let mut count = [0u64; LANES];
-    let mut sum = [0.0f64; LANES];
-    let mut max = [f32::NEG_INFINITY; LANES];
-    let mut add = |j: usize, l: f32| {
-        let finite = l.is_finite();
-        count[j] += u64::from(finite);
-        sum[j] += if finite { f64::from(l) } else { 0.0 };
-        max[j] = if finite && l > max[j] { l } else { max[j] };
-    };
-    for block in blocks.clone() {
-        for (j, &l) in block.iter().enumerate() {
-            add(j, l);
+    for block in blocks {
+        for (lane, &x) in lanes.iter_mut().zip(block) {
+            *lane += x;
         }
     }
-    for (j, &l) in rest.iter().enumerate() {
-        add(j, l);
+    for (lane, &x) in lanes.iter_mut().zip(rest) {
+        *lane += x;
     }
-    let count: u64 = count.iter().sum();
+}
+
+#[inline(always)]
+fn threshold_body(logits: &[f32], n: f32) -> Option<f64> {
+    use sampler_core::numerics::{LANES, add_to_lanes, combine};
+    // Pass 1: count, sum and maximum of the finite logits, by chunks of 64
+    // (which start at multiples of the lanes): the chunk with 0.0 for a
+    // non-finite logit (adding 0.0 leaves a lane as it is) into the lane
+    // sums, the count and maximum over it.
+    let mut count = 0u64;
+    let mut sum = [0.0f64; LANES];
+    let mut max = [f32::NEG_INFINITY; 16];
+    let mut v = [0.0f32; 64];
+    for chunk in logits.chunks(64) {
+        let mut c = 0u32;
+        for (x, &l) in v.iter_mut().zip(chunk) {
+            let f = l.is_finite();
+            c += u32::from(f);
+            *x = if f { l } else { 0.0 };
+        }
+        count += u64::from(c);
+        for block in chunk.chunks(16) {
+            for (m, &l) in max.iter_mut().zip(block) {
+                *m = if l.is_finite() && l > *m { l } else { *m };
+            }
+        }
+        add_to_lanes(&mut sum, &v[..chunk.len()]);
+    }
     if count == 0 {
         return None;
     }
@@ -112,17 +135,13 @@ fn threshold_body(logits: &[f32], n: f32) -> Option<f64> {
     let mean = combine(sum) / count as f64;
     // Pass 2: the squared deviations, the same lanes.
     let mut sq = [0.0f64; LANES];
-    let mut add_sq = |j: usize, l: f32| {
-        let d = f64::from(l) - mean;
-        sq[j] += if l.is_finite() { d * d } else { 0.0 };
-    };
-    for block in blocks {
-        for (j, &l) in block.iter().enumerate() {
-            add_sq(j, l);
+    let mut d = [0.0f64; 64];
+    for chunk in logits.chunks(64) {
+        for (x, &l) in d.iter_mut().zip(chunk) {
+            let dev = f64::from(l) - mean;
+            *x = if l.is_finite() { dev * dev } else { 0.0 };
         }
-    }
-    for (j, &l) in rest.iter().enumerate() {
-        add_sq(j, l);
+        add_f64_to_lanes(&mut sq, &d[..chunk.len()]);
     }
     let var = combine(sq) / count as f64;
     Some(f64::from(max) - f64::from(n) * var.sqrt())
@@ -180,5 +199,44 @@ mod tests {
             }
         }
         assert_eq!(threshold(&[f32::NEG_INFINITY; 20], 1.0), None);
+    }
+
+    /// The stage masks exactly `f64(l) < threshold`: logits one ulp around
+    /// the threshold's f32 neighbours.
+    #[test]
+    fn the_mask_is_the_f64_compare() {
+        use sampler_core::{RowRng, StageContext};
+        let mut x = 0x1234_5678u32;
+        for len in [3usize, 40, 333] {
+            let mut row: Vec<f32> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    (x % 10_000) as f32 / 313.0 - 16.0
+                })
+                .collect();
+            let thr = threshold(&row, 1.0).expect("finite logits");
+            // Put logits right at the threshold's f32 neighbours.
+            let near = thr as f32;
+            for (i, v) in [near.next_down(), near, near.next_up()].into_iter().enumerate() {
+                row[i] = v;
+            }
+            let thr = threshold(&row, 1.0).expect("finite logits");
+            let want: Vec<f32> = row
+                .iter()
+                .map(|&l| if f64::from(l) < thr { f32::NEG_INFINITY } else { l })
+                .collect();
+            let mut set = Candidates::from_logits(&row);
+            let ctx = StageContext {
+                rng: RowRng {
+                    seed: 1,
+                    step: 0,
+                    stage_index: 0,
+                },
+            };
+            TopNSigma::new(1.0).apply(&mut set, &ctx).expect("applies");
+            assert_eq!(set.logits(), &want[..], "len {len}");
+        }
     }
 }
