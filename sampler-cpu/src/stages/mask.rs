@@ -161,7 +161,8 @@ mod tests {
                 .enumerate()
                 .map(|(i, &l)| if allowed(&words, i) { l } else { f32::NEG_INFINITY })
                 .collect();
-            let mut levels: Vec<fn(&mut [f32], &[u32])> = vec![mask_full_row_body, mask_full_row];
+            type Level = fn(&mut [f32], &[u32]);
+            let mut levels: Vec<Level> = vec![mask_full_row_body, mask_full_row];
             #[cfg(target_arch = "x86_64")]
             {
                 if std::is_x86_feature_detected!("avx2") {

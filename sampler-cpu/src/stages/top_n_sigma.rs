@@ -162,7 +162,7 @@ mod tests {
                     x ^= x << 13;
                     x ^= x >> 17;
                     x ^= x << 5;
-                    if x % 9 == 0 {
+                    if x.is_multiple_of(9) {
                         f32::NEG_INFINITY
                     } else {
                         (x % 100_000) as f32 / 997.0 - 50.0
