@@ -486,10 +486,9 @@ pub fn validate_logits(logits: &[f32]) -> Result<(), SampleError> {
 }
 
 /// Whether `logits` holds a NaN or `+inf`: `!(l < +inf)` is exactly that
-/// (`-inf` is a legal logit), one compare per value, or-ed over blocks
-/// without a branch so that the loop vectorises (on x86-64 the AVX-512F or
-/// AVX2 copy of the same loop, chosen at run time), with an early exit per
-/// block.
+/// (`-inf` is a legal logit), one compare per value, or-ed in lanes without
+/// a branch so that the loop vectorises (on x86-64 the AVX-512F or AVX2
+/// copy of the same loop, chosen at run time).
 fn has_nan_or_pos_inf(logits: &[f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -521,17 +520,15 @@ fn has_nan_or_pos_inf_avx2(logits: &[f32]) -> bool {
 #[allow(clippy::neg_cmp_op_on_partial_ord)]
 #[inline(always)]
 fn has_nan_or_pos_inf_body(logits: &[f32]) -> bool {
-    logits.chunks(256).any(|block| {
-        let mut lanes = [false; 16];
-        let chunks = block.chunks_exact(16);
-        let rest = chunks.remainder();
-        for c in chunks {
-            for (b, &l) in lanes.iter_mut().zip(c) {
-                *b |= !(l < f32::INFINITY);
-            }
-        }
-        lanes.iter().any(|&b| b) || rest.iter().any(|&l| !(l < f32::INFINITY))
-    })
+    // One or-reduction over the row: the shape the loop vectoriser handles
+    // with whole-vector loads (no exit before the end, no closures: a
+    // generic adapter is compiled apart from this function, without its
+    // target features; lanes of 16 in an array it turned into gathers).
+    let mut bad = 0u32;
+    for &l in logits {
+        bad |= u32::from(!(l < f32::INFINITY));
+    }
+    bad != 0
 }
 
 /// The canonical candidate order: descending logit, ties by ascending id.

@@ -51,6 +51,21 @@ pub trait Sampler: Send {
     /// A [`SampleError`] for this row only (e.g. [`SampleError::AllMasked`]).
     fn apply(&mut self, row: &mut Candidates, ctx: &StageContext) -> Result<(), SampleError>;
 
+    /// [`Sampler::apply`] on a full row given as its logits (`[vocab]`,
+    /// token id = position), for a stage that only edits logits and has
+    /// such a path: exactly what `apply` does to
+    /// `Candidates::from_logits(logits)`, without building the set. `None`
+    /// (the default): no such path, and nothing was done; the caller builds
+    /// the set. The CPU fast path uses it for the stages before its first
+    /// kernel.
+    fn apply_full_row(
+        &mut self,
+        _logits: &mut [f32],
+        _ctx: &StageContext,
+    ) -> Option<Result<(), SampleError>> {
+        None
+    }
+
     /// Record an accepted token (prompt or generated).
     fn accept(&mut self, _token: TokenId, _origin: TokenOrigin) {}
 

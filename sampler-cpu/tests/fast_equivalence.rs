@@ -135,7 +135,7 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
         fp,
         last_n,
         tau_eta,
-        0u8..25,
+        0u8..30,
     )
         .prop_map(
             |(k, p, mp, t, mk, rep, freq, pres, last_n, (tau, eta), which)| match which {
@@ -271,6 +271,52 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
                     },
                     StageSpec::Dist,
                 ],
+                // Edits with a full-row path (`Sampler::apply_full_row`)
+                // before a kernel; a bias or stop token past a small
+                // vocabulary is the stage's error.
+                25 => vec![
+                    StageSpec::LogitBias {
+                        bias: vec![
+                            ((k.unsigned_abs() % 100) as u32, freq * 8.0),
+                            (7, f32::NEG_INFINITY),
+                            ((last_n % 100) as u32, pres * 4.0),
+                        ],
+                    },
+                    temp(t),
+                    StageSpec::Dist,
+                ],
+                26 => vec![
+                    StageSpec::MinTokens {
+                        n: last_n % 3,
+                        stop: vec![(k.unsigned_abs() % 90) as u32, 1],
+                    },
+                    penalties(last_n, rep, freq, pres),
+                    StageSpec::Dist,
+                ],
+                27 => vec![
+                    StageSpec::Mask,
+                    penalties(last_n, rep, freq, pres),
+                    StageSpec::TopK { k },
+                    temp(t),
+                    StageSpec::Dist,
+                ],
+                28 => vec![
+                    StageSpec::Mask,
+                    StageSpec::MinP {
+                        p: mp,
+                        min_keep: mk,
+                    },
+                    StageSpec::Dist,
+                ],
+                // A full-row edit, then one without that path (the set's
+                // way from the start).
+                29 => vec![
+                    StageSpec::LogitBias {
+                        bias: vec![(3, 2.0)],
+                    },
+                    StageSpec::TopNSigma { n: 1.0 + t },
+                    StageSpec::Dist,
+                ],
                 _ => vec![temp(t), StageSpec::TopK { k }, StageSpec::Dist],
             },
         )
@@ -297,6 +343,12 @@ proptest! {
         let spec = ChainSpec::new(stages, Some(seed));
         let mut fast = sampler_cpu::build_chain(&spec).unwrap();
         fast.accept_prompt(&history.iter().map(|&t| t % vocab as u32).collect::<Vec<_>>());
+        // A mask stage's bitmask: random bits, now and then a word short
+        // (the stage's length error).
+        let words = vocab.div_ceil(32) - usize::from(seed % 13 == 0 && vocab > 32);
+        let mut bits = ChaCha8Rng::seed_from_u64(seed);
+        let mask: Vec<u32> = (0..words).map(|_| bits.random::<u32>() | 1).collect();
+        fast.set_token_mask(Some(mask.into()));
         let mut slow = fast.clone();
         for (step, &shape) in shapes.iter().enumerate() {
             let logits = row(row_seed.wrapping_add(step as u64), vocab, shape);

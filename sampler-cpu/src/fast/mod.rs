@@ -65,7 +65,7 @@ mod typical;
 use std::cell::RefCell;
 
 use sampler_core::{
-    Candidates, Chain, RowKernels, RowRng, SampleError, Sampler, StageSpec, TokenId,
+    Candidates, Chain, RowKernels, RowRng, SampleError, Sampler, StageContext, StageSpec, TokenId,
 };
 
 use self::scan::{desc_key, key_id, max_checked, min_p_ids, top_k_keys, top_k_keys_outside};
@@ -239,6 +239,9 @@ struct Scratch {
     prefix: Vec<f64>,
     /// A full row for stages that edit logits before a lead.
     row: Candidates,
+    /// The same as logits only, for stages with a full-row path
+    /// ([`Sampler::apply_full_row`]).
+    edited: Vec<f32>,
 }
 
 thread_local! {
@@ -283,10 +286,91 @@ fn edits_only(stages: &[Box<dyn Sampler>], i: usize) -> bool {
 /// row is still a full row afterwards and the next stage is a lead, its
 /// kernel runs on the edited logits.
 fn edit_first(logits: &[f32], chain: &mut Chain, first: usize) -> Result<TokenId, SampleError> {
+    if let Some(out) = edit_first_slice(logits, chain, first) {
+        return out;
+    }
     let mut row = with_scratch(|s| std::mem::take(&mut s.row));
     row.fill_from_logits(logits);
     let out = edit_first_in(&mut row, chain, first);
     with_scratch(|s| s.row = row);
+    out
+}
+
+/// [`edit_first`] without a `Candidates`: the stages before the first
+/// kernel on a copy of the logits through [`Sampler::apply_full_row`],
+/// then that kernel. `None`: not decided here, nothing changed (a bad row,
+/// whose error the set's validation reports; no kernel after the edits; a
+/// stage without a full-row path).
+fn edit_first_slice(
+    logits: &[f32],
+    chain: &mut Chain,
+    first: usize,
+) -> Option<Result<TokenId, SampleError>> {
+    let stages = chain.stages();
+    let next = (first..stages.len())
+        .find(|&i| !stages[i].is_noop() && !edits_only(stages, i))
+        .unwrap_or(stages.len());
+    if next >= chain.end() {
+        return None;
+    }
+    // The built-in stages with a full-row path (others would send the row
+    // the set's way after the copy).
+    let full_row_path = |s: &dyn Sampler| {
+        s.is_noop()
+            || matches!(
+                s.spec(),
+                Some(
+                    StageSpec::Penalties { .. }
+                        | StageSpec::LogitBias { .. }
+                        | StageSpec::Mask
+                        | StageSpec::MinTokens { .. }
+                )
+            )
+    };
+    if !stages[first..next]
+        .iter()
+        .all(|s| full_row_path(s.as_ref()))
+    {
+        return None;
+    }
+    let lead = lead_from(stages, next)?;
+    // The copy reads the row first (a streaming copy), the validation then
+    // reads the copy from the cache.
+    let mut edited = with_scratch(|s| std::mem::take(&mut s.edited));
+    edited.clear();
+    edited.extend_from_slice(logits);
+    if with_scratch(|s| max_checked(&edited, &mut s.sel)).is_err() {
+        with_scratch(|s| s.edited = edited);
+        return None;
+    }
+    let (seed, step) = (chain.seed(), chain.step());
+    let mut applied = Some(Ok(()));
+    for (i, stage) in chain.stages_mut()[..next]
+        .iter_mut()
+        .enumerate()
+        .skip(first)
+    {
+        if stage.is_noop() {
+            continue;
+        }
+        let ctx = StageContext {
+            rng: RowRng {
+                seed,
+                step,
+                stage_index: i,
+            },
+        };
+        applied = stage.apply_full_row(&mut edited, &ctx);
+        if !matches!(applied, Some(Ok(()))) {
+            break;
+        }
+    }
+    let out = match applied {
+        Some(Ok(())) => Some(run_lead(&edited, lead, chain, next)),
+        Some(Err(e)) => Some(Err(e)),
+        None => None,
+    };
+    with_scratch(|s| s.edited = edited);
     out
 }
 

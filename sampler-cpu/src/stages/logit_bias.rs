@@ -82,6 +82,21 @@ impl Sampler for LogitBias {
         }
         Ok(())
     }
+    fn apply_full_row(
+        &mut self,
+        logits: &mut [f32],
+        _ctx: &StageContext,
+    ) -> Option<Result<(), SampleError>> {
+        let vocab = logits.len();
+        if let Some(&token) = self.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Some(Err(SampleError::TokenOutOfRange { token, vocab }));
+        }
+        for (&t, &b) in self.tokens.iter().zip(&self.values) {
+            let v = logits[t as usize] + b;
+            logits[t as usize] = if v == f32::INFINITY { f32::MAX } else { v };
+        }
+        Some(Ok(()))
+    }
     fn box_clone(&self) -> Box<dyn Sampler> {
         Box::new(self.clone())
     }

@@ -126,6 +126,24 @@ impl Sampler for Mask {
         }
         Ok(())
     }
+    fn apply_full_row(
+        &mut self,
+        logits: &mut [f32],
+        _ctx: &StageContext,
+    ) -> Option<Result<(), SampleError>> {
+        let Some(words) = &self.words else {
+            return Some(Ok(()));
+        };
+        let expected = logits.len().div_ceil(32);
+        if words.len() != expected {
+            return Some(Err(SampleError::TokenMaskLength {
+                found: words.len(),
+                expected,
+            }));
+        }
+        mask_full_row(logits, words);
+        Some(Ok(()))
+    }
     fn set_token_mask(&mut self, mask: Option<Arc<[u32]>>) {
         self.words = mask;
     }

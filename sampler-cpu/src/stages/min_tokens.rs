@@ -61,6 +61,22 @@ impl Sampler for MinTokens {
         }
         Ok(())
     }
+    fn apply_full_row(
+        &mut self,
+        logits: &mut [f32],
+        _ctx: &StageContext,
+    ) -> Option<Result<(), SampleError>> {
+        let vocab = logits.len();
+        if let Some(&token) = self.stop.iter().find(|&&t| t as usize >= vocab) {
+            return Some(Err(SampleError::TokenOutOfRange { token, vocab }));
+        }
+        if self.generated < self.n {
+            for &t in &self.stop {
+                logits[t as usize] = f32::NEG_INFINITY;
+            }
+        }
+        Some(Ok(()))
+    }
     fn accept(&mut self, _token: TokenId, origin: TokenOrigin) {
         if origin == TokenOrigin::Output {
             self.generated += 1;

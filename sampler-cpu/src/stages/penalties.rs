@@ -104,6 +104,20 @@ impl Sampler for Penalties {
         }
         Ok(())
     }
+    fn apply_full_row(
+        &mut self,
+        logits: &mut [f32],
+        _ctx: &StageContext,
+    ) -> Option<Result<(), SampleError>> {
+        if self.last_n > 0 {
+            for (&t, &c) in &self.counts {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = self.penalised(*l, c);
+                }
+            }
+        }
+        Some(Ok(()))
+    }
     fn history_counts(&self, out: &mut Vec<(TokenId, u32)>) -> bool {
         out.extend(self.counts.iter().map(|(&t, &c)| (t, c)));
         true
