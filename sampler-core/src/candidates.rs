@@ -439,14 +439,7 @@ impl Candidates {
         if max == f32::NEG_INFINITY {
             return Err(SampleError::AllMasked);
         }
-        for (p, &l) in self.probs.iter_mut().zip(&self.logits) {
-            *p = crate::numerics::exp(l - max);
-        }
-        let sum = crate::numerics::sum_f64_slice(&self.probs);
-        let inv = 1.0 / sum;
-        for p in &mut self.probs {
-            *p = (f64::from(*p) * inv) as f32;
-        }
+        softmax_into(&self.logits, max, &mut self.probs);
         self.has_probs = true;
         self.normalized = true;
         Ok(())
@@ -483,6 +476,50 @@ pub fn validate_logits(logits: &[f32]) -> Result<(), SampleError> {
         }
     }
     Ok(())
+}
+
+/// `probs = (exp(l - max) · (1/S)) as f32` with `S` the f64 lane sum of the
+/// exponentials (the project's numerics), in three vectorised loops; on
+/// x86-64 the AVX-512F or AVX2 copy of the same code, chosen at run time
+/// (the same operations in the same order, so the same bits).
+fn softmax_into(logits: &[f32], max: f32, probs: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { softmax_into_avx512(logits, max, probs) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { softmax_into_avx2(logits, max, probs) };
+        }
+    }
+    softmax_into_body(logits, max, probs);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn softmax_into_avx512(logits: &[f32], max: f32, probs: &mut [f32]) {
+    softmax_into_body(logits, max, probs);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn softmax_into_avx2(logits: &[f32], max: f32, probs: &mut [f32]) {
+    softmax_into_body(logits, max, probs);
+}
+
+#[inline(always)]
+fn softmax_into_body(logits: &[f32], max: f32, probs: &mut [f32]) {
+    for (p, &l) in probs.iter_mut().zip(logits) {
+        *p = crate::numerics::exp(l - max);
+    }
+    let mut lanes = [0.0f64; crate::numerics::LANES];
+    crate::numerics::add_to_lanes(&mut lanes, probs);
+    let inv = 1.0 / crate::numerics::combine(lanes);
+    for p in probs.iter_mut() {
+        *p = (f64::from(*p) * inv) as f32;
+    }
 }
 
 /// Whether `logits` holds a NaN or `+inf`: `!(l < +inf)` is exactly that
@@ -558,6 +595,61 @@ mod tests {
         c.top_k_sorted(2);
         assert_eq!(c.ids(), &[1, 2]);
         assert!(c.is_sorted());
+    }
+
+    /// The vectorised softmax gives the serial rule's bits on every level.
+    #[test]
+    fn softmax_is_the_serial_rule_on_every_level() {
+        let mut x = 0x2545_f491u32;
+        for len in [1usize, 7, 64, 65, 1000] {
+            let row: Vec<f32> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    if x.is_multiple_of(11) {
+                        f32::NEG_INFINITY
+                    } else {
+                        (x % 40_000) as f32 / 1000.0 - 20.0
+                    }
+                })
+                .collect();
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f32> = row.iter().map(|&l| crate::numerics::exp(l - max)).collect();
+            let inv = 1.0 / crate::numerics::sum_f64(e.iter().copied());
+            let want: Vec<u32> = e
+                .iter()
+                .map(|&v| ((f64::from(v) * inv) as f32).to_bits())
+                .collect();
+            type Level = fn(&[f32], f32, &mut [f32]);
+            let mut levels: Vec<Level> = vec![softmax_into_body];
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2.
+                    levels.push(|l, m, p| unsafe { softmax_into_avx2(l, m, p) });
+                }
+                if std::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F.
+                    levels.push(|l, m, p| unsafe { softmax_into_avx512(l, m, p) });
+                }
+            }
+            for f in levels {
+                let mut probs = vec![0.0f32; len];
+                f(&row, max, &mut probs);
+                let got: Vec<u32> = probs.iter().map(|p| p.to_bits()).collect();
+                assert_eq!(got, want, "len {len}");
+            }
+            let mut c = Candidates::from_logits(&row);
+            c.softmax().expect("a finite logit");
+            let got: Vec<u32> = c
+                .probs()
+                .expect("probs")
+                .iter()
+                .map(|p| p.to_bits())
+                .collect();
+            assert_eq!(got, want, "len {len}");
+        }
     }
 
     #[test]
