@@ -135,7 +135,7 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
         fp,
         last_n,
         tau_eta,
-        0u8..30,
+        0u8..31,
     )
         .prop_map(
             |(k, p, mp, t, mk, rep, freq, pres, last_n, (tau, eta), which)| match which {
@@ -315,6 +315,15 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
                         bias: vec![(3, 2.0)],
                     },
                     StageSpec::TopNSigma { n: 1.0 + t },
+                    StageSpec::Dist,
+                ],
+                30 => vec![
+                    StageSpec::NoRepeatNgram {
+                        n: 1 + last_n % 3,
+                        scope: HistoryScope::PromptAndOutput,
+                    },
+                    penalties(last_n, rep, freq, pres),
+                    temp(t),
                     StageSpec::Dist,
                 ],
                 _ => vec![temp(t), StageSpec::TopK { k }, StageSpec::Dist],

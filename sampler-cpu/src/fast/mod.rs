@@ -324,6 +324,7 @@ fn edit_first_slice(
                         | StageSpec::LogitBias { .. }
                         | StageSpec::Mask
                         | StageSpec::MinTokens { .. }
+                        | StageSpec::NoRepeatNgram { .. }
                 )
             )
     };
