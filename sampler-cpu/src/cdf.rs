@@ -29,19 +29,22 @@ pub(crate) const BLOCK: usize = 1024;
 /// The position where the sequential walk provably crosses `target` (see
 /// the module docs), or `None` when that is not proved. `n`: the set's
 /// size; `sum`: its normaliser `S`; `prefix`: the block prefix sums;
-/// `fill(start, out)`: the `e` of positions `start..start + out.len()`.
+/// `fill(start, out)`: the `e` of positions `start..start + out.len()`;
+/// `slack`: how far the walk's true target may lie from `target` (0 when
+/// `target` is it), added to the bound.
 pub(crate) fn certified_crossing(
     n: usize,
     target: f64,
     sum: f64,
     prefix: &[f64],
+    slack: f64,
     mut fill: impl FnMut(usize, &mut [f32]),
 ) -> Option<usize> {
-    if prefix.len() != n.div_ceil(BLOCK) || n == 0 {
+    if prefix.len() != n.div_ceil(BLOCK) || n == 0 || slack.is_nan() || slack < 0.0 {
         return None;
     }
     let depth = (n + BLOCK + 16) as f64;
-    let delta = 4.0 * depth * (f64::EPSILON * 0.5) * sum;
+    let delta = 4.0 * depth * (f64::EPSILON * 0.5) * sum + slack;
     // The last block whose prefix is below the target (prefix[0] = 0).
     let k = prefix.partition_point(|&p| p < target).saturating_sub(1);
     let start = k * BLOCK;

@@ -502,6 +502,30 @@ fn large_zipf_rows_match_reference() {
     }
 }
 
+/// Mirostat v1 with targets that keep a quarter of the row or more (and the
+/// whole row): the fast path gathers those sets unsorted and proves the
+/// draw and its probability from their sum in id order; the tokens and the
+/// `mu` after every step are the reference's.
+#[test]
+fn mirostat_large_kept_sets_match_reference() {
+    let vocab = 4000;
+    for tau in [4.0f32, 6.0, 8.0, 10.0, 14.0] {
+        for eta in [0.1f32, 1.0] {
+            let spec = ChainSpec::new(vec![StageSpec::Mirostat { tau, eta, m: 100 }], Some(7));
+            let mut fast = sampler_cpu::build_chain(&spec).unwrap();
+            let mut slow = fast.clone();
+            for step in 0..25u64 {
+                let logits = row(1000 + step, vocab, if step % 5 == 4 { 7 } else { 0 });
+                let want = slow.sample_from(0, &mut Candidates::from_logits(&logits));
+                let got = sample_row(&logits, &mut fast);
+                assert_eq!(got, want, "tau {tau} eta {eta} step {step}");
+                let (f, s) = (&fast.stages()[0], &slow.stages()[0]);
+                assert_eq!(f.mirostat_mu(), s.mirostat_mu(), "tau {tau} step {step}");
+            }
+        }
+    }
+}
+
 /// Custom stages (no spec) for the equivalence with custom stages.
 #[derive(Debug, Clone)]
 enum Custom {

@@ -28,7 +28,7 @@
 //! | `epsilon` / `eta` | max; exp + sum (`eta`: the entropy pass, which gives the sum too); the `min_keep`-th logit by selection; tokens within 1e-3 nats of the cut gathered by `min_p`'s block scan, tested with the stage's test | the kept tokens, id order, the row's probabilities |
 //! | dynamic temperature then `dist` (the whole chain) | max; the stage's entropy pass and finite count give its temperature; the fused tail with it over the row (the argmax rule runs the stage) | the token |
 //! | `[temperature] -> dist` (the whole chain) | a validating max pass, the fused tail over the row (it is in id order: the exp-sum pass records block sums, and the walk starts at the block that holds `u·S`, `crate::cdf`) | the token |
-//! | `mirostat` (v1; its `mu` read from the stage), the chain's last active stage | max; exp + sum; the `m` best by `top_k`'s selection for the estimate; the `k` best by the same selection; the stage's draw, the token and its probability handed to the stage ([`Sampler::record_selection`]) | the token |
+//! | `mirostat` (v1; its `mu` read from the stage), the chain's last active stage | max; exp + sum; the `m` best by `top_k`'s selection for the estimate; the `k` best by the same selection (a quarter of the row or more: gathered in id order, unsorted, the draw and its probability proved from their sum in id order; the whole row: the whole-row draw); the stage's draw, the token and its probability handed to the stage ([`Sampler::record_selection`]) | the token |
 //! | `mirostat_v2` (its `mu` read from the stage, [`Sampler::mirostat_mu`]) | max; exp + sum; the smallest kept probability (a search over the floats' bits), tokens within 1e-3 nats of its logit gathered by `min_p`'s block scan, sorted, walked with the stage's own test | the kept tokens, sorted; the stage then runs on them (it keeps them all: checked) and draws |
 //!
 //! Each kernel validates the row on the way (NaN, `+inf`); a bad row, an
@@ -68,8 +68,13 @@ use sampler_core::{
     Candidates, Chain, RowKernels, RowRng, SampleError, Sampler, StageContext, StageSpec, TokenId,
 };
 
-use self::scan::{desc_key, key_id, max_checked, min_p_ids, top_k_keys, top_k_keys_outside};
-use self::tail::{temp_dist_draw, temp_dist_tail, temp_dist_token, temp_dist_token_in_id_order};
+use self::scan::{
+    desc_key, key_id, max_checked, min_p_ids, top_k_ids_in_id_order, top_k_keys, top_k_keys_outside,
+};
+use self::tail::{
+    temp_dist_draw, temp_dist_draw_in_id_order, temp_dist_tail, temp_dist_token,
+    temp_dist_token_in_id_order,
+};
 use self::top_p::{Nucleus, TopPScratch, top_p_full};
 use self::typical::{TypicalScratch, TypicalSet, typical_full};
 
@@ -242,6 +247,8 @@ struct Scratch {
     /// The same as logits only, for stages with a full-row path
     /// ([`Sampler::apply_full_row`]).
     edited: Vec<f32>,
+    /// A copy of keys for a selection that must leave them in order.
+    copy: Vec<u64>,
 }
 
 thread_local! {
@@ -782,13 +789,21 @@ fn dynamic_row_t(
 /// ([`crate::stages::mirostat::keep_count`]) and without sorting the row:
 /// a max pass and an exp-sum pass give the softmax the stage computes (its
 /// `exp`, the f64 lane sum in id order, `(e · (1/S)) as f32`); the `m` best
-/// by `top_k`'s selection give the estimate and `k`; the `k` best by the
-/// same selection are the kept set, sorted, from which the fused tail draws
-/// with the stage's uniform (`dist_select`'s arithmetic, from reused
-/// buffers). Returns the token and its probability after
-/// the truncation (what the stage records for its `mu` update). `None`:
-/// not decided here (a bad or all-`-inf` row, or a kept set of a quarter
-/// of the row or more, where selecting is no cheaper than the stage).
+/// by `top_k`'s selection give the estimate and `k`. Then, by the size of
+/// the kept set:
+/// * the whole row (the stage keeps it in its order): the whole-row draw;
+/// * a quarter of the row or more: the `k` best gathered in id order
+///   without sorting them, the token and its probability proved from their
+///   normaliser summed in id order (`tail::draw_with_reordered_sum`; the
+///   stage sums it in sorted order);
+/// * fewer: the `k` best by the same selection, sorted, from which the
+///   fused tail draws with `dist_select`'s arithmetic.
+///
+/// Returns the token and its probability after the truncation (what the
+/// stage records for its `mu` update). `None`: not decided here (a bad or
+/// all-`-inf` row, or a large kept set where the proof does not hold:
+/// under one draw in 10^3, where the probability's f32 rounding lies within
+/// the normaliser's bound).
 fn mirostat_token(
     logits: &[f32],
     chain: &Chain,
@@ -810,20 +825,49 @@ fn mirostat_token(
         (f64::from(e) * inv) as f32
     }));
     let keep = crate::stages::mirostat::keep_count(&s.current, m, mu, vocab, vocab);
-    if keep >= vocab / 4 {
-        return None;
-    }
     // `keep` follows `mu` from step to step: the buffers take the largest
     // set this path decides at once, so that they never grow per token.
-    s.current.reserve(vocab / 4);
+    s.current.reserve(vocab);
     s.by_id.reserve(vocab / 4);
-    s.keys.reserve(vocab / 4);
+    s.keys.reserve(vocab);
+    s.copy.reserve(vocab);
+    s.ids.reserve(vocab);
+    s.prefix.reserve(vocab.div_ceil(crate::cdf::BLOCK));
     s.blocks.reserve(vocab.div_ceil(simd::BLOCK));
-    s.sel.reserve(vocab / 4);
+    s.sel.reserve(vocab);
+    let u = stage_uniform(chain, at);
+    if keep >= vocab {
+        // The stage keeps the row in its order (id order): the whole-row
+        // draw, whose normaliser is the stage's.
+        let (token, kept_max, kept_sum) =
+            match temp_dist_draw_in_id_order(None, logits, Some(max), None, u, &mut s.prefix) {
+                Ok(drawn) => drawn,
+                Err(e) => return Some(Err(e)),
+            };
+        let e = sampler_core::numerics::exp(logits[token as usize] - kept_max);
+        return Some(Ok((token, (f64::from(e) * (1.0 / kept_sum)) as f32)));
+    }
+    if keep >= vocab / 4 {
+        // A large kept set: not sorted (the stage sorts it and sums its
+        // normaliser in that order), gathered in id order, the token and
+        // its probability proved from the sum in id order.
+        top_k_ids_in_id_order(
+            logits,
+            keep,
+            &mut s.blocks,
+            &mut s.sel,
+            &mut s.keys,
+            &mut s.copy,
+            &mut s.ids,
+        )
+        .ok()?;
+        s.current.clear();
+        s.current.extend(s.ids.iter().map(|&i| logits[i as usize]));
+        return tail::draw_with_reordered_sum(&s.ids, &s.current, max, u, &mut s.prefix).map(Ok);
+    }
     top_k_keys(logits, keep, &mut s.blocks, &mut s.sel, &mut s.keys).ok()?;
     // `dist_select`'s arithmetic, as the fused tails.
     keyed_set(logits, &s.keys, &mut s.current, &mut s.by_id);
-    let u = stage_uniform(chain, at);
     let (token, kept_max, kept_sum) =
         match temp_dist_draw(&s.current, s.by_id.iter().copied(), None, u) {
             Ok(drawn) => drawn,

@@ -304,6 +304,47 @@ pub(crate) fn top_k_keys(
     Ok(())
 }
 
+/// The ids of the `k` best candidates of the row (the set [`top_k_keys`]
+/// gives), in ascending id and without sorting them, into `ids`: the keys
+/// reaching pass 1's threshold gathered in id order (`keys`), the k-th
+/// smallest of them by a selection on a copy (`copy`), and the keys up to
+/// it kept.
+///
+/// # Errors
+/// [`Invalid`] if the row holds a NaN or `+inf`.
+pub(crate) fn top_k_ids_in_id_order(
+    row: &[f32],
+    k: usize,
+    blocks: &mut Vec<(usize, f32)>,
+    sel: &mut Vec<f32>,
+    keys: &mut Vec<u64>,
+    copy: &mut Vec<u64>,
+    ids: &mut Vec<TokenId>,
+) -> Result<(), Invalid> {
+    keys.clear();
+    ids.clear();
+    let (thr, _) = candidate_blocks(row, Filter::TopK(k), blocks, sel)?;
+    if k == 0 {
+        return Ok(());
+    }
+    for_each_at_least(row, blocks, thr, |i| {
+        keys.push(desc_key(row[i], i as TokenId));
+    });
+    let kth = if keys.len() > k {
+        copy.clear();
+        copy.extend_from_slice(keys);
+        *copy.select_nth_unstable(k - 1).1
+    } else {
+        u64::MAX
+    };
+    ids.extend(
+        keys.iter()
+            .filter(|&&key| key <= kth)
+            .map(|&key| key_id(key)),
+    );
+    Ok(())
+}
+
 /// Pass 1 of `penalties -> top_k(k)`: the keys ([`desc_key`], raw logits)
 /// of the tokens outside `history` (sorted by token, every token `< len`)
 /// whose logit is `>= T`, in id order, written to `out`; returns `T`.

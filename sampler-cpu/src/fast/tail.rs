@@ -147,7 +147,7 @@ fn crossing_in_id_order(
             *e = e_of(l, t, max);
         }
     };
-    if let Some(j) = certified_crossing(logits.len(), target, sum, prefix, fill) {
+    if let Some(j) = certified_crossing(logits.len(), target, sum, prefix, 0.0, fill) {
         return Some(id_at(j));
     }
     walk(
@@ -171,6 +171,43 @@ pub(crate) fn temp_dist_token_in_id_order(
     prefix: &mut Vec<f64>,
 ) -> Result<TokenId, SampleError> {
     temp_dist_draw_in_id_order(ids, logits, known_max, t, u, prefix).map(|(token, _, _)| token)
+}
+
+/// `dist_select`'s token and its probability `(e · (1/S)) as f32` for a set
+/// whose reference order is another one (a sorted set), given here in
+/// ascending id (`ids`, `logits`; `max` is its largest logit), when both are
+/// proved from the normaliser summed in id order: the reference's `S`
+/// (the same terms in its own order) is within `δ_S = 4·(n + 16)·2^-53·S`
+/// of it, so its target `u·S` lies within `u·δ_S` (and a rounding) of this
+/// one, which the walk's certificate takes as slack ([`crate::cdf`]); the
+/// probability is known when both ends of `S ± δ_S` give the same f32 (the
+/// division, product and rounding are monotone). `None`: not proved (the
+/// reference decides).
+pub(crate) fn draw_with_reordered_sum(
+    ids: &[TokenId],
+    logits: &[f32],
+    max: f32,
+    u: f64,
+    prefix: &mut Vec<f64>,
+) -> Option<(TokenId, f32)> {
+    let n = logits.len();
+    let sum = exp_sum_prefix(logits, None, max, prefix);
+    if !(sum > 0.0) || n != ids.len() {
+        return None;
+    }
+    let ds = 4.0 * (n + 16) as f64 * (f64::EPSILON * 0.5) * sum;
+    let target = u * sum;
+    let slack = u * ds + f64::EPSILON * sum;
+    let fill = |start: usize, out: &mut [f32]| {
+        for (e, &l) in out.iter_mut().zip(&logits[start..]) {
+            *e = e_of(l, None, max);
+        }
+    };
+    let j = certified_crossing(n, target, sum, prefix, slack, fill)?;
+    let e = f64::from(sampler_core::numerics::exp(logits[j] - max));
+    let low = (e * (1.0 / (sum + ds))) as f32;
+    let high = (e * (1.0 / (sum - ds))) as f32;
+    (low == high).then_some((ids[j], low))
 }
 
 /// The inverse CDF walk: ascending ids, `cum += e_i` (f64) over `e_i > 0`,
@@ -512,7 +549,7 @@ mod tests {
                         }
                     };
                     certified += usize::from(
-                        certified_crossing(row.len(), target, sum, &prefix, fill).is_some(),
+                        certified_crossing(row.len(), target, sum, &prefix, 0.0, fill).is_some(),
                     );
                 }
             }
@@ -521,6 +558,56 @@ mod tests {
             certified * 100 >= random_targets * 99,
             "the certificate decided only {certified} of {random_targets} random targets"
         );
+    }
+
+    /// A set whose reference order is sorted, drawn from its id order:
+    /// whenever the proof holds, the token and probability are those of the
+    /// reference (normaliser summed in sorted order, walk by id, `(e ·
+    /// (1/S)) as f32`), and it holds for almost every draw.
+    #[test]
+    fn the_reordered_draw_is_the_sorted_draw() {
+        let mut x = 0x6a09_e667u32;
+        let (mut proved, mut draws) = (0usize, 0usize);
+        let mut prefix = Vec::new();
+        for row in stress_rows() {
+            if row.len() < 2 {
+                continue;
+            }
+            // Ids in ascending order (every third token of a vocabulary).
+            let ids: Vec<TokenId> = (0..row.len() as TokenId).map(|i| 3 * i).collect();
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if max == f32::NEG_INFINITY {
+                continue;
+            }
+            // The reference: sorted order (descending logit, ties by id).
+            let mut sorted: Vec<usize> = (0..row.len()).collect();
+            sorted.sort_by(|&a, &b| sampler_core::desc_cmp(row[a], ids[a], row[b], ids[b]));
+            let e = |l: f32| sampler_core::numerics::exp(l - max);
+            let s_ref = sampler_core::numerics::sum_f64(sorted.iter().map(|&i| e(row[i])));
+            for k in 0..100 {
+                let u = if k == 0 {
+                    0.0
+                } else {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    f64::from(x) / 4_294_967_296.0
+                };
+                let by_id = ids.iter().copied().zip(row.iter().copied());
+                let token = walk(by_id, None, max, u * s_ref).expect("a positive e");
+                let j = ids
+                    .iter()
+                    .position(|&id| id == token)
+                    .expect("an id of the set");
+                let p = (f64::from(e(row[j])) * (1.0 / s_ref)) as f32;
+                draws += 1;
+                if let Some(got) = draw_with_reordered_sum(&ids, &row, max, u, &mut prefix) {
+                    proved += 1;
+                    assert_eq!(got, (token, p), "len {} u {u}", row.len());
+                }
+            }
+        }
+        assert!(proved * 100 >= draws * 97, "proved {proved} of {draws}");
     }
 
     /// The full draw agrees with [`temp_dist_draw`] (token, maximum,

@@ -113,7 +113,7 @@ fn select_in_id_order(
     let ascending = crate::cdf::strictly_ascending(ids);
     if ascending {
         let fill = |start: usize, out: &mut [f32]| out.copy_from_slice(&e[start..start + out.len()]);
-        if let Some(i) = crate::cdf::certified_crossing(n, target, sum, prefix, fill) {
+        if let Some(i) = crate::cdf::certified_crossing(n, target, sum, prefix, 0.0, fill) {
             return Some(i);
         }
     }
