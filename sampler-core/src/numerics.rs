@@ -129,6 +129,22 @@ pub fn add_to_lanes(lanes: &mut [f64; LANES], values: &[f32]) {
     }
 }
 
+/// [`add_to_lanes`] for values already in f64 (value `i` of the slice to
+/// lane `i % LANES`).
+#[inline(always)]
+pub fn add_f64_to_lanes(lanes: &mut [f64; LANES], values: &[f64]) {
+    let blocks = values.chunks_exact(LANES);
+    let rest = blocks.remainder();
+    for block in blocks {
+        for (lane, &v) in lanes.iter_mut().zip(block) {
+            *lane += v;
+        }
+    }
+    for (lane, &v) in lanes.iter_mut().zip(rest) {
+        *lane += v;
+    }
+}
+
 /// Lanes `[a0..a7]` -> `((a0+a1)+(a2+a3)) + ((a4+a5)+(a6+a7))`.
 #[inline]
 pub fn combine(l: [f64; LANES]) -> f64 {
@@ -238,16 +254,7 @@ fn exp_entropy_sums_body(row: &[f32], max: f32) -> (f64, f64) {
             };
         }
         add_to_lanes(&mut lanes_e, &e[..n]);
-        let blocks = t[..n].chunks_exact(LANES);
-        let rest = blocks.remainder();
-        for block in blocks {
-            for (lane, &v) in lanes_t.iter_mut().zip(block) {
-                *lane += v;
-            }
-        }
-        for (lane, &v) in lanes_t.iter_mut().zip(rest) {
-            *lane += v;
-        }
+        add_f64_to_lanes(&mut lanes_t, &t[..n]);
     }
     (combine(lanes_e), combine(lanes_t))
 }

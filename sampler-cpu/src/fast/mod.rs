@@ -1046,6 +1046,28 @@ fn top_k_tail_token(
     )
 }
 
+/// The fused tail over the kept ids in `s.ids` (ascending, a set that holds
+/// the row's maximum `max`): one order for the normaliser and the walk.
+fn kept_ids_tail_token(
+    logits: &[f32],
+    max: f32,
+    chain: &Chain,
+    tail: tail::TempDist,
+    s: &mut Scratch,
+) -> Result<TokenId, SampleError> {
+    s.current.clear();
+    s.current.extend(s.ids.iter().map(|&i| logits[i as usize]));
+    let u = tail_uniform(chain, tail);
+    temp_dist_token_in_id_order(
+        Some(&s.ids),
+        &s.current,
+        Some(max),
+        tail.t,
+        u,
+        &mut s.prefix,
+    )
+}
+
 /// A `top_k`, `min_p` or `top_p` lead followed by a `[temperature] -> dist`
 /// tail: the token from the kernel's survivors in the scratch buffers, with
 /// no `Candidates` and no allocation once the buffers have grown. `None`:
@@ -1078,19 +1100,7 @@ fn lead_tail_token(
             if max == f32::NEG_INFINITY || s.ids.len() < min_keep.max(1) {
                 return None;
             }
-            // The kept set is in id order: one order for both; it holds
-            // the row's maximum.
-            s.current.clear();
-            s.current.extend(s.ids.iter().map(|&i| logits[i as usize]));
-            let u = tail_uniform(chain, tail);
-            Some(temp_dist_token_in_id_order(
-                Some(&s.ids),
-                &s.current,
-                Some(max),
-                tail.t,
-                u,
-                &mut s.prefix,
-            ))
+            Some(kept_ids_tail_token(logits, max, chain, tail, s))
         }
         Lead::TopP { p, min_keep, .. } => {
             let nucleus = &mut s.nucleus;
@@ -1130,19 +1140,7 @@ fn lead_tail_token(
             ..
         } => {
             let (max, _) = cut_ids(logits, eta, epsilon, min_keep, s)?;
-            // The kept set is in id order: one order for both; it holds
-            // the row's maximum.
-            s.current.clear();
-            s.current.extend(s.ids.iter().map(|&i| logits[i as usize]));
-            let u = tail_uniform(chain, tail);
-            Some(temp_dist_token_in_id_order(
-                Some(&s.ids),
-                &s.current,
-                Some(max),
-                tail.t,
-                u,
-                &mut s.prefix,
-            ))
+            Some(kept_ids_tail_token(logits, max, chain, tail, s))
         }
         Lead::Greedy
         | Lead::PenaltiesTopK { .. }

@@ -87,24 +87,9 @@ fn threshold_avx2(logits: &[f32], n: f32) -> Option<f64> {
     threshold_body(logits, n)
 }
 
-/// Add `v` (a chunk starting at a multiple of the lanes) to its lanes.
-#[inline(always)]
-fn add_f64_to_lanes(lanes: &mut [f64; 8], v: &[f64]) {
-    let blocks = v.chunks_exact(8);
-    let rest = blocks.remainder();
-    for block in blocks {
-        for (lane, &x) in lanes.iter_mut().zip(block) {
-            *lane += x;
-        }
-    }
-    for (lane, &x) in lanes.iter_mut().zip(rest) {
-        *lane += x;
-    }
-}
-
 #[inline(always)]
 fn threshold_body(logits: &[f32], n: f32) -> Option<f64> {
-    use sampler_core::numerics::{LANES, add_to_lanes, combine};
+    use sampler_core::numerics::{LANES, add_f64_to_lanes, add_to_lanes, combine};
     // Pass 1: count, sum and maximum of the finite logits, by chunks of 64
     // (which start at multiples of the lanes): the chunk with 0.0 for a
     // non-finite logit (adding 0.0 leaves a lane as it is) into the lane
