@@ -4,10 +4,16 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-/// Fixed-point mass of a weight `w` in `[0, 1]`: `round(w · 2^31)`.
+/// Fixed-point mass of a weight `w` in `[0, 1]`: `round(w · 2^31)`
+/// (halves up). Clamped as a float before the cast, as [`nucleus_bin`]:
+/// an invalid row (a NaN or `+inf` logit, whose status code replaces its
+/// token) makes `w` NaN or `+inf`, and converting either to `u32` is
+/// undefined on some backends; NaN weighs 0, anything above 1 weighs 1.
 #[cube]
 pub(crate) fn fixed_weight(w: f32) -> u32 {
-    u32::cast_from(w * 2_147_483_648.0f32 + 0.5f32)
+    let v = w * 2_147_483_648.0f32 + 0.5f32;
+    let v = select(v > 0.0f32, v, 0.0f32);
+    u32::cast_from(select(v < 2_147_483_648.0f32, v, 2_147_483_648.0f32))
 }
 
 /// The histogram bin of a logit `l` below the row maximum `m`.

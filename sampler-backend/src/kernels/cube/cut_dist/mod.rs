@@ -29,10 +29,11 @@
 //! holding `u·W` is found from the chunks' prefix, and that one chunk is
 //! walked (read twice: `2/units` of a row). A crossing bin with more than
 //! [`NUC_GATHER`](crate::kernels::NUC_GATHER) logits (near-flat rows, long runs of ties) is resolved
-//! over the row instead: eight radix passes, a binary search over the
-//! positions of the crossing key's ties (up to `log2 V + 1` passes) and the
-//! chunks' crossing logits, each a read of the row (about 30 reads at
-//! V = 151936 in the worst case).
+//! over the row instead: eight radix passes, a count of the crossing key's
+//! ties and, when the goal keeps only some of them, a radix select on their
+//! positions (4 bits a pass: 5 passes at V = 151936), and the chunks'
+//! crossing logits, each a read of the row (about 18 reads at V = 151936
+//! in the worst case).
 //!
 //! The rule is the device recipe's (and the CPU's, up to rounding): keep a
 //! candidate iff the mass before it in canonical order (logit descending,

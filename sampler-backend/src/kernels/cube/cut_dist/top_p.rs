@@ -10,7 +10,7 @@ use super::fixed::{
     first_reaching, fixed_weight, key_logit, nucleus_bin, wide_f32, wide_ge, wide_nucleus_goal,
     wide_sum,
 };
-use super::{S_ABOVE_HI, S_ABOVE_LO, S_BIN, S_CB, S_GOAL_HI, S_GOAL_LO, S_LEN};
+use super::{S_ABOVE_HI, S_ABOVE_LO, S_BIN, S_CB, S_CHUNK, S_GOAL_HI, S_GOAL_LO, S_LEN};
 use crate::kernels::NUC_GATHER;
 
 #[cube(launch_unchecked)]
@@ -57,21 +57,40 @@ pub(crate) fn top_p_dist_full_rows(
     let m = head.m;
     let all = p[row as usize] > f32::reinterpret(0x7F7F_FFFFu32);
 
-    // Read 2: the fixed-point mass histogram of `m - l`.
+    // Read 2: the fixed-point mass histogram of `m - l`. The last bin (16
+    // nats down and deeper, still a weight up to 22 nats down) holds the
+    // deep tail of a real model's row, a third of its vocabulary: every
+    // thread adds its share in registers and once into the bin, instead of
+    // every lane of the workgroup adding into one shared address.
     clear_atomics(&pool, 2048u32);
     sync_cube();
+    let mut deep_hi = 0u32;
+    let mut deep_lo = 0u32;
     let mut j2 = tid;
     while j2 < width {
         let l = logits[(base + j2) as usize];
         let q = fixed_weight(f32::exp(l - m));
         if q > 0u32 {
             let b = nucleus_bin(l, m);
-            let old = pool[(2u32 * b) as usize].fetch_add(q);
-            if old > 0xFFFF_FFFFu32 - q {
-                pool[(2u32 * b + 1u32) as usize].fetch_add(1u32);
+            if b == 1023u32 {
+                let nl = deep_lo + q;
+                deep_hi += select(nl < deep_lo, 1u32, 0u32);
+                deep_lo = nl;
+            } else {
+                let old = pool[(2u32 * b) as usize].fetch_add(q);
+                if old > 0xFFFF_FFFFu32 - q {
+                    pool[(2u32 * b + 1u32) as usize].fetch_add(1u32);
+                }
             }
         }
         j2 += CUBE_DIM;
+    }
+    if deep_lo > 0u32 || deep_hi > 0u32 {
+        let old = pool[2046usize].fetch_add(deep_lo);
+        let carry = select(old > 0xFFFF_FFFFu32 - deep_lo, 1u32, 0u32);
+        if deep_hi + carry > 0u32 {
+            pool[2047usize].fetch_add(deep_hi + carry);
+        }
     }
     sync_cube();
     // Each thread sums a group of consecutive bins.
@@ -255,55 +274,99 @@ pub(crate) fn top_p_dist_full_rows(
         let need_f = select(need_f > 4.0e9f32, 4.0e9f32, need_f);
         let need = select(need_f >= 1.0f32, u32::cast_from(need_f), 1u32);
         // The smallest position P with `need` ties at or before it (every
-        // tie when there are no more than `need`).
-        let mut lo_p = 0u32;
-        let mut hi_p = width;
-        let mut searching = true;
-        while searching {
-            let mid = select(hi_p == width, width - 1u32, (lo_p + hi_p) / 2u32);
-            if tid == 0u32 {
-                counter[0].store(0u32);
-            }
-            sync_cube();
-            let mut mine = 0u32;
-            let mut j = tid;
-            while j < n_src {
-                let mut bits = 0u32;
-                let mut pos = 0u32;
-                if overflow {
-                    bits = u32::reinterpret(logits[(base + j) as usize]);
-                    pos = j;
-                } else {
-                    bits = pool[(2u32 * j) as usize].load();
-                    pos = pool[(2u32 * j + 1u32) as usize].load();
-                }
-                if order_key(f32::reinterpret(bits)) == prefix && pos <= mid {
-                    mine += 1u32;
-                }
-                j += CUBE_DIM;
-            }
-            if mine > 0u32 {
-                counter[0].fetch_add(mine);
-            }
-            sync_cube();
-            let cnt = counter[0].load();
-            sync_cube();
-            if hi_p == width {
-                // The first round counts every tie.
-                if cnt <= need {
-                    lo_p = width - 1u32;
-                    hi_p = width - 1u32;
-                } else {
-                    hi_p = width - 1u32;
-                }
-            } else if cnt >= need {
-                hi_p = mid;
-            } else {
-                lo_p = mid + 1u32;
-            }
-            searching = lo_p < hi_p;
+        // tie when there are no more than `need`): one pass counts the ties;
+        // when there are more, a radix select on their positions, 4 bits a
+        // pass from the highest bit `width - 1` has (5 passes at V = 151936;
+        // bf16-origin rows tie often, and a binary search over positions
+        // took up to `log2 V` passes, each a read of the row when the
+        // crossing bin did not fit the gather).
+        if tid == 0u32 {
+            counter[0].store(0u32);
         }
-        last_pos = lo_p;
+        sync_cube();
+        let mut mine = 0u32;
+        let mut j = tid;
+        while j < n_src {
+            let mut bits = 0u32;
+            if overflow {
+                bits = u32::reinterpret(logits[(base + j) as usize]);
+            } else {
+                bits = pool[(2u32 * j) as usize].load();
+            }
+            if order_key(f32::reinterpret(bits)) == prefix {
+                mine += 1u32;
+            }
+            j += CUBE_DIM;
+        }
+        if mine > 0u32 {
+            counter[0].fetch_add(mine);
+        }
+        sync_cube();
+        let ties = counter[0].load();
+        sync_cube();
+        last_pos = width - 1u32;
+        if ties > need {
+            let mut pos_prefix = 0u32;
+            let mut pos_mask = 0u32;
+            let mut left = need;
+            for pass in 0..8u32 {
+                let shift = 28u32 - pass * 4u32;
+                // Passes above the row's highest position bit have one bin.
+                if ((width - 1u32) >> shift) != 0u32 {
+                    if tid < 16u32 {
+                        rbin[tid as usize].store(0u32);
+                    }
+                    sync_cube();
+                    let mut jr = tid;
+                    while jr < n_src {
+                        let mut bits = 0u32;
+                        let mut pos = 0u32;
+                        if overflow {
+                            bits = u32::reinterpret(logits[(base + jr) as usize]);
+                            pos = jr;
+                        } else {
+                            bits = pool[(2u32 * jr) as usize].load();
+                            pos = pool[(2u32 * jr + 1u32) as usize].load();
+                        }
+                        if order_key(f32::reinterpret(bits)) == prefix
+                            && (pos & pos_mask) == pos_prefix
+                        {
+                            rbin[((pos >> shift) & 15u32) as usize].fetch_add(1u32);
+                        }
+                        jr += CUBE_DIM;
+                    }
+                    sync_cube();
+                    if tid == 0u32 {
+                        // From the lowest positions up: the bin holding the
+                        // `left`-th tie.
+                        let mut below = 0u32;
+                        let mut chosen = 0u32;
+                        let mut rest = left;
+                        let mut done = false;
+                        for r in 0..16u32 {
+                            let c = rbin[r as usize].load();
+                            if !done {
+                                if below + c >= left {
+                                    chosen = r;
+                                    rest = left - below;
+                                    done = true;
+                                } else {
+                                    below += c;
+                                }
+                            }
+                        }
+                        sel[S_BIN] = chosen;
+                        sel[S_CHUNK] = rest;
+                    }
+                    sync_cube();
+                    pos_prefix |= sel[S_BIN] << shift;
+                    pos_mask |= 15u32 << shift;
+                    left = sel[S_CHUNK];
+                    sync_cube();
+                }
+            }
+            last_pos = pos_prefix;
+        }
 
         // The kept crossing logits join their chunks' sums.
         if overflow {
