@@ -7,7 +7,7 @@
 //!
 //! | chain | kernels | reads of the `[B, V]` logits |
 //! |---|---|---|
-//! | greedy | 2 | 1 |
+//! | greedy (rows split over workgroups and merged at these batches) | 2 | 1 |
 //! | `top_k(50); temperature; top_p(0.9); dist` | 4 | 1 (1.25 with the top-k floor's sample, counted) |
 //! | `top_p(0.9); temperature; dist` (full vocabulary) | 6 | 3 (one fused kernel: 3 reads and the drawn chunk twice, `2 / 128` of a read) |
 //! | `penalties; top_k(40); temperature; dist` | 5 | no `[B, V]` copy: 1.25 as the top-k chain |
@@ -203,6 +203,17 @@ fn kernels_and_reads_per_step_are_fixed_and_within_budgets() {
                 "[{dev}] {chain}, B = {b}: {reads:.3} reads of the logits, ceiling {read_ceiling}: {:?}",
                 count.reads
             );
+            if chain == "greedy" {
+                // At these batches each row is split over several
+                // workgroups (one pass over its segments) and merged.
+                let names: Vec<&str> = count.reads.iter().map(|(k, _)| k.as_str()).collect();
+                assert_eq!(
+                    names,
+                    ["argmax_part_rows", "argmax_merge_rows"],
+                    "[{dev}] greedy, B = {b}"
+                );
+                assert!(sampler_backend::kernels::row_segments(b, V, None) > 1);
+            }
         }
     }
 }

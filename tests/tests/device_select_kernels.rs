@@ -119,6 +119,7 @@ fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
                 positions: pos,
                 order_ids: order,
                 first_bad,
+                ..
             } = kernels::top_k(&t, k, &k_row, pad_base, None).expect("wgpu has the top-k kernel");
             let valid = 2 * n as i64;
             let bad: Vec<i64> = first_bad
@@ -517,6 +518,59 @@ fn reference_top_p_full(l: &[f32], p: f64) -> Option<Vec<bool>> {
     Some(keep)
 }
 
+/// The token of `top_p(p) -> temperature(t) -> dist(u)` on a full row
+/// (f64 sums) when it does not depend on rounding: the draw is made with
+/// the nucleus cut moved by `±1e-5` of the row's mass and the draw's
+/// threshold moved by `±1e-5` of the nucleus's, and all four must agree.
+/// (On rows of tens of thousands of small weights some running sum always
+/// lies within `1e-5` of the target, so asking that none does, as
+/// [`reference_top_p_full`] and [`reference_dist`] do, would call nearly
+/// every draw an edge; what matters is whether the token can change.)
+fn robust_top_p_draw(l: &[f32], p: f64, t: f32, u: f64) -> Option<i64> {
+    let order = reference_top_k(l, l.len());
+    let m = f64::from(l[order[0]]);
+    if !m.is_finite() {
+        return None;
+    }
+    let e: Vec<f64> = l.iter().map(|&x| (f64::from(x) - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    let mut tokens = Vec::new();
+    for cut in [p * s - 1e-5 * s, p * s + 1e-5 * s] {
+        let mut keep = vec![false; l.len()];
+        let mut before = 0.0;
+        for (rank, &i) in order.iter().enumerate() {
+            keep[i] = before < cut || rank == 0;
+            before += e[i];
+        }
+        let ms = f64::from(scaled(l[order[0]], t));
+        let w: Vec<f64> = l
+            .iter()
+            .zip(&keep)
+            .map(|(&x, &k)| {
+                if k {
+                    (f64::from(scaled(x, t)) - ms).exp()
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let total: f64 = w.iter().sum();
+        for at in [u * total - 1e-5 * total, u * total + 1e-5 * total] {
+            let mut cum = 0.0;
+            let last = w.iter().rposition(|&x| x > 0.0)?;
+            let token = w
+                .iter()
+                .position(|&x| {
+                    cum += x;
+                    x > 0.0 && cum >= at
+                })
+                .unwrap_or(last);
+            tokens.push(token as i64);
+        }
+    }
+    tokens.windows(2).all(|w| w[0] == w[1]).then(|| tokens[0])
+}
+
 /// Full-row top_p and dist: Zipf-like rows with ties and `-inf`, p from 0
 /// to 1 and `+inf` (a no-op row), against the references above.
 #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda"))]
@@ -627,6 +681,150 @@ fn wgpu_top_k_kernel_on_large_vocabularies() {
             .collect();
         assert_eq!(&pos[r * k..(r + 1) * k], &want[..], "row kind {r}");
     }
+}
+
+/// Rows shaped like a real model's (the Zipf rows above never go deep and
+/// have few ties): `kind` 0, logits of bf16 origin (exact ties throughout);
+/// 1, a deep tail (a third of the vocabulary 16-30 nats below the maximum,
+/// the rest within 14 nats); 2, ids ordered by frequency band with the
+/// likely tokens at the highest ids (a prefix of the row holds only
+/// unlikely tokens: byte and special tokens come first in a vocabulary);
+/// 3, the same bands the other way round.
+fn model_row(kind: usize, n: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
+    let bands = 16usize;
+    (0..n)
+        .map(|i| match kind {
+            0 => {
+                // A normal-ish bulk and a few strong tokens, rounded to bf16.
+                let bulk: f32 = (0..4).map(|_| rng.random_range(-2.0f32..2.0)).sum();
+                let x = if rng.random_range(0..500) == 0 {
+                    bulk + 12.0
+                } else {
+                    bulk
+                };
+                f32::from_bits(x.to_bits() & 0xFFFF_0000)
+            }
+            1 => {
+                if i % 3 == 1 {
+                    -rng.random_range(16.0f32..30.0)
+                } else {
+                    -rng.random_range(0.0f32..14.0)
+                }
+            }
+            2 | 3 => {
+                let band = i * bands / n;
+                let band = if kind == 2 { band } else { bands - 1 - band };
+                band as f32 - bands as f32 + rng.random_range(0.0f32..1.0)
+            }
+            _ => unreachable!(),
+        })
+        .collect()
+}
+
+/// The kernels on rows shaped like a real model's ([`model_row`]): the
+/// top-k kernel keeps the canonical top `k` after one read (the sample its
+/// floor comes from spreads over the row, so no more than
+/// `kernels::TOP_K_MAX` logits lie above the floor on any of them: no
+/// radix fallback), greedy finds the first maximum, and the fused full-row
+/// `top_p -> temperature -> dist` kernel draws the reference's tokens.
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda"))]
+#[test]
+fn wgpu_kernels_on_real_model_row_shapes() {
+    use sampler_backend::burn_tensor::Int;
+    use sampler_backend::kernels;
+    let Some((device, _)) = device_support::cubecl_device() else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    let n = 49_152;
+    let rows: Vec<Vec<f32>> = (0..4).map(|kind| model_row(kind, n, &mut rng)).collect();
+    let b = rows.len();
+    // The shapes are what they claim to be.
+    let ties = {
+        let mut v = rows[0].clone();
+        v.sort_by(|a, b| b.total_cmp(a));
+        v.windows(2).filter(|w| w[0] == w[1]).count()
+    };
+    assert!(ties > n / 2, "bf16 row: {ties} exact ties");
+    let deep = rows[1].iter().filter(|&&x| x <= -16.0).count();
+    assert!(deep >= n / 3 - 1, "deep tail: {deep}");
+    let t = upload(&rows, &device);
+
+    // (At `k` near the workgroup size the floor is the least of the
+    // threads' maxima, and any row may send more than the cap above it.)
+    for k in [1usize, 50, 100] {
+        let k_row =
+            Tensor::<2, Int>::from_data(TensorData::new(vec![k as i32; b], [b, 1]), &device);
+        let out = kernels::top_k(&t, k, &k_row, n, None).expect("kernel");
+        let pos: Vec<i64> = out
+            .positions
+            .into_data()
+            .convert::<i64>()
+            .iter::<i64>()
+            .collect();
+        let above: Vec<i64> = out
+            .above_floor
+            .into_data()
+            .convert::<i64>()
+            .iter::<i64>()
+            .collect();
+        for (r, row) in rows.iter().enumerate() {
+            let want: Vec<i64> = reference_top_k(row, k)
+                .into_iter()
+                .map(|p| p as i64)
+                .collect();
+            assert_eq!(&pos[r * k..(r + 1) * k], &want[..], "k {k} row kind {r}");
+            assert!(
+                above[r] >= k as i64 && above[r] <= kernels::TOP_K_MAX as i64,
+                "k {k} row kind {r}: {} logits above the floor (radix fallback)",
+                above[r]
+            );
+        }
+    }
+
+    let (greedy, _) = kernels::argmax(&t, kernels::TokenCodes::Tokens).expect("kernel");
+    let greedy: Vec<i64> = greedy.into_data().convert::<i64>().iter::<i64>().collect();
+    let want: Vec<i64> = rows.iter().map(|r| reference_argmax(r)).collect();
+    assert_eq!(greedy, want);
+
+    let col = |v: Vec<f32>| {
+        let b = v.len();
+        Tensor::<2>::from_data(TensorData::new(v, [b, 1]), &device)
+    };
+    let (mut checked, mut edges) = (0, 0);
+    for (p, tr) in [(0.9f32, 0.7f32), (0.99, 1.0), (0.5, 1.3)] {
+        let us: Vec<f32> = (0..b).map(|_| rng.random_range(0.0f32..1.0)).collect();
+        let (toks, bad) = kernels::top_p_dist_full(
+            &t,
+            &col(vec![p; b]),
+            Some(&col(vec![tr; b])),
+            &col(us.clone()),
+            sampler_core::GREEDY_TEMPERATURE,
+            kernels::TokenCodes::OwnKeys,
+        )
+        .expect("kernel");
+        let toks: Vec<i64> = toks.into_data().convert::<i64>().iter::<i64>().collect();
+        let bad: Vec<i64> = bad.into_data().convert::<i64>().iter::<i64>().collect();
+        assert_eq!(bad, vec![2 * n as i64; b], "valid rows");
+        for (r, l) in rows.iter().enumerate() {
+            match robust_top_p_draw(l, f64::from(p), tr, f64::from(us[r])) {
+                Some(want) => {
+                    assert_eq!(
+                        toks[r], want,
+                        "row kind {r} (p = {p}, t = {tr}, u = {})",
+                        us[r]
+                    );
+                    checked += 1;
+                }
+                None => edges += 1,
+            }
+        }
+    }
+    println!("model-shaped rows: {checked} draws checked, {edges} at an edge");
+    assert!(
+        checked >= 10 && edges <= 2,
+        "{checked} checked, {edges} at an edge"
+    );
 }
 
 /// Builds without a cubecl backend have no kernels module: the stages run

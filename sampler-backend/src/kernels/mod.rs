@@ -5,18 +5,22 @@
 //! element-wise ops and gathers, greedy out of three reductions, and a
 //! full-vocabulary top-p out of a 64-step bisection (about 600 kernels).
 //! Each kernel here does one stage's work in one launch for the whole
-//! batch, one workgroup (cube) per row, with the device recipe's rules
-//! (which are the CPU's):
+//! batch, one workgroup (cube) per row (greedy at small batches: several
+//! a row, and a merge), with the device recipe's rules (which are the
+//! CPU's):
 //!
 //! * [`top_k`]: the canonical top `K` of each row of `[B, N]` logits (logit
 //!   descending, ties to the lowest position), with per-row `k`, padding and
 //!   order ids as the `top_k` stage leaves them, and the rows' validation
-//!   keys from the same pass. A floor under the `K`-th key (from a sample),
+//!   keys from the same pass. A floor under the `K`-th key (from a sample
+//!   spread over the row),
 //!   one pass that compacts the logits above it into shared memory, and a
 //!   rank pass; a radix select on order-preserving `u32` keys when too many
 //!   logits tie above the floor.
 //! * [`argmax`]: greedy, the lowest position of each row's maximum, and the
-//!   validation keys, in one pass.
+//!   validation keys, in one pass; at small batches each row split over
+//!   several workgroups and merged ([`row_segments`]), so that B = 1 does
+//!   not leave most of a GPU idle.
 //! * [`first_bad`]: row validation alone (first NaN / `+inf`).
 //! * [`temperature`]: `l / t` saturated, or the greedy-temperature argmax.
 //! * [`top_p`] and [`dist`] on narrow rows (after a top-k, `N <= TOP_K_MAX`),
@@ -62,6 +66,8 @@ use crate::HistoryPenalties;
 mod cube;
 #[cfg(feature = "cubecl-kernels")]
 mod launch;
+#[cfg(all(test, feature = "cubecl-kernels"))]
+mod offline;
 #[cfg(all(test, feature = "cuda"))]
 mod ptx_offline;
 
@@ -137,6 +143,13 @@ pub struct TopK {
     pub order_ids: Tensor<2, Int>,
     /// The row validation keys `[B, 1]`, as [`first_bad`] (same pass).
     pub first_bad: Tensor<2, Int>,
+    /// How many logits of each row `[B, 1]` lay at or above the kernel's
+    /// floor (the `K`-th largest of the threads' sampled maxima). Up to
+    /// [`TOP_K_MAX`] the kernel ranks them in shared memory after one read
+    /// of the row; above it, it runs a radix select (about five more
+    /// reads). Nothing reads it in a step: it is there for tests and
+    /// benchmarks to see which path a row took.
+    pub above_floor: Tensor<2, Int>,
 }
 
 /// Whether [`top_k`] takes `[b, n]` rows at this `k` (kernels on, `k` in
@@ -198,12 +211,39 @@ pub fn top_k(
     }
 }
 
+/// The fewest logits one workgroup of a split greedy row reads (8 KiB).
+pub const SEGMENT_MIN: usize = 2048;
+
+/// The most workgroups a greedy row is split over.
+pub const SEGMENTS_MAX: usize = 256;
+
+/// Workgroups [`argmax`] splits each row of `[b, n]` logits over on a
+/// device with `sms` streaming multiprocessors (compute units): enough that
+/// the batch has `4 · sms` workgroups (132 SMs, an H100 / H200, when the
+/// device does not say: wgpu never does), each reading at least
+/// [`SEGMENT_MIN`] logits, at most [`SEGMENTS_MAX`]; 1 (one workgroup a row,
+/// one kernel) once the batch alone fills the device. A split row costs a
+/// second, small launch that merges the segments' maxima (`12` bytes a
+/// segment). At B = 1 and V = 151936: 74 workgroups a row.
+pub fn row_segments(b: usize, n: usize, sms: Option<u32>) -> usize {
+    if b == 0 || n == 0 {
+        return 1;
+    }
+    let target = 4 * sms.unwrap_or(132).max(1) as usize;
+    target
+        .div_ceil(b)
+        .min(n / SEGMENT_MIN)
+        .clamp(1, SEGMENTS_MAX)
+}
+
 /// The lowest position of each row's maximum logit, `[B]` as i32
 /// ([`crate::readback::CODE_ALL_MASKED`] for a row of `-inf`), or with
 /// `codes` the rows' status codes in place of the tokens of invalid rows
 /// ([`TokenCodes`]), and the rows' validation keys `[B, 1]` from the same
 /// pass (as [`first_bad`]). `None` when `logits` is not on a cubecl device.
-/// Without codes, a row with a NaN gets some position of that row.
+/// Without codes, a row with a NaN gets some position of that row. Small
+/// batches split each row over several workgroups ([`row_segments`]) and
+/// merge them in a second launch: same tokens and codes.
 pub fn argmax(
     logits: &Tensor<2>,
     codes: TokenCodes<'_>,
@@ -440,5 +480,40 @@ pub fn token_codes(
     {
         let _ = first_bad;
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_rows_split_until_the_batch_fills_the_device() {
+        // B = 1 at V = 151936 on an H200 (132 SMs): 74 workgroups of 2053.
+        assert_eq!(row_segments(1, 151_936, Some(132)), 74);
+        assert_eq!(row_segments(1, 151_936, None), 74);
+        // Segments never read fewer than SEGMENT_MIN logits.
+        assert_eq!(row_segments(1, 32_000, Some(132)), 15);
+        assert_eq!(row_segments(4, 4095, None), 1);
+        assert_eq!(row_segments(4, 4096, None), 2);
+        // The batch fills the device: one workgroup a row.
+        assert_eq!(row_segments(528, 151_936, Some(132)), 1);
+        assert_eq!(row_segments(4096, 151_936, Some(132)), 1);
+        assert_eq!(row_segments(32, 151_936, Some(132)), 17);
+        // A huge device and row: capped.
+        assert_eq!(row_segments(1, 1 << 24, Some(1000)), SEGMENTS_MAX);
+        assert_eq!(row_segments(0, 10, None), 1);
+        assert_eq!(row_segments(1, 0, Some(0)), 1);
+        for b in 1..600 {
+            for n in [1usize, 2047, 2048, 50_000, 151_936] {
+                let s = row_segments(b, n, Some(132));
+                assert!((1..=SEGMENTS_MAX).contains(&s));
+                assert!(s == 1 || n / s >= SEGMENT_MIN, "b {b} n {n}: {s}");
+                assert!(
+                    s == 1 || b * (s - 1) < 4 * 132,
+                    "b {b} n {n}: {s} more than needed"
+                );
+            }
+        }
     }
 }

@@ -12,88 +12,20 @@
 //! to build).
 
 use std::ffi::CStr;
-use std::sync::Arc;
 
-use burn_cubecl::cubecl::ir::{
-    DeviceIdentity, HardwareProperties, MemoryDeviceProperties, features::Features, nvidia::SmArch,
-};
-use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::cubecl::ir::nvidia::SmArch;
 use burn_cubecl::cubecl::{Compiler, CubeKernel};
 use cubecl_llvm::nvptx::ptx_version::PtxVersion;
 use cubecl_llvm::{LlvmTarget, PlironArtifact, PlironCompiler, PlironOptions};
 
 use super::cube::{
-    CODES_GIVEN, CODES_NONE, CODES_OWN, argmax_rows, dist_rows, first_bad_rows,
-    min_p_dist_full_rows, min_p_rows, temperature_rows, token_codes_rows, top_p_dist_full_rows,
-    top_p_full_rows, top_p_rows, topk_rows,
+    CODES_GIVEN, CODES_NONE, CODES_OWN, argmax_merge_rows, argmax_part_rows, argmax_rows,
+    dist_rows, first_bad_rows, min_p_dist_full_rows, min_p_rows, temperature_rows,
+    token_codes_rows, top_p_dist_full_rows, top_p_full_rows, top_p_rows, topk_rows,
 };
 use super::launch::{FULL_ROW_UNITS, UNITS};
+use super::offline::kernel;
 use super::{HISTORY_MAX, TOP_K_MAX};
-
-/// What an NVIDIA GPU reports to cubecl that matters to code generation:
-/// 32-lane warps, 1024 threads and 48 KiB of shared memory per block.
-fn nvidia_properties() -> Arc<DeviceProperties> {
-    let hardware = HardwareProperties {
-        load_width: 128,
-        vector_register_count: None,
-        plane_size_min: 32,
-        plane_size_max: 32,
-        max_bindings: 32,
-        max_shared_memory_size: 48 * 1024,
-        max_cube_count: (i32::MAX as u32, u16::MAX as u32, u16::MAX as u32),
-        max_units_per_cube: 1024,
-        max_cube_dim: (1024, 1024, 64),
-        num_streaming_multiprocessors: None,
-        num_tensor_cores: None,
-        min_tensor_cores_dim: None,
-        num_cpu_cores: None,
-        last_level_cache_size: None,
-        max_vector_size: VectorSize::MAX,
-        cube_mma_reserved_shared_memory: 0,
-    };
-    Arc::new(DeviceProperties::new(
-        Features::default(),
-        MemoryDeviceProperties::new(u64::MAX, 256),
-        hardware,
-        burn_cubecl::cubecl::profile::TimingMethod::Device,
-        DeviceIdentity {
-            name: "offline NVIDIA".to_string(),
-            fingerprint: "offline".to_string(),
-            physical: None,
-        },
-    ))
-}
-
-fn settings(units: u32) -> KernelSettings {
-    KernelSettings::new(
-        *CubeDim::new_1d(units),
-        ExecutionMode::Unchecked,
-        AddressType::U32,
-    )
-}
-
-fn buf() -> BufferCompilationArg {
-    BufferCompilationArg { inplace: None }
-}
-
-/// `new(settings, properties, target, buffers.., scalars.., comptime..)` of
-/// a kernel's `#[cube]` struct: one `b` per buffer argument and one `s` per
-/// scalar argument (compile-time arguments of their own: none), in the
-/// order of the kernel's signature, then its compile-time arguments.
-macro_rules! kernel {
-    ($new:path, $units:expr, [$($b:ident)*], [$($s:ident)*] $(, $ct:expr)* $(,)?) => {
-        $new(
-            settings($units),
-            nvidia_properties(),
-            Arc::new(TargetProperties::default()),
-            $(kernel!(@$b),)*
-            $(kernel!(@$s),)*
-            $($ct),*
-        )
-    };
-    (@b) => { buf() };
-    (@s) => { () };
-}
 
 /// The PTX of `kernel` for compute capability `sm` (80, 90), as burn's CUDA
 /// runtime would compile it; panics with the compiler's message on failure.
@@ -142,8 +74,8 @@ fn top_k_compiles_with_and_without_penalties() {
         let k = kernel!(
             topk_rows::TopkRows::new,
             UNITS,
-            [b b b b b b b b b b b],
-            [s s s s s s],
+            [b b b b b b b b b b b b],
+            [s s s s s s s],
             UNITS as usize,
             TOP_K_MAX,
             pen,
@@ -154,17 +86,79 @@ fn top_k_compiles_with_and_without_penalties() {
 }
 
 #[test]
+fn split_greedy_segments_compile() {
+    for lanes in [4usize, 1] {
+        let k = kernel!(
+            argmax_part_rows::ArgmaxPartRows::new,
+            UNITS,
+            [b b b b],
+            [s s s],
+            lanes,
+            UNITS as usize
+        );
+        check(&format!("argmax_part_rows ({lanes} lanes)"), k, UNITS);
+    }
+}
+
+/// The greedy row passes at 4 lanes load 16-byte vectors, at least
+/// `LOADS_IN_FLIGHT` of them in the unrolled loop (`ld.global.v4`, or
+/// `ld.global.nc.v4` through the read-only path).
+#[test]
+fn greedy_row_passes_load_16_byte_vectors() {
+    let part = kernel!(
+        argmax_part_rows::ArgmaxPartRows::new,
+        UNITS,
+        [b b b b],
+        [s s s],
+        4usize,
+        UNITS as usize
+    );
+    let rows = kernel!(
+        argmax_rows::ArgmaxRows::new,
+        UNITS,
+        [b b b b],
+        [s s],
+        4usize,
+        UNITS as usize,
+        CODES_OWN
+    );
+    for (name, text) in [
+        ("argmax_part_rows", ptx("argmax_part_rows", &part, 90)),
+        ("argmax_rows", ptx("argmax_rows", &rows, 90)),
+    ] {
+        let loads = text
+            .lines()
+            .filter(|l| l.contains("ld.global") && l.contains(".v4."))
+            .count();
+        assert!(
+            loads >= super::cube::LOADS_IN_FLIGHT as usize,
+            "{name}: {loads} 16-byte loads:\n{text}"
+        );
+    }
+}
+
+#[test]
 fn selecting_kernels_compile_for_every_status_mode() {
     for codes in [CODES_NONE, CODES_OWN, CODES_GIVEN] {
         let a = kernel!(
             argmax_rows::ArgmaxRows::new,
             UNITS,
             [b b b b],
-            [s],
+            [s s],
+            4usize,
             UNITS as usize,
             codes
         );
         check(&format!("argmax_rows (codes {codes})"), a, UNITS);
+        let m = kernel!(
+            argmax_merge_rows::ArgmaxMergeRows::new,
+            64,
+            [b b b b b b],
+            [s s],
+            64usize,
+            codes
+        );
+        check(&format!("argmax_merge_rows (codes {codes})"), m, 64);
         let d = kernel!(
             dist_rows::DistRows::new,
             UNITS,

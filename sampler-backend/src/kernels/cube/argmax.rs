@@ -1,31 +1,155 @@
-//! The greedy kernel (`argmax_rows`): the lowest position of each row's
-//! maximum and the row's validation in one pass, the token or status code.
+//! The greedy kernels: `argmax_rows`, the lowest position of each row's
+//! maximum and the row's validation in one pass, the token or status code,
+//! one workgroup a row; and for small batches, where one workgroup a row
+//! leaves most of a GPU idle, each row split over several workgroups
+//! (`argmax_part_rows`: a segment's maximum, its lowest position and the
+//! segment's first NaN / `+inf`) and merged (`argmax_merge_rows`: the
+//! largest key, ties to the lowest position; the lowest validation key),
+//! which gives the same token and code. Both row passes read the row as
+//! 16-byte vectors where its width and alignment allow (`N = 4`), with
+//! four loads in flight per thread.
 
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::common::{NEG_INF_KEY, code_key, row_max_and_validation, with_code};
+use super::common::{
+    NEG_INF_KEY, code_key, range_max_and_validation_vec, reduce_first_max, shared_min, with_code,
+};
 
+/// Row `CUBE_POS_X` read as vectors of `N = lanes` logits (`lanes`
+/// divides `width`; 4 where the row allows it, 1 otherwise).
 #[cube(launch_unchecked)]
-pub(crate) fn argmax_rows(
-    logits: &[f32],
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn argmax_rows<N: Size>(
+    logits: &[Vector<f32, N>],
     bad_in: &[i32],
     out: &mut [i32],
     out_bad: &mut [i32],
     width: u32,
+    lanes: u32,
     #[comptime] units: usize,
     #[comptime] codes: u32,
 ) {
     let row = CUBE_POS_X;
-    let base = row * width;
+    let row_vectors = width / lanes;
     let mut best_key = Shared::<[u32]>::new_slice(units);
     let mut best_pos = Shared::<[u32]>::new_slice(units);
     let mut bads = Shared::<[u32]>::new_slice(units);
 
     // One pass: the maximum's lowest position and the row's validation.
-    row_max_and_validation(logits, base, width, &mut best_key, &mut best_pos, &mut bads);
+    range_max_and_validation_vec::<N>(
+        logits,
+        row * row_vectors,
+        0u32,
+        row_vectors,
+        lanes,
+        width,
+        &mut best_key,
+        &mut best_pos,
+        &mut bads,
+    );
     let none = 2u32 * width;
     if UNIT_POS == 0u32 {
+        out_bad[row as usize] = i32::cast_from(bads[0]);
+        let key = best_key[0];
+        let pos = i32::cast_from(best_pos[0]);
+        let tok = select(key <= NEG_INF_KEY, -1i32, pos);
+        let code = code_key(bad_in, bads[0], row, none, codes);
+        out[row as usize] = with_code(tok, code, none);
+    }
+}
+
+/// Segment `CUBE_POS_X` (of `CUBE_COUNT_X`, `seg` vectors of `N = lanes`
+/// logits each) of row `CUBE_POS_Y`: its largest key, that key's lowest
+/// position (`width` when every key is 0) and its first validation key
+/// (`2·width` when none), at `row · CUBE_COUNT_X + segment` of the partial
+/// buffers.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn argmax_part_rows<N: Size>(
+    logits: &[Vector<f32, N>],
+    part_key: &mut [u32],
+    part_pos: &mut [u32],
+    part_bad: &mut [u32],
+    width: u32,
+    seg: u32,
+    lanes: u32,
+    #[comptime] units: usize,
+) {
+    let part = CUBE_POS_X;
+    let row = CUBE_POS_Y;
+    let row_vectors = width / lanes;
+    let start = select(part * seg < row_vectors, part * seg, row_vectors);
+    let end = select(start + seg < row_vectors, start + seg, row_vectors);
+    let mut best_key = Shared::<[u32]>::new_slice(units);
+    let mut best_pos = Shared::<[u32]>::new_slice(units);
+    let mut bads = Shared::<[u32]>::new_slice(units);
+    range_max_and_validation_vec::<N>(
+        logits,
+        row * row_vectors,
+        start,
+        end,
+        lanes,
+        width,
+        &mut best_key,
+        &mut best_pos,
+        &mut bads,
+    );
+    if UNIT_POS == 0u32 {
+        let at = (row * CUBE_COUNT_X + part) as usize;
+        part_key[at] = best_key[0];
+        part_pos[at] = best_pos[0];
+        part_bad[at] = bads[0];
+    }
+}
+
+/// Row `CUBE_POS_X`'s `parts` partial results merged: the largest key,
+/// ties to the lowest position (segments hold ascending positions, so this
+/// is the row's first maximum), and the lowest validation key; then what
+/// `argmax_rows` writes.
+#[cube(launch_unchecked)]
+pub(crate) fn argmax_merge_rows(
+    part_key: &[u32],
+    part_pos: &[u32],
+    part_bad: &[u32],
+    bad_in: &[i32],
+    out: &mut [i32],
+    out_bad: &mut [i32],
+    width: u32,
+    parts: u32,
+    #[comptime] units: usize,
+    #[comptime] codes: u32,
+) {
+    let row = CUBE_POS_X;
+    let tid = UNIT_POS;
+    let none = 2u32 * width;
+    let mut best_key = Shared::<[u32]>::new_slice(units);
+    let mut best_pos = Shared::<[u32]>::new_slice(units);
+    let mut bads = Shared::<[u32]>::new_slice(units);
+    let mut bk = 0u32;
+    let mut bp = width;
+    let mut bad = none;
+    let mut j = tid;
+    while j < parts {
+        let at = (row * parts + j) as usize;
+        let k = part_key[at];
+        let p = part_pos[at];
+        if k > bk || (k == bk && p < bp) {
+            bk = k;
+            bp = p;
+        }
+        let b = part_bad[at];
+        if b < bad {
+            bad = b;
+        }
+        j += CUBE_DIM;
+    }
+    bads[tid as usize] = bad;
+    shared_min(&mut bads);
+    best_key[tid as usize] = bk;
+    best_pos[tid as usize] = bp;
+    reduce_first_max(&mut best_key, &mut best_pos);
+    if tid == 0u32 {
         out_bad[row as usize] = i32::cast_from(bads[0]);
         let key = best_key[0];
         let pos = i32::cast_from(best_pos[0]);

@@ -103,13 +103,31 @@ pub(crate) fn row_max_and_validation(
     best_pos: &mut Shared<[u32]>,
     bads: &mut Shared<[u32]>,
 ) {
+    range_max_and_validation(logits, base, 0u32, width, width, best_key, best_pos, bads);
+}
+
+/// [`row_max_and_validation`] over the positions `start..end` of the row
+/// (one segment of a row split over several workgroups): positions and
+/// validation keys are the row's (`width` and `2·width` when there is none).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn range_max_and_validation(
+    logits: &[f32],
+    base: u32,
+    start: u32,
+    end: u32,
+    width: u32,
+    best_key: &mut Shared<[u32]>,
+    best_pos: &mut Shared<[u32]>,
+    bads: &mut Shared<[u32]>,
+) {
     let tid = UNIT_POS;
     let none_pos = 2u32 * width;
     let mut bad = none_pos;
     let mut bk = 0u32;
     let mut bp = width;
-    let mut i = tid;
-    while i < width {
+    let mut i = start + tid;
+    while i < end {
         let x = logits[(base + i) as usize];
         let key = order_key(x);
         if key > bk {
@@ -118,6 +136,101 @@ pub(crate) fn row_max_and_validation(
         }
         bad = note_bad(bad, x, i, none_pos);
         i += CUBE_DIM;
+    }
+    bads[tid as usize] = bad;
+    shared_min(bads);
+    best_key[tid as usize] = bk;
+    best_pos[tid as usize] = bp;
+    reduce_first_max(best_key, best_pos);
+}
+
+/// Vectors each thread loads before it uses the first, in the vectorized
+/// row passes ([`range_max_and_validation_vec`]): four 16-byte loads, 64
+/// bytes in flight per thread, 16 KiB per 256-thread workgroup (a GPU's
+/// memory needs about 20-40 KiB in flight per SM to run at its bandwidth,
+/// which a few resident workgroups per SM give).
+pub(crate) const LOADS_IN_FLIGHT: u32 = 4;
+
+/// One vector of `N` logits at positions `at..at + N` folded into a
+/// thread's running maximum key `bk` at position `bp` and its first
+/// validation key `bad` (`none` before a hit): the lanes in ascending
+/// position, so the first maximum stays the lowest.
+#[cube]
+fn fold_vector<N: Size>(
+    v: Vector<f32, N>,
+    at: u32,
+    bk: u32,
+    bp: u32,
+    bad: u32,
+    none: u32,
+) -> (u32, u32, u32) {
+    let mut k = bk;
+    let mut p = bp;
+    let mut b = bad;
+    let mut i = at;
+    #[unroll]
+    for j in 0..N::value() {
+        let x = v.extract(j);
+        let key = order_key(x);
+        if key > k {
+            k = key;
+            p = i;
+        }
+        b = note_bad(b, x, i, none);
+        i += 1u32;
+    }
+    (k, p, b)
+}
+
+/// [`range_max_and_validation`] over the vectors `start..end` of a row
+/// whose first vector is `base` (`lanes = N` logits a vector, so vector
+/// `i` holds positions `i·lanes..(i + 1)·lanes`; `width` is the row's
+/// length in logits). Each thread takes vectors `CUBE_DIM` apart, loading
+/// [`LOADS_IN_FLIGHT`] of them before it folds the first (a compile-time
+/// unroll: the loads are independent, so they are all in flight at once),
+/// then the rest one at a time. Same results as the scalar pass: every
+/// thread still visits ascending positions.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn range_max_and_validation_vec<N: Size>(
+    logits: &[Vector<f32, N>],
+    base: u32,
+    start: u32,
+    end: u32,
+    lanes: u32,
+    width: u32,
+    best_key: &mut Shared<[u32]>,
+    best_pos: &mut Shared<[u32]>,
+    bads: &mut Shared<[u32]>,
+) {
+    let tid = UNIT_POS;
+    let none_pos = 2u32 * width;
+    let step = CUBE_DIM;
+    let mut bad = none_pos;
+    let mut bk = 0u32;
+    let mut bp = width;
+    let mut i = start + tid;
+    while i + (LOADS_IN_FLIGHT - 1u32) * step < end {
+        let v0 = logits[(base + i) as usize];
+        let v1 = logits[(base + i + step) as usize];
+        let v2 = logits[(base + i + 2u32 * step) as usize];
+        let v3 = logits[(base + i + 3u32 * step) as usize];
+        let (k0, p0, b0) = fold_vector::<N>(v0, i * lanes, bk, bp, bad, none_pos);
+        let (k1, p1, b1) = fold_vector::<N>(v1, (i + step) * lanes, k0, p0, b0, none_pos);
+        let (k2, p2, b2) = fold_vector::<N>(v2, (i + 2u32 * step) * lanes, k1, p1, b1, none_pos);
+        let (k3, p3, b3) = fold_vector::<N>(v3, (i + 3u32 * step) * lanes, k2, p2, b2, none_pos);
+        bk = k3;
+        bp = p3;
+        bad = b3;
+        i += LOADS_IN_FLIGHT * step;
+    }
+    while i < end {
+        let v = logits[(base + i) as usize];
+        let (k, p, b) = fold_vector::<N>(v, i * lanes, bk, bp, bad, none_pos);
+        bk = k;
+        bp = p;
+        bad = b;
+        i += step;
     }
     bads[tid as usize] = bad;
     shared_min(bads);

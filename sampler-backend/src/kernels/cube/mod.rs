@@ -7,7 +7,9 @@
 //! share.
 //!
 //! Every kernel runs one workgroup (cube) per row (`CUBE_POS_X`), its
-//! threads (`UNIT_POS` of `CUBE_DIM`) striding over the row.
+//! threads (`UNIT_POS` of `CUBE_DIM`) striding over the row, except greedy
+//! at small batches, whose rows are split over several workgroups
+//! (`argmax_part_rows`, grid `(segments, B)`) and merged.
 
 // `(a + b - 1) / b` inside `#[cube]` functions: cubecl's frontend has no
 // `div_ceil` for runtime values.
@@ -24,7 +26,9 @@ mod token_codes;
 mod top_k;
 mod top_p_full;
 
-pub(crate) use argmax::argmax_rows;
+pub(crate) use argmax::{argmax_merge_rows, argmax_part_rows, argmax_rows};
+#[cfg(all(test, feature = "cuda"))]
+pub(crate) use common::LOADS_IN_FLIGHT;
 pub(crate) use common::{CODES_GIVEN, CODES_NONE, CODES_OWN};
 pub(crate) use cut_dist::{min_p_dist_full_rows, top_p_dist_full_rows};
 pub(crate) use first_bad::first_bad_rows;

@@ -1,6 +1,6 @@
-//! The top-k kernel (`topk_rows`): a floor from a sample of the row, one
-//! pass that compacts the logits above it (and validates the row), a radix
-//! select when too many tie above the floor, the rank pass; history
+//! The top-k kernel (`topk_rows`): a floor from a sample spread over the
+//! row, one pass that compacts the logits above it (and validates the row),
+//! a radix select when too many lie above the floor, the rank pass; history
 //! penalties applied inside the selection.
 
 use burn_cubecl::cubecl;
@@ -24,8 +24,10 @@ pub(crate) fn topk_rows(
     out_pos: &mut [i32],
     out_order: &mut [i32],
     out_bad: &mut [i32],
+    out_above: &mut [i32],
     width: u32,
     sample_end: u32,
+    sample_stride: u32,
     k: u32,
     k_out: u32,
     h: u32,
@@ -104,19 +106,27 @@ pub(crate) fn topk_rows(
     // a valid stand-in for its maximum, so a device that flushes subnormals
     // only lowers the floor. A thread without elements offers -inf, the
     // lowest non-NaN key, which keeps the floor at or below every element.
-    // The maxima come from a sample (a prefix of the row, `sample_end`
-    // long, chosen by the host: `floor_sample`): any k distinct elements
-    // give a valid floor, and a short sample keeps this pass a small part
-    // of a read of the row.
+    // The maxima come from a sample of `sample_end` elements chosen by the
+    // host (`floor_sample`): runs of CUBE_DIM consecutive positions (one
+    // coalesced load per thread), `sample_stride >= CUBE_DIM` apart, so the
+    // sample spreads over the whole row. A prefix would not do: vocabularies
+    // are ordered by id (byte and special tokens first, then bands of
+    // frequency), and a prefix of unlikely tokens gives a floor far below
+    // the row's k-th logit, with thousands of logits above it. Any k
+    // distinct elements give a valid floor (the runs never overlap), and a
+    // short sample keeps this pass a small part of a read of the row.
     let neg_inf = f32::reinterpret(0xFF80_0000u32);
     let mut own_f = neg_inf;
-    let mut i0 = tid;
-    while i0 < sample_end {
-        let x = logits[(base + i0) as usize];
-        if x > own_f {
-            own_f = x;
+    let mut run = 0u32;
+    while run * CUBE_DIM + tid < sample_end {
+        let at = run * sample_stride + tid;
+        if at < width {
+            let x = logits[(base + at) as usize];
+            if x > own_f {
+                own_f = x;
+            }
         }
-        i0 += CUBE_DIM;
+        run += 1u32;
     }
     let own = order_key(own_f);
     tmax[tid as usize] = own;
@@ -181,6 +191,9 @@ pub(crate) fn topk_rows(
     }
     let compacted = counter[0].load();
     let fast = compacted <= k_cap as u32;
+    if tid == 0u32 {
+        out_above[row as usize] = i32::cast_from(compacted);
+    }
 
     // Radix select, most significant byte first: `prefix` holds the bytes
     // of the k-th largest key found so far, `remaining` the rank still

@@ -1,11 +1,15 @@
-//! Launch of the greedy kernel.
+//! Launch of the greedy kernels: one workgroup a row, or at small batches
+//! each row split over several workgroups and merged ([`row_segments`]).
 
 use burn_cubecl::cubecl::prelude::*;
 use burn_tensor::{DType, Int, Tensor};
 
-use super::{int_tensor, output, per_row, resolve_float, units};
-use crate::kernels::TokenCodes;
-use crate::kernels::cube::argmax_rows;
+use super::{int_tensor, output, per_row, resolve_float, row_lanes, units};
+use crate::kernels::cube::{argmax_merge_rows, argmax_part_rows, argmax_rows};
+use crate::kernels::{TokenCodes, row_segments};
+
+/// Threads of the merge kernel's workgroup (one a row).
+const MERGE_UNITS: u32 = 64;
 
 /// [`crate::kernels::argmax`] on rows it takes.
 pub(crate) fn argmax(
@@ -18,6 +22,57 @@ pub(crate) fn argmax(
     let units = units(&cube);
     let out = output(&cube, [b], DType::I32);
     let bad = output(&cube, [b, 1], DType::I32);
+    let props = cube.client.properties();
+    let segments = row_segments(b, n, props.hardware.num_streaming_multiprocessors);
+    let lanes = row_lanes(&cube, n);
+    if segments > 1 && b <= props.hardware.max_cube_count.1 as usize {
+        // Segments of whole vectors.
+        let seg = (n / lanes).div_ceil(segments);
+        let (key, pos, pbad) = (
+            output(&cube, [b, segments], DType::U32),
+            output(&cube, [b, segments], DType::U32),
+            output(&cube, [b, segments], DType::U32),
+        );
+        let parts = b * segments;
+        let merge_units = units.min(MERGE_UNITS);
+        // SAFETY: every index the kernels form is inside their buffers
+        // (segments inside the row, partials at `row · segments + part`,
+        // shared slices by their sizes).
+        unsafe {
+            argmax_part_rows::launch_unchecked(
+                &cube.client,
+                CubeCount::Static(segments as u32, b as u32, 1),
+                CubeDim::new_1d(units),
+                lanes,
+                BufferArg::from_raw_parts(cube.handle.clone(), b * n),
+                BufferArg::from_raw_parts(key.handle.clone(), parts),
+                BufferArg::from_raw_parts(pos.handle.clone(), parts),
+                BufferArg::from_raw_parts(pbad.handle.clone(), parts),
+                n as u32,
+                seg as u32,
+                lanes as u32,
+                units as usize,
+            );
+            argmax_merge_rows::launch_unchecked(
+                &cube.client,
+                CubeCount::Static(b as u32, 1, 1),
+                CubeDim::new_1d(merge_units),
+                BufferArg::from_raw_parts(key.handle.clone(), parts),
+                BufferArg::from_raw_parts(pos.handle.clone(), parts),
+                BufferArg::from_raw_parts(pbad.handle.clone(), parts),
+                BufferArg::from_raw_parts(keys.handle.clone(), b),
+                BufferArg::from_raw_parts(out.handle.clone(), b),
+                BufferArg::from_raw_parts(bad.handle.clone(), b),
+                n as u32,
+                segments as u32,
+                merge_units as usize,
+                mode,
+            );
+        }
+        crate::launches::declare_read("argmax_part_rows", 4 * b * n);
+        crate::launches::declare_read("argmax_merge_rows", 12 * parts + 4 * b);
+        return Some((int_tensor(out, &fusion), int_tensor(bad, &fusion)));
+    }
     let (cubes, dim) = per_row(b, units);
     // SAFETY: every index the kernel forms is inside its buffers (row
     // bases and loops bounded by the width, shared slices by their sizes).
@@ -26,15 +81,71 @@ pub(crate) fn argmax(
             &cube.client,
             cubes,
             dim,
+            lanes,
             BufferArg::from_raw_parts(cube.handle.clone(), b * n),
             BufferArg::from_raw_parts(keys.handle.clone(), b),
             BufferArg::from_raw_parts(out.handle.clone(), b),
             BufferArg::from_raw_parts(bad.handle.clone(), b),
             n as u32,
+            lanes as u32,
             units as usize,
             mode,
         )
     }
     crate::launches::declare_read("argmax_rows", 4 * b * n + 4 * b);
     Some((int_tensor(out, &fusion), int_tensor(bad, &fusion)))
+}
+
+/// The WGSL wgpu runs for the greedy row passes: the row is bound and read
+/// as 16-byte vectors (`array<vec4<f32>>`) when launched with 4 lanes, as
+/// scalars with 1.
+#[cfg(all(test, feature = "wgpu"))]
+mod wgsl {
+    use burn_cubecl::cubecl::wgpu::WgslCompiler;
+    use burn_cubecl::cubecl::{Compiler, CubeKernel, WgpuCompilationOptions};
+
+    use crate::kernels::cube::{argmax_part_rows, argmax_rows};
+    use crate::kernels::launch::UNITS;
+    use crate::kernels::offline::kernel;
+
+    fn wgsl(kernel: &impl CubeKernel) -> String {
+        WgslCompiler
+            .compile(kernel.define(), &WgpuCompilationOptions::default())
+            .expect("the kernel compiles to WGSL")
+            .to_string()
+    }
+
+    #[test]
+    fn greedy_row_passes_load_16_byte_vectors() {
+        for lanes in [4usize, 1] {
+            let part = kernel!(
+                argmax_part_rows::ArgmaxPartRows::new,
+                UNITS,
+                [b b b b],
+                [s s s],
+                lanes,
+                UNITS as usize
+            );
+            let rows = kernel!(
+                argmax_rows::ArgmaxRows::new,
+                UNITS,
+                [b b b b],
+                [s s],
+                lanes,
+                UNITS as usize,
+                crate::kernels::cube::CODES_OWN
+            );
+            for (name, text) in [
+                ("argmax_part_rows", wgsl(&part)),
+                ("argmax_rows", wgsl(&rows)),
+            ] {
+                let vector = text.contains("array<vec4<f32>>");
+                assert_eq!(
+                    vector,
+                    lanes == 4,
+                    "{name} at {lanes} lanes: vec4 bindings {vector}:\n{text}"
+                );
+            }
+        }
+    }
 }

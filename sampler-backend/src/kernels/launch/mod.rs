@@ -130,6 +130,21 @@ fn int_tensor<const D: usize>(out: CubeTensor, fusion: &FusionClient) -> Tensor<
 
 /// Threads per row for this device: [`UNITS`], or the largest power of two
 /// its workgroups allow.
+/// Logits per vector load for rows of `n` in `cube`: 4 (16 bytes) when
+/// `n` is a multiple of 4 (every vocabulary of a real model, padded to a
+/// multiple of 64 or 128), the buffer starts 16-byte aligned and the device
+/// loads 4-wide vectors of `f32` well; 1 otherwise (any width still runs).
+fn row_lanes(cube: &CubeTensor, n: usize) -> usize {
+    const LANES: usize = 4;
+    let aligned = cube.handle.offset_start.unwrap_or(0) % (4 * LANES as u64) == 0;
+    let wide = cube.client.io_optimized_vector_sizes(4).any(|v| v == LANES);
+    if n.is_multiple_of(LANES) && aligned && wide {
+        LANES
+    } else {
+        1
+    }
+}
+
 fn units(cube: &CubeTensor) -> u32 {
     let max = cube.client.properties().hardware.max_units_per_cube.max(1);
     let cap = UNITS.min(max);

@@ -13,27 +13,50 @@ use crate::kernels::{HISTORY_MAX, TOP_K_MAX, TopK};
 /// top-k kernel's floor.
 const FLOOR_SAMPLE: u32 = 128;
 
+/// The fewest runs the floor's sample takes (each `units` consecutive
+/// positions): at a small `k` one run would be the row's first `units`
+/// logits, and a row whose likely tokens sit at high ids (bands of
+/// frequency) would send most of itself above that floor.
+const FLOOR_RUNS_MIN: u32 = 16;
+
 /// Logits expected above the top-k kernel's floor (well inside the
 /// compaction's [`TOP_K_MAX`] slots).
 const FLOOR_TARGET: f64 = 256.0;
 
-/// The length of the row prefix whose per-thread maxima give the top-k
-/// kernel's floor (the `k`-th largest of `units` maxima). With `s` elements
+/// How many elements, and how far apart their runs start, of the sample
+/// whose per-thread maxima give the top-k kernel's floor (the `k`-th
+/// largest of `units` maxima). The sample is `s` runs of `units`
+/// consecutive positions spread evenly over the row, the first at its
+/// start, the last ending within `s` positions of its end (`stride >=
+/// units` apart, so the runs never overlap; at least [`FLOOR_RUNS_MIN`]
+/// runs; the whole row when it is that short),
+/// so that a row whose likely tokens sit at high ids (byte and special
+/// tokens first, bands of frequency after them) gets the floor of the whole
+/// row, not of its prefix. With `s` elements
 /// per thread, a logit of a row without structure lies above the floor
 /// with probability about `-ln(1 - k/units) / s`, so `s` is chosen to
 /// expect [`FLOOR_TARGET`] logits above it: the sample is a small part of
 /// the row (about `0.22·V` at `k = 50`) instead of a second read of it.
 /// (256 rather than more: ranking the compacted logits costs O(n²) in
 /// shared memory, and 256 fewer ranked is worth 0.1 of a read.)
-/// 0 when `k` exceeds `units` (the kernel takes no floor then).
-fn floor_sample(n: usize, k: usize, units: u32) -> usize {
+/// `(0, units)` when `k` exceeds `units` (the kernel takes no floor then).
+fn floor_sample(n: usize, k: usize, units: u32) -> (usize, usize) {
     let units = units as usize;
     if k > units || n == 0 {
-        return 0;
+        return (0, units);
     }
     let tail = -(1.0 - k as f64 / units as f64).ln();
-    let per_thread = (n as f64 * tail / FLOOR_TARGET).ceil() as usize;
-    (per_thread.clamp(1, FLOOR_SAMPLE as usize) * units).min(n)
+    let per_thread = (n as f64 * tail / FLOOR_TARGET)
+        .ceil()
+        .clamp(f64::from(FLOOR_RUNS_MIN), f64::from(FLOOR_SAMPLE)) as usize;
+    if per_thread * units >= n {
+        // The whole row, in consecutive runs.
+        return (n, units);
+    }
+    // `n >= (per_thread + 1)·units` here, so the stride is at least
+    // `units` and the last run, at `(per_thread - 1)·stride`, ends inside
+    // the row.
+    (per_thread * units, (n - units) / (per_thread - 1))
 }
 
 /// [`crate::kernels::top_k`] on rows it takes, `h` history tokens per row.
@@ -75,8 +98,9 @@ pub(crate) fn top_k(
         output(&cube, [b, k], DType::I32),
     );
     let bad = output(&cube, [b, 1], DType::I32);
+    let above = output(&cube, [b, 1], DType::I32);
     let k_sel = (k + h).min(n);
-    let sample = floor_sample(n, k_sel, units);
+    let (sample, stride) = floor_sample(n, k_sel, units);
     let hb = b * h.max(1);
     let (cubes, dim) = per_row(b, units);
     // SAFETY: every index the kernel forms is inside its buffers (row
@@ -98,8 +122,10 @@ pub(crate) fn top_k(
             BufferArg::from_raw_parts(pos.handle.clone(), b * k),
             BufferArg::from_raw_parts(order.handle.clone(), b * k),
             BufferArg::from_raw_parts(bad.handle.clone(), b),
+            BufferArg::from_raw_parts(above.handle.clone(), b),
             n as u32,
             sample as u32,
+            stride as u32,
             k_sel as u32,
             k as u32,
             h as u32,
@@ -121,5 +147,46 @@ pub(crate) fn top_k(
         positions: int_tensor(pos, &fusion),
         order_ids: int_tensor(order, &fusion),
         first_bad: int_tensor(bad, &fusion),
+        above_floor: int_tensor(above, &fusion),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sample's runs lie inside the row, never overlap, and spread over
+    /// it: the last run starts in the row's last `stride` positions.
+    #[test]
+    fn floor_sample_runs_cover_the_row_without_overlap() {
+        for units in [32u32, 64, 256] {
+            let u = units as usize;
+            for n in [1usize, 31, 256, 1000, 32_000, 49_152, 151_936, 262_144] {
+                for k in [1usize, 2, 40, 50, u, u + 1] {
+                    let (sample, stride) = floor_sample(n, k, units);
+                    if k > u {
+                        assert_eq!(sample, 0, "no floor when k > units");
+                        continue;
+                    }
+                    assert!(sample >= 1 && sample <= n, "n {n} k {k}: {sample}");
+                    assert!(stride >= u, "runs overlap: n {n} k {k} stride {stride}");
+                    if sample == n {
+                        assert_eq!(stride, u, "the whole row in consecutive runs");
+                        continue;
+                    }
+                    assert_eq!(sample % u, 0, "whole runs only");
+                    let runs = sample / u;
+                    assert!(runs >= FLOOR_RUNS_MIN as usize && runs <= FLOOR_SAMPLE as usize);
+                    let last = (runs - 1) * stride;
+                    assert!(last + u <= n, "n {n} k {k}: a run past the row");
+                    // (n - u) - (runs - 1)·⌊(n - u) / (runs - 1)⌋ < runs - 1:
+                    // the last run ends within `runs` positions of the end.
+                    assert!(
+                        n - (last + u) < runs,
+                        "n {n} k {k}: the sample stops short of the row's end"
+                    );
+                }
+            }
+        }
+    }
 }
