@@ -3,8 +3,9 @@
 //! Chain (`BENCH_CHAIN`): `top_k` (default) is `top_k(40); temperature(0.8);
 //! top_p(0.9); dist` (llama.cpp's common order), `top_p` the full-vocabulary
 //! `top_p(0.9); temperature(0.7); dist`, `min_p` the full-vocabulary
-//! `min_p(0.05); temperature(0.8); dist`; on Zipf-like logits, for every
-//! compiled-in device:
+//! `min_p(0.05); temperature(0.8); dist`; on Zipf-like logits (`BENCH_ROWS`:
+//! `zipf`, the default, or `model`, rows shaped like a real model's: see
+//! `gpu_check`), for every compiled-in device:
 //! * `offloaded`: the whole chain on the device (4 B/row read back), with
 //!   the custom kernels on a cubecl device;
 //! * `offloaded_recipes`: the same with the kernels turned off (burn's
@@ -23,7 +24,7 @@ use sampler_core::{ChainSpec, OffloadPolicy, StageSpec};
 
 #[path = "common/mod.rs"]
 mod common;
-use common::{list, zipf_logits};
+use common::{list, logits as shaped_logits};
 
 fn chain(name: &str, seed: u64) -> ChainSpec {
     let temp = |t| StageSpec::Temperature {
@@ -81,7 +82,11 @@ fn bench(c: &mut Criterion) {
             let Ok(v) = v.parse::<usize>() else { continue };
             for b in list("BENCH_BATCH", "1,32,256") {
                 let Ok(b) = b.parse::<usize>() else { continue };
-                let logits = zipf_logits(b, v);
+                let rows_kind = std::env::var("BENCH_ROWS").unwrap_or_else(|_| "zipf".into());
+                let Some(logits) = shaped_logits(&rows_kind, b, v) else {
+                    eprintln!("skip rows {rows_kind}: not zipf or model");
+                    continue;
+                };
                 for (mode, policy, kernels_on) in [
                     ("offloaded", OffloadPolicy::Device, true),
                     ("offloaded_recipes", OffloadPolicy::Device, false),

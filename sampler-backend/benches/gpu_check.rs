@@ -5,8 +5,11 @@
 //!
 //! For every device (`BENCH_DEVICES`, default: every compiled-in device but
 //! `flex`/`ndarray`), batch `B` (`BENCH_BATCH`, default `1,32,256`) and
-//! vocabulary `V` (`BENCH_VOCAB`, default `32000,128256,151936`), on
-//! Zipf-like logits already on the device:
+//! vocabulary `V` (`BENCH_VOCAB`, default `32000,128256,151936`) and row
+//! shape (`BENCH_ROWS`, default `zipf,model`: Zipf-like rows, and rows
+//! shaped like a real model's, ids in frequency bands with the likely
+//! tokens at high ids, a third of the vocabulary 16-30 nats deep, bf16
+//! ties), on logits already on the device:
 //! * `floor`: one read of the `[B, V]` logits (a row sum, read back: the
 //!   same readback latency as a step);
 //! * the four chains of the device-kernels budgets, fully offloaded (4 bytes
@@ -32,7 +35,7 @@ use sampler_core::{ChainSpec, HistoryScope, OffloadPolicy, StageSpec};
 
 #[path = "common/mod.rs"]
 mod common;
-use common::{list, zipf_logits};
+use common::{list, logits as shaped_logits};
 
 fn temp(t: f32) -> StageSpec {
     StageSpec::Temperature {
@@ -82,6 +85,8 @@ struct Row {
     device: String,
     b: usize,
     v: usize,
+    /// The row shape (`BENCH_ROWS`).
+    rows: String,
     what: String,
     median_us: f64,
     kernels: Option<usize>,
@@ -150,75 +155,84 @@ fn bench(c: &mut Criterion) {
             let Ok(v) = v.parse::<usize>() else { continue };
             for b in list("BENCH_BATCH", "1,32,256") {
                 let Ok(b) = b.parse::<usize>() else { continue };
-                let host = zipf_logits(b, v);
-                let logits = Tensor::<2>::from_data(TensorData::new(host, [b, v]), &device);
-                let mut push = |what: String, kernels, reads| {
-                    table.push(Row {
-                        device: dev_name.clone(),
-                        b,
-                        v,
-                        what,
-                        median_us: take_median(),
-                        kernels,
-                        reads,
-                    })
-                };
-                // One read of the logits, read back like a step's tokens.
-                let read_once = || {
-                    let s = logits.clone().sum_dim(1);
-                    std::hint::black_box(s.into_data());
-                };
-                read_once();
-                take_median();
-                group.bench_function(BenchmarkId::new(format!("floor/V{v}"), b), |bench| {
-                    bench.iter_custom(|iters| timed(iters, read_once))
-                });
-                push("floor (one read)".into(), None, None);
-                for (name, stages) in chains() {
-                    let modes: &[(&str, OffloadPolicy)] = if name == "top_k50_temp_top_p_dist" {
-                        &[
-                            ("device", OffloadPolicy::Device),
-                            ("host", OffloadPolicy::Off),
-                        ]
-                    } else {
-                        &[("device", OffloadPolicy::Device)]
+                for shape in list("BENCH_ROWS", "zipf,model") {
+                    let Some(host) = shaped_logits(&shape, b, v) else {
+                        eprintln!("skip rows {shape}: not zipf or model");
+                        continue;
                     };
-                    for &(mode, policy) in modes {
-                        let rows: Vec<ChainSpec> = (0..b)
-                            .map(|r| ChainSpec::new(stages.clone(), Some(r as u64)))
-                            .collect();
-                        let mut ex = match Executor::new(rows, v, &device, policy) {
-                            Ok(ex) => ex,
-                            Err(e) => {
-                                eprintln!("skip {dev_name} {mode}/{name} B={b} V={v}: {e}");
+                    let logits = Tensor::<2>::from_data(TensorData::new(host, [b, v]), &device);
+                    let mut push = |what: String, kernels, reads| {
+                        table.push(Row {
+                            device: dev_name.clone(),
+                            b,
+                            v,
+                            rows: shape.clone(),
+                            what,
+                            median_us: take_median(),
+                            kernels,
+                            reads,
+                        })
+                    };
+                    // One read of the logits, read back like a step's tokens.
+                    let read_once = || {
+                        let s = logits.clone().sum_dim(1);
+                        std::hint::black_box(s.into_data());
+                    };
+                    read_once();
+                    take_median();
+                    group.bench_function(
+                        BenchmarkId::new(format!("floor/V{v}/{shape}"), b),
+                        |bench| bench.iter_custom(|iters| timed(iters, read_once)),
+                    );
+                    push("floor (one read)".into(), None, None);
+                    for (name, stages) in chains() {
+                        let modes: &[(&str, OffloadPolicy)] = if name == "top_k50_temp_top_p_dist" {
+                            &[
+                                ("device", OffloadPolicy::Device),
+                                ("host", OffloadPolicy::Off),
+                            ]
+                        } else {
+                            &[("device", OffloadPolicy::Device)]
+                        };
+                        for &(mode, policy) in modes {
+                            let rows: Vec<ChainSpec> = (0..b)
+                                .map(|r| ChainSpec::new(stages.clone(), Some(r as u64)))
+                                .collect();
+                            let mut ex = match Executor::new(rows, v, &device, policy) {
+                                Ok(ex) => ex,
+                                Err(e) => {
+                                    eprintln!("skip {dev_name} {mode}/{name} B={b} V={v}: {e}");
+                                    continue;
+                                }
+                            };
+                            // Compile and autotune, then count one warm step.
+                            let mut ok = true;
+                            for _ in 0..2 {
+                                ok &= ex.step(logits.clone()).is_ok();
+                            }
+                            if !ok {
+                                eprintln!(
+                                    "skip {dev_name} {mode}/{name} B={b} V={v}: the step failed"
+                                );
                                 continue;
                             }
-                        };
-                        // Compile and autotune, then count one warm step.
-                        let mut ok = true;
-                        for _ in 0..2 {
-                            ok &= ex.step(logits.clone()).is_ok();
-                        }
-                        if !ok {
-                            eprintln!("skip {dev_name} {mode}/{name} B={b} V={v}: the step failed");
-                            continue;
-                        }
-                        let (_, count) = launches::count_launches(|| ex.step(logits.clone()));
-                        let kernels = count.as_ref().map(|k| k.total());
-                        let reads = count
-                            .as_ref()
-                            .filter(|k| k.undeclared() == 0)
-                            .map(|k| k.bytes_read() as f64 / (4 * b * v) as f64);
-                        take_median();
-                        let id = BenchmarkId::new(format!("{mode}/{name}/V{v}"), b);
-                        group.bench_function(id, |bench| {
-                            bench.iter_custom(|iters| {
-                                timed(iters, || {
-                                    std::hint::black_box(ex.step(logits.clone()).is_ok());
+                            let (_, count) = launches::count_launches(|| ex.step(logits.clone()));
+                            let kernels = count.as_ref().map(|k| k.total());
+                            let reads = count
+                                .as_ref()
+                                .filter(|k| k.undeclared() == 0)
+                                .map(|k| k.bytes_read() as f64 / (4 * b * v) as f64);
+                            take_median();
+                            let id = BenchmarkId::new(format!("{mode}/{name}/V{v}/{shape}"), b);
+                            group.bench_function(id, |bench| {
+                                bench.iter_custom(|iters| {
+                                    timed(iters, || {
+                                        std::hint::black_box(ex.step(logits.clone()).is_ok());
+                                    })
                                 })
-                            })
-                        });
-                        push(format!("{mode}/{name}"), kernels, reads);
+                            });
+                            push(format!("{mode}/{name}"), kernels, reads);
+                        }
                     }
                 }
             }
@@ -234,9 +248,9 @@ fn print_table(table: &[Row], hbm_gbps: f64) {
     }
     println!();
     println!(
-        "| device | B | V | step | median µs | x floor (measured) | x HBM floor | kernels | reads of the logits |"
+        "| device | B | V | rows | step | median µs | x floor (measured) | x HBM floor | kernels | reads of the logits |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut floor = f64::NAN;
     for r in table {
         if r.what.starts_with("floor") {
@@ -244,10 +258,11 @@ fn print_table(table: &[Row], hbm_gbps: f64) {
         }
         let hbm_us = (4 * r.b * r.v) as f64 / (hbm_gbps * 1e3);
         println!(
-            "| {} | {} | {} | {} | {:.1} | {:.2} | {:.1} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.1} | {:.2} | {:.1} | {} | {} |",
             r.device,
             r.b,
             r.v,
+            r.rows,
             r.what,
             r.median_us,
             r.median_us / floor,
