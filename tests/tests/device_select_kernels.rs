@@ -88,19 +88,23 @@ fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
         let rows: Vec<Vec<f32>> = (0..6).map(|kind| row(kind, n, &mut rng)).collect();
         let t = upload(&rows, &device);
 
-        let got: Vec<i64> = kernels::argmax(&t, kernels::TokenCodes::Tokens)
-            .expect("wgpu has the argmax kernel")
-            .0
-            .into_data()
-            .convert::<i64>()
-            .iter::<i64>()
-            .collect();
-        for (r, rrow) in rows.iter().enumerate() {
-            assert_eq!(
-                got[r],
-                reference_argmax(rrow),
-                "argmax, n = {n}, row kind {r}"
-            );
+        // The device's own split, one workgroup a row, and rows split over
+        // 2, 7 and the most workgroups (segments past the row's end empty).
+        for split in [None, Some(1), Some(2), Some(7), Some(kernels::SEGMENTS_MAX)] {
+            let got: Vec<i64> = kernels::argmax_split(&t, kernels::TokenCodes::Tokens, split)
+                .expect("wgpu has the argmax kernel")
+                .0
+                .into_data()
+                .convert::<i64>()
+                .iter::<i64>()
+                .collect();
+            for (r, rrow) in rows.iter().enumerate() {
+                assert_eq!(
+                    got[r],
+                    reference_argmax(rrow),
+                    "argmax, n = {n}, row kind {r}, split {split:?}"
+                );
+            }
         }
 
         let mut ks = vec![1, 2, 50, n, kernels::TOP_K_MAX];
@@ -381,6 +385,16 @@ fn wgpu_narrow_top_p_dist_and_validation_kernels_match_the_reference() {
         .expect("kernel")
         .0;
     coded(&plain, read1(keyed), "argmax, given keys");
+    for split in [1, 2, 5, kernels::SEGMENTS_MAX] {
+        let (own, keys) =
+            kernels::argmax_split(&t, kernels::TokenCodes::OwnKeys, Some(split)).expect("kernel");
+        coded(
+            &plain,
+            read1(own),
+            &format!("argmax split {split}, own keys"),
+        );
+        assert_eq!(read(keys), want, "argmax split {split}: validation keys");
+    }
     let u = Tensor::<2>::from_data(TensorData::new(vec![0.5f32; 5], [5, 1]), &device);
     let finite = upload(&vec![vec![0.25f32; v]; 5], &device);
     let dist_all = |codes| {

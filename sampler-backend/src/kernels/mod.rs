@@ -217,23 +217,51 @@ pub const SEGMENT_MIN: usize = 2048;
 /// The most workgroups a greedy row is split over.
 pub const SEGMENTS_MAX: usize = 256;
 
+/// The workgroups that keep a device busy, what [`row_segments`] fills:
+/// four per streaming multiprocessor (compute unit) where the device says
+/// how many it has (cuda does); 4 · 132 (an H100 / H200) on a GPU that does
+/// not (wgpu never does); on a software device (`software_threads`: Mesa's
+/// lavapipe, no physical device behind it, which runs the workgroups on
+/// its CPU threads one after another at a fixed cost of tens of µs each),
+/// one per thread.
+pub fn busy_workgroups(sms: Option<u32>, software_threads: Option<usize>) -> usize {
+    match (sms, software_threads) {
+        (Some(sms), _) => 4 * sms.max(1) as usize,
+        (None, Some(threads)) => threads.max(1),
+        (None, None) => 4 * 132,
+    }
+}
+
 /// Workgroups [`argmax`] splits each row of `[b, n]` logits over on a
-/// device with `sms` streaming multiprocessors (compute units): enough that
-/// the batch has `4 · sms` workgroups (132 SMs, an H100 / H200, when the
-/// device does not say: wgpu never does), each reading at least
-/// [`SEGMENT_MIN`] logits, at most [`SEGMENTS_MAX`]; 1 (one workgroup a row,
-/// one kernel) once the batch alone fills the device. A split row costs a
-/// second, small launch that merges the segments' maxima (`12` bytes a
-/// segment). At B = 1 and V = 151936: 74 workgroups a row.
-pub fn row_segments(b: usize, n: usize, sms: Option<u32>) -> usize {
+/// device kept busy by `busy` workgroups ([`busy_workgroups`]): enough that
+/// the batch has `busy` of them, each reading at least [`SEGMENT_MIN`]
+/// logits, at most [`SEGMENTS_MAX`]; 1 (one workgroup a row, one kernel)
+/// once the batch alone fills the device. A split row costs a second,
+/// small launch that merges the segments' maxima (`12` bytes a segment).
+/// At B = 1 and V = 151936 on an H200: 74 workgroups a row.
+pub fn row_segments(b: usize, n: usize, busy: usize) -> usize {
     if b == 0 || n == 0 {
         return 1;
     }
-    let target = 4 * sms.unwrap_or(132).max(1) as usize;
-    target
+    busy.max(1)
         .div_ceil(b)
         .min(n / SEGMENT_MIN)
         .clamp(1, SEGMENTS_MAX)
+}
+
+/// The workgroups [`argmax`] splits each row of `logits` over on their
+/// device ([`row_segments`]); `None` where the kernel does not run (no
+/// cubecl device, kernels off).
+pub fn greedy_segments(logits: &Tensor<2>) -> Option<usize> {
+    #[cfg(feature = "cubecl-kernels")]
+    {
+        launch::greedy_segments(logits)
+    }
+    #[cfg(not(feature = "cubecl-kernels"))]
+    {
+        let _ = logits;
+        None
+    }
 }
 
 /// The lowest position of each row's maximum logit, `[B]` as i32
@@ -248,17 +276,29 @@ pub fn argmax(
     logits: &Tensor<2>,
     codes: TokenCodes<'_>,
 ) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
+    argmax_split(logits, codes, None)
+}
+
+/// [`argmax`] with each row split over `segments` workgroups (clamped to
+/// `1..=`[`SEGMENTS_MAX`]; 1: one workgroup a row, one kernel) instead of
+/// the device's own choice ([`greedy_segments`], `None`): the same tokens
+/// and codes for any split. For tests and for tuning on a given device.
+pub fn argmax_split(
+    logits: &Tensor<2>,
+    codes: TokenCodes<'_>,
+    segments: Option<usize>,
+) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
     let [b, n] = logits.dims();
     if !argmax_applies(b, n) {
         return None;
     }
     #[cfg(feature = "cubecl-kernels")]
     {
-        launch::argmax(logits, codes)
+        launch::argmax(logits, codes, segments.map(|s| s.clamp(1, SEGMENTS_MAX)))
     }
     #[cfg(not(feature = "cubecl-kernels"))]
     {
-        let _ = codes;
+        let _ = (codes, segments);
         None
     }
 }
@@ -489,24 +529,37 @@ mod tests {
 
     #[test]
     fn greedy_rows_split_until_the_batch_fills_the_device() {
+        let h200 = busy_workgroups(Some(132), None);
+        assert_eq!(h200, 528);
+        // A GPU that does not say (wgpu) is taken for an H200.
+        assert_eq!(busy_workgroups(None, None), h200);
+        // cuda says, even where the process also knows its CPU threads.
+        assert_eq!(busy_workgroups(Some(114), Some(2)), 456);
+        // lavapipe on 2 threads: one workgroup per thread.
+        let lavapipe = busy_workgroups(None, Some(2));
+        assert_eq!(lavapipe, 2);
+        assert_eq!(row_segments(1, 151_936, lavapipe), 2);
+        assert_eq!(row_segments(2, 151_936, lavapipe), 1);
         // B = 1 at V = 151936 on an H200 (132 SMs): 74 workgroups of 2053.
-        assert_eq!(row_segments(1, 151_936, Some(132)), 74);
-        assert_eq!(row_segments(1, 151_936, None), 74);
+        assert_eq!(row_segments(1, 151_936, h200), 74);
         // Segments never read fewer than SEGMENT_MIN logits.
-        assert_eq!(row_segments(1, 32_000, Some(132)), 15);
-        assert_eq!(row_segments(4, 4095, None), 1);
-        assert_eq!(row_segments(4, 4096, None), 2);
+        assert_eq!(row_segments(1, 32_000, h200), 15);
+        assert_eq!(row_segments(4, 4095, h200), 1);
+        assert_eq!(row_segments(4, 4096, h200), 2);
         // The batch fills the device: one workgroup a row.
-        assert_eq!(row_segments(528, 151_936, Some(132)), 1);
-        assert_eq!(row_segments(4096, 151_936, Some(132)), 1);
-        assert_eq!(row_segments(32, 151_936, Some(132)), 17);
+        assert_eq!(row_segments(528, 151_936, h200), 1);
+        assert_eq!(row_segments(4096, 151_936, h200), 1);
+        assert_eq!(row_segments(32, 151_936, h200), 17);
         // A huge device and row: capped.
-        assert_eq!(row_segments(1, 1 << 24, Some(1000)), SEGMENTS_MAX);
-        assert_eq!(row_segments(0, 10, None), 1);
-        assert_eq!(row_segments(1, 0, Some(0)), 1);
+        assert_eq!(
+            row_segments(1, 1 << 24, busy_workgroups(Some(1000), None)),
+            SEGMENTS_MAX
+        );
+        assert_eq!(row_segments(0, 10, h200), 1);
+        assert_eq!(row_segments(1, 0, 0), 1);
         for b in 1..600 {
             for n in [1usize, 2047, 2048, 50_000, 151_936] {
-                let s = row_segments(b, n, Some(132));
+                let s = row_segments(b, n, h200);
                 assert!((1..=SEGMENTS_MAX).contains(&s));
                 assert!(s == 1 || n / s >= SEGMENT_MIN, "b {b} n {n}: {s}");
                 assert!(

@@ -75,3 +75,69 @@ macro_rules! kernel {
     (@s) => { () };
 }
 pub(crate) use kernel;
+
+/// The WGSL wgpu runs for the row passes that read vectors: the row is
+/// bound and read as 16-byte vectors (`array<vec4<f32>>`) when launched
+/// with 4 lanes, as scalars with 1.
+#[cfg(feature = "wgpu")]
+mod wgsl {
+    use burn_cubecl::cubecl::wgpu::WgslCompiler;
+    use burn_cubecl::cubecl::{Compiler, CubeKernel, WgpuCompilationOptions};
+
+    use crate::kernels::cube::{CODES_OWN, argmax_part_rows, argmax_rows, topk_rows};
+    use crate::kernels::launch::UNITS;
+    use crate::kernels::{HISTORY_MAX, TOP_K_MAX};
+
+    fn wgsl(kernel: &impl CubeKernel) -> String {
+        WgslCompiler
+            .compile(kernel.define(), &WgpuCompilationOptions::default())
+            .expect("the kernel compiles to WGSL")
+            .to_string()
+    }
+
+    #[test]
+    fn row_passes_load_16_byte_vectors() {
+        for lanes in [4usize, 1] {
+            let part = kernel!(
+                argmax_part_rows::ArgmaxPartRows::new,
+                UNITS,
+                [b b b b],
+                [s s s],
+                lanes,
+                UNITS as usize
+            );
+            let rows = kernel!(
+                argmax_rows::ArgmaxRows::new,
+                UNITS,
+                [b b b b],
+                [s s],
+                lanes,
+                UNITS as usize,
+                CODES_OWN
+            );
+            let topk = kernel!(
+                topk_rows::TopkRows::new,
+                UNITS,
+                [b b b b b b b b b b b b],
+                [s s s s s s s s],
+                lanes,
+                UNITS as usize,
+                TOP_K_MAX,
+                true,
+                HISTORY_MAX
+            );
+            for (name, text) in [
+                ("argmax_part_rows", wgsl(&part)),
+                ("argmax_rows", wgsl(&rows)),
+                ("topk_rows", wgsl(&topk)),
+            ] {
+                let vector = text.contains("array<vec4<f32>>");
+                assert_eq!(
+                    vector,
+                    lanes == 4,
+                    "{name} at {lanes} lanes: vec4 bindings {vector}:\n{text}"
+                );
+            }
+        }
+    }
+}

@@ -75,7 +75,8 @@ fn top_k_compiles_with_and_without_penalties() {
             topk_rows::TopkRows::new,
             UNITS,
             [b b b b b b b b b b b b],
-            [s s s s s s s],
+            [s s s s s s s s],
+            4usize,
             UNITS as usize,
             TOP_K_MAX,
             pen,
@@ -100,11 +101,11 @@ fn split_greedy_segments_compile() {
     }
 }
 
-/// The greedy row passes at 4 lanes load 16-byte vectors, at least
+/// The greedy and top-k row passes at 4 lanes load 16-byte vectors, at least
 /// `LOADS_IN_FLIGHT` of them in the unrolled loop (`ld.global.v4`, or
 /// `ld.global.nc.v4` through the read-only path).
 #[test]
-fn greedy_row_passes_load_16_byte_vectors() {
+fn row_passes_load_16_byte_vectors() {
     let part = kernel!(
         argmax_part_rows::ArgmaxPartRows::new,
         UNITS,
@@ -122,9 +123,21 @@ fn greedy_row_passes_load_16_byte_vectors() {
         UNITS as usize,
         CODES_OWN
     );
+    let topk = kernel!(
+        topk_rows::TopkRows::new,
+        UNITS,
+        [b b b b b b b b b b b b],
+        [s s s s s s s s],
+        4usize,
+        UNITS as usize,
+        TOP_K_MAX,
+        false,
+        HISTORY_MAX
+    );
     for (name, text) in [
         ("argmax_part_rows", ptx("argmax_part_rows", &part, 90)),
         ("argmax_rows", ptx("argmax_rows", &rows, 90)),
+        ("topk_rows", ptx("topk_rows", &topk, 90)),
     ] {
         let loads = text
             .lines()

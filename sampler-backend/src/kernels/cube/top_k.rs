@@ -1,19 +1,24 @@
 //! The top-k kernel (`topk_rows`): a floor from a sample spread over the
 //! row, one pass that compacts the logits above it (and validates the row),
 //! a radix select when too many lie above the floor, the rank pass; history
-//! penalties applied inside the selection.
+//! penalties applied inside the selection. The row is read as vectors of
+//! `N` logits (16-byte loads at `N = 4`; `N = 1` for a width that is not a
+//! multiple of 4), the compaction pass with [`LOADS_IN_FLIGHT`] loads
+//! issued before the first is used.
 
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::common::{NEG_INF_KEY, clear_atomics, note_bad, order_key, shared_min, thread_chunk};
+use super::common::{
+    LOADS_IN_FLIGHT, NEG_INF_KEY, clear_atomics, note_bad, order_key, shared_min, thread_chunk,
+};
 
 /// Bins of one radix pass (8 bits).
 const BINS: usize = 256;
 
 #[cube(launch_unchecked)]
-pub(crate) fn topk_rows(
-    logits: &[f32],
+pub(crate) fn topk_rows<N: Size>(
+    logits: &[Vector<f32, N>],
     k_row: &[i32],
     hist_ids: &[i32],
     hist_counts: &[f32],
@@ -26,6 +31,7 @@ pub(crate) fn topk_rows(
     out_bad: &mut [i32],
     out_above: &mut [i32],
     width: u32,
+    lanes: u32,
     sample_end: u32,
     sample_stride: u32,
     k: u32,
@@ -39,7 +45,9 @@ pub(crate) fn topk_rows(
 ) {
     let row = CUBE_POS_X;
     let tid = UNIT_POS;
-    let base = row * width;
+    // The row's vectors: `row_v` of them from vector `base`.
+    let row_v = width / lanes;
+    let base = row * row_v;
 
     // History penalties (`pen`): the row's `h` history tokens, penalised
     // (the CPU rule), with their keys (0 for padding: below every logit's
@@ -62,7 +70,7 @@ pub(crate) fn topk_rows(
             let at = row * h + j;
             let c = hist_counts[at as usize];
             let id = u32::cast_from(hist_ids[at as usize]);
-            let orig = logits[(base + id) as usize];
+            let orig = logit_at::<N>(logits, base, id, lanes);
             let r = repeat[row as usize];
             let scaled = select(orig <= 0.0f32, orig * r, orig / r);
             let l = scaled - (c * frequency[row as usize] + presence[row as usize]);
@@ -106,8 +114,8 @@ pub(crate) fn topk_rows(
     // a valid stand-in for its maximum, so a device that flushes subnormals
     // only lowers the floor. A thread without elements offers -inf, the
     // lowest non-NaN key, which keeps the floor at or below every element.
-    // The maxima come from a sample of `sample_end` elements chosen by the
-    // host (`floor_sample`): runs of CUBE_DIM consecutive positions (one
+    // The maxima come from a sample of `sample_end` vectors chosen by the
+    // host (`floor_sample`): runs of CUBE_DIM consecutive vectors (one
     // coalesced load per thread), `sample_stride >= CUBE_DIM` apart, so the
     // sample spreads over the whole row. A prefix would not do: vocabularies
     // are ordered by id (byte and special tokens first, then bands of
@@ -120,10 +128,14 @@ pub(crate) fn topk_rows(
     let mut run = 0u32;
     while run * CUBE_DIM + tid < sample_end {
         let at = run * sample_stride + tid;
-        if at < width {
-            let x = logits[(base + at) as usize];
-            if x > own_f {
-                own_f = x;
+        if at < row_v {
+            let v = logits[(base + at) as usize];
+            #[unroll]
+            for j in 0..N::value() {
+                let x = v.extract(j);
+                if x > own_f {
+                    own_f = x;
+                }
             }
         }
         run += 1u32;
@@ -168,21 +180,80 @@ pub(crate) fn topk_rows(
     // No floor (0) or one at -inf: every non-NaN logit passes.
     let low_f = select(low <= NEG_INF_KEY, neg_inf, f32::reinterpret(low_bits));
     // The same pass validates the row (first NaN / +inf, as `first_bad`).
+    // Each thread takes vectors CUBE_DIM apart, LOADS_IN_FLIGHT loaded
+    // before the first is used (ascending positions within the thread).
+    let step = CUBE_DIM;
     let mut ic = tid;
-    while ic < width {
-        let x = logits[(base + ic) as usize];
-        bad = note_bad(bad, x, ic, none);
-        if x >= low_f {
-            let key = order_key(x);
-            if key >= low {
-                let at = counter[0].fetch_add(1u32);
-                if at < k_cap as u32 {
-                    cand_key[at as usize] = key;
-                    cand_pos[at as usize] = ic;
-                }
-            }
-        }
-        ic += CUBE_DIM;
+    while ic + (LOADS_IN_FLIGHT - 1u32) * step < row_v {
+        let v0 = logits[(base + ic) as usize];
+        let v1 = logits[(base + ic + step) as usize];
+        let v2 = logits[(base + ic + 2u32 * step) as usize];
+        let v3 = logits[(base + ic + 3u32 * step) as usize];
+        bad = compact_vector::<N>(
+            v0,
+            ic * lanes,
+            low,
+            low_f,
+            bad,
+            none,
+            &counter,
+            &mut cand_key,
+            &mut cand_pos,
+            k_cap,
+        );
+        bad = compact_vector::<N>(
+            v1,
+            (ic + step) * lanes,
+            low,
+            low_f,
+            bad,
+            none,
+            &counter,
+            &mut cand_key,
+            &mut cand_pos,
+            k_cap,
+        );
+        bad = compact_vector::<N>(
+            v2,
+            (ic + 2u32 * step) * lanes,
+            low,
+            low_f,
+            bad,
+            none,
+            &counter,
+            &mut cand_key,
+            &mut cand_pos,
+            k_cap,
+        );
+        bad = compact_vector::<N>(
+            v3,
+            (ic + 3u32 * step) * lanes,
+            low,
+            low_f,
+            bad,
+            none,
+            &counter,
+            &mut cand_key,
+            &mut cand_pos,
+            k_cap,
+        );
+        ic += LOADS_IN_FLIGHT * step;
+    }
+    while ic < row_v {
+        let v = logits[(base + ic) as usize];
+        bad = compact_vector::<N>(
+            v,
+            ic * lanes,
+            low,
+            low_f,
+            bad,
+            none,
+            &counter,
+            &mut cand_key,
+            &mut cand_pos,
+            k_cap,
+        );
+        ic += step;
     }
     bads[tid as usize] = bad;
     shared_min(&mut bads);
@@ -206,10 +277,14 @@ pub(crate) fn topk_rows(
         clear_atomics(&hist, 256u32);
         sync_cube();
         let mut i = tid;
-        while i < width && !fast {
-            let key = order_key(logits[(base + i) as usize]);
-            if key >= low && (key & mask) == prefix {
-                hist[((key >> shift) & 255u32) as usize].fetch_add(1u32);
+        while i < row_v && !fast {
+            let v = logits[(base + i) as usize];
+            #[unroll]
+            for j in 0..N::value() {
+                let key = order_key(v.extract(j));
+                if key >= low && (key & mask) == prefix {
+                    hist[((key >> shift) & 255u32) as usize].fetch_add(1u32);
+                }
             }
             i += CUBE_DIM;
         }
@@ -245,17 +320,22 @@ pub(crate) fn topk_rows(
     // (the lowest positions), after the `k - remaining` larger keys.
     let count_gt = k - remaining;
 
-    // Survivors in ascending position: each thread owns a contiguous chunk.
-    let (start, end) = thread_chunk(width);
+    // Survivors in ascending position: each thread owns a contiguous chunk
+    // of vectors.
+    let (start, end) = thread_chunk(row_v);
     let mut gt = 0u32;
     let mut eq = 0u32;
     if !fast {
         for i in start..end {
-            let key = order_key(logits[(base + i) as usize]);
-            if key > prefix {
-                gt += 1u32;
-            } else if key == prefix {
-                eq += 1u32;
+            let v = logits[(base + i) as usize];
+            #[unroll]
+            for j in 0..N::value() {
+                let key = order_key(v.extract(j));
+                if key > prefix {
+                    gt += 1u32;
+                } else if key == prefix {
+                    eq += 1u32;
+                }
             }
         }
     }
@@ -278,18 +358,24 @@ pub(crate) fn topk_rows(
     let mut og = cnt_gt[tid as usize];
     let mut oe = cnt_eq[tid as usize];
     let collect_end = select(fast, start, end);
-    for i in start..collect_end {
-        let key = order_key(logits[(base + i) as usize]);
-        if key > prefix {
-            cand_key[og as usize] = key;
-            cand_pos[og as usize] = i;
-            og += 1u32;
-        } else if key == prefix {
-            if oe < remaining {
-                cand_key[(count_gt + oe) as usize] = key;
-                cand_pos[(count_gt + oe) as usize] = i;
+    for iv in start..collect_end {
+        let v = logits[(base + iv) as usize];
+        let mut i = iv * lanes;
+        #[unroll]
+        for j in 0..N::value() {
+            let key = order_key(v.extract(j));
+            if key > prefix {
+                cand_key[og as usize] = key;
+                cand_pos[og as usize] = i;
+                og += 1u32;
+            } else if key == prefix {
+                if oe < remaining {
+                    cand_key[(count_gt + oe) as usize] = key;
+                    cand_pos[(count_gt + oe) as usize] = i;
+                }
+                oe += 1u32;
             }
-            oe += 1u32;
+            i += 1u32;
         }
     }
     sync_cube();
@@ -336,7 +422,7 @@ pub(crate) fn topk_rows(
             let slot = (row * k_out + rank) as usize;
             out_vals[slot] = select(
                 live,
-                logits[(base + p) as usize],
+                logit_at::<N>(logits, base, p, lanes),
                 f32::reinterpret(0xFF80_0000u32),
             );
             out_pos[slot] = i32::cast_from(p);
@@ -377,6 +463,54 @@ pub(crate) fn topk_rows(
         out_order[at] = i32::cast_from(pad_base + slot);
         slot += CUBE_DIM;
     }
+}
+
+/// The logit at position `i` of the row whose first vector is `base`
+/// (`lanes = N` logits a vector): for the few scattered reads (history
+/// tokens, the kept values), not the passes over the row.
+#[cube]
+fn logit_at<N: Size>(logits: &[Vector<f32, N>], base: u32, i: u32, lanes: u32) -> f32 {
+    logits[(base + i / lanes) as usize].extract_dynamic(usize::cast_from(i % lanes))
+}
+
+/// The compaction of one vector of `N` logits at positions `at..at + N`:
+/// each lane at or above the floor (`low_f` as a logit, `low` as a key)
+/// takes a slot of `cand_key` / `cand_pos` (up to `k_cap`; `counter` counts
+/// every one); returns the thread's first validation key after the lanes
+/// (`bad`, `none` before a hit).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn compact_vector<N: Size>(
+    v: Vector<f32, N>,
+    at: u32,
+    low: u32,
+    low_f: f32,
+    bad: u32,
+    none: u32,
+    counter: &Shared<[Atomic<u32>]>,
+    cand_key: &mut Shared<[u32]>,
+    cand_pos: &mut Shared<[u32]>,
+    #[comptime] k_cap: usize,
+) -> u32 {
+    let mut b = bad;
+    let mut i = at;
+    #[unroll]
+    for j in 0..N::value() {
+        let x = v.extract(j);
+        b = note_bad(b, x, i, none);
+        if x >= low_f {
+            let key = order_key(x);
+            if key >= low {
+                let slot = counter[0].fetch_add(1u32);
+                if slot < k_cap as u32 {
+                    cand_key[slot as usize] = key;
+                    cand_pos[slot as usize] = i;
+                }
+            }
+        }
+        i += 1u32;
+    }
+    b
 }
 
 /// How many of the first `n` entries (`keys`, `pos`) rank before the

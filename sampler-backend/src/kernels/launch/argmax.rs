@@ -2,19 +2,43 @@
 //! each row split over several workgroups and merged ([`row_segments`]).
 
 use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::tensor::CubeTensor;
 use burn_tensor::{DType, Int, Tensor};
 
 use super::{int_tensor, output, per_row, resolve_float, row_lanes, units};
 use crate::kernels::cube::{argmax_merge_rows, argmax_part_rows, argmax_rows};
-use crate::kernels::{TokenCodes, row_segments};
+use crate::kernels::{TokenCodes, busy_workgroups, row_segments};
 
 /// Threads of the merge kernel's workgroup (one a row).
 const MERGE_UNITS: u32 = 64;
 
-/// [`crate::kernels::argmax`] on rows it takes.
+/// Segments per row of `[b, n]` logits on `cube`'s device: a software
+/// device (no physical device behind it: lavapipe) is kept busy by one
+/// workgroup per CPU thread.
+fn segments(cube: &CubeTensor, b: usize, n: usize) -> usize {
+    let props = cube.client.properties();
+    let software = props
+        .identity
+        .physical
+        .is_none()
+        .then(|| std::thread::available_parallelism().map_or(1, |t| t.get()));
+    let busy = busy_workgroups(props.hardware.num_streaming_multiprocessors, software);
+    row_segments(b, n, busy)
+}
+
+/// [`crate::kernels::greedy_segments`].
+pub(crate) fn greedy_segments(logits: &Tensor<2>) -> Option<usize> {
+    let [b, n] = logits.dims();
+    let (cube, _) = resolve_float(logits)?;
+    Some(segments(&cube, b, n))
+}
+
+/// [`crate::kernels::argmax_split`] on rows it takes (`segments`: the
+/// device's choice when `None`).
 pub(crate) fn argmax(
     logits: &Tensor<2>,
     codes: TokenCodes<'_>,
+    segments: Option<usize>,
 ) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
     let [b, n] = logits.dims();
     let (cube, fusion) = resolve_float(logits)?;
@@ -22,10 +46,9 @@ pub(crate) fn argmax(
     let units = units(&cube);
     let out = output(&cube, [b], DType::I32);
     let bad = output(&cube, [b, 1], DType::I32);
-    let props = cube.client.properties();
-    let segments = row_segments(b, n, props.hardware.num_streaming_multiprocessors);
+    let segments = segments.unwrap_or_else(|| self::segments(&cube, b, n));
     let lanes = row_lanes(&cube, n);
-    if segments > 1 && b <= props.hardware.max_cube_count.1 as usize {
+    if segments > 1 && b <= cube.client.properties().hardware.max_cube_count.1 as usize {
         // Segments of whole vectors.
         let seg = (n / lanes).div_ceil(segments);
         let (key, pos, pbad) = (
@@ -94,58 +117,4 @@ pub(crate) fn argmax(
     }
     crate::launches::declare_read("argmax_rows", 4 * b * n + 4 * b);
     Some((int_tensor(out, &fusion), int_tensor(bad, &fusion)))
-}
-
-/// The WGSL wgpu runs for the greedy row passes: the row is bound and read
-/// as 16-byte vectors (`array<vec4<f32>>`) when launched with 4 lanes, as
-/// scalars with 1.
-#[cfg(all(test, feature = "wgpu"))]
-mod wgsl {
-    use burn_cubecl::cubecl::wgpu::WgslCompiler;
-    use burn_cubecl::cubecl::{Compiler, CubeKernel, WgpuCompilationOptions};
-
-    use crate::kernels::cube::{argmax_part_rows, argmax_rows};
-    use crate::kernels::launch::UNITS;
-    use crate::kernels::offline::kernel;
-
-    fn wgsl(kernel: &impl CubeKernel) -> String {
-        WgslCompiler
-            .compile(kernel.define(), &WgpuCompilationOptions::default())
-            .expect("the kernel compiles to WGSL")
-            .to_string()
-    }
-
-    #[test]
-    fn greedy_row_passes_load_16_byte_vectors() {
-        for lanes in [4usize, 1] {
-            let part = kernel!(
-                argmax_part_rows::ArgmaxPartRows::new,
-                UNITS,
-                [b b b b],
-                [s s s],
-                lanes,
-                UNITS as usize
-            );
-            let rows = kernel!(
-                argmax_rows::ArgmaxRows::new,
-                UNITS,
-                [b b b b],
-                [s s],
-                lanes,
-                UNITS as usize,
-                crate::kernels::cube::CODES_OWN
-            );
-            for (name, text) in [
-                ("argmax_part_rows", wgsl(&part)),
-                ("argmax_rows", wgsl(&rows)),
-            ] {
-                let vector = text.contains("array<vec4<f32>>");
-                assert_eq!(
-                    vector,
-                    lanes == 4,
-                    "{name} at {lanes} lanes: vec4 bindings {vector}:\n{text}"
-                );
-            }
-        }
-    }
 }

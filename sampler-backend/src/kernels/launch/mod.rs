@@ -29,7 +29,7 @@ mod token_codes;
 mod top_k;
 mod top_p_full;
 
-pub(crate) use argmax::argmax;
+pub(crate) use argmax::{argmax, greedy_segments};
 pub(crate) use cut_dist::cut_dist_full;
 pub(crate) use first_bad::first_bad;
 pub(crate) use min_p::min_p;

@@ -4,7 +4,9 @@
 use burn_cubecl::cubecl::prelude::*;
 use burn_tensor::{DType, Int, Tensor};
 
-use super::{float_tensor, int_tensor, output, per_row, resolve_float, resolve_int, units};
+use super::{
+    float_tensor, int_tensor, output, per_row, resolve_float, resolve_int, row_lanes, units,
+};
 use crate::HistoryPenalties;
 use crate::kernels::cube::topk_rows;
 use crate::kernels::{HISTORY_MAX, TOP_K_MAX, TopK};
@@ -14,25 +16,25 @@ use crate::kernels::{HISTORY_MAX, TOP_K_MAX, TopK};
 const FLOOR_SAMPLE: u32 = 128;
 
 /// The fewest runs the floor's sample takes (each `units` consecutive
-/// positions): at a small `k` one run would be the row's first `units`
-/// logits, and a row whose likely tokens sit at high ids (bands of
+/// vectors): at a small `k` one run would be the row's first `units`
+/// vectors, and a row whose likely tokens sit at high ids (bands of
 /// frequency) would send most of itself above that floor.
-const FLOOR_RUNS_MIN: u32 = 16;
+const FLOOR_RUNS_MIN: usize = 8;
 
 /// Logits expected above the top-k kernel's floor (well inside the
 /// compaction's [`TOP_K_MAX`] slots).
 const FLOOR_TARGET: f64 = 256.0;
 
-/// How many elements, and how far apart their runs start, of the sample
-/// whose per-thread maxima give the top-k kernel's floor (the `k`-th
-/// largest of `units` maxima). The sample is `s` runs of `units`
-/// consecutive positions spread evenly over the row, the first at its
-/// start, the last ending within `s` positions of its end (`stride >=
-/// units` apart, so the runs never overlap; at least [`FLOOR_RUNS_MIN`]
-/// runs; the whole row when it is that short),
+/// How many vectors (`lanes` logits each), and how far apart their runs
+/// start, of the sample whose per-thread maxima give the top-k kernel's
+/// floor (the `k`-th largest of `units` maxima), on a row of `n` logits.
+/// The sample is `r` runs of `units` consecutive vectors spread evenly over
+/// the row, the first at its start, the last ending within `r` vectors of
+/// its end (`stride >= units` vectors apart, so the runs never overlap; at
+/// least [`FLOOR_RUNS_MIN`] runs; the whole row when it is that short),
 /// so that a row whose likely tokens sit at high ids (byte and special
 /// tokens first, bands of frequency after them) gets the floor of the whole
-/// row, not of its prefix. With `s` elements
+/// row, not of its prefix. With `s = r·lanes` elements
 /// per thread, a logit of a row without structure lies above the floor
 /// with probability about `-ln(1 - k/units) / s`, so `s` is chosen to
 /// expect [`FLOOR_TARGET`] logits above it: the sample is a small part of
@@ -40,23 +42,24 @@ const FLOOR_TARGET: f64 = 256.0;
 /// (256 rather than more: ranking the compacted logits costs O(n²) in
 /// shared memory, and 256 fewer ranked is worth 0.1 of a read.)
 /// `(0, units)` when `k` exceeds `units` (the kernel takes no floor then).
-fn floor_sample(n: usize, k: usize, units: u32) -> (usize, usize) {
+fn floor_sample(n: usize, k: usize, units: u32, lanes: usize) -> (usize, usize) {
     let units = units as usize;
-    if k > units || n == 0 {
+    let nv = n / lanes;
+    if k > units || nv == 0 {
         return (0, units);
     }
     let tail = -(1.0 - k as f64 / units as f64).ln();
-    let per_thread = (n as f64 * tail / FLOOR_TARGET)
+    let runs_max = (FLOOR_SAMPLE as usize / lanes).max(FLOOR_RUNS_MIN);
+    let runs = ((n as f64 * tail / FLOOR_TARGET) / lanes as f64)
         .ceil()
-        .clamp(f64::from(FLOOR_RUNS_MIN), f64::from(FLOOR_SAMPLE)) as usize;
-    if per_thread * units >= n {
+        .clamp(FLOOR_RUNS_MIN as f64, runs_max as f64) as usize;
+    if runs * units >= nv {
         // The whole row, in consecutive runs.
-        return (n, units);
+        return (nv, units);
     }
-    // `n >= (per_thread + 1)·units` here, so the stride is at least
-    // `units` and the last run, at `(per_thread - 1)·stride`, ends inside
-    // the row.
-    (per_thread * units, (n - units) / (per_thread - 1))
+    // `nv >= (runs + 1)·units` here, so the stride is at least `units`
+    // and the last run, at `(runs - 1)·stride`, ends inside the row.
+    (runs * units, (nv - units) / (runs - 1))
 }
 
 /// [`crate::kernels::top_k`] on rows it takes, `h` history tokens per row.
@@ -100,7 +103,8 @@ pub(crate) fn top_k(
     let bad = output(&cube, [b, 1], DType::I32);
     let above = output(&cube, [b, 1], DType::I32);
     let k_sel = (k + h).min(n);
-    let (sample, stride) = floor_sample(n, k_sel, units);
+    let lanes = row_lanes(&cube, n);
+    let (sample, stride) = floor_sample(n, k_sel, units, lanes);
     let hb = b * h.max(1);
     let (cubes, dim) = per_row(b, units);
     // SAFETY: every index the kernel forms is inside its buffers (row
@@ -111,6 +115,7 @@ pub(crate) fn top_k(
             &cube.client,
             cubes,
             dim,
+            lanes,
             BufferArg::from_raw_parts(cube.handle.clone(), b * n),
             BufferArg::from_raw_parts(k_row.handle.clone(), b),
             BufferArg::from_raw_parts(hist_ids.handle.clone(), hb),
@@ -124,6 +129,7 @@ pub(crate) fn top_k(
             BufferArg::from_raw_parts(bad.handle.clone(), b),
             BufferArg::from_raw_parts(above.handle.clone(), b),
             n as u32,
+            lanes as u32,
             sample as u32,
             stride as u32,
             k_sel as u32,
@@ -140,7 +146,7 @@ pub(crate) fn top_k(
     // history's ids, counts and logits, the k written values' re-reads.
     crate::launches::declare_read(
         "topk_rows",
-        4 * b * (n + sample + 1 + k) + 12 * b * h + 12 * b,
+        4 * b * (n + sample * lanes + 1 + k) + 12 * b * h + 12 * b,
     );
     Some(TopK {
         logits: float_tensor(vals, &fusion),
@@ -159,15 +165,17 @@ mod tests {
     /// it: the last run starts in the row's last `stride` positions.
     #[test]
     fn floor_sample_runs_cover_the_row_without_overlap() {
-        for units in [32u32, 64, 256] {
+        for (units, lanes) in [(32u32, 1usize), (64, 1), (256, 1), (256, 4)] {
             let u = units as usize;
-            for n in [1usize, 31, 256, 1000, 32_000, 49_152, 151_936, 262_144] {
+            for n in [4usize, 32, 256, 1000, 32_000, 49_152, 151_936, 262_144] {
                 for k in [1usize, 2, 40, 50, u, u + 1] {
-                    let (sample, stride) = floor_sample(n, k, units);
+                    let (sample, stride) = floor_sample(n, k, units, lanes);
                     if k > u {
                         assert_eq!(sample, 0, "no floor when k > units");
                         continue;
                     }
+                    // In vectors from here.
+                    let n = n / lanes;
                     assert!(sample >= 1 && sample <= n, "n {n} k {k}: {sample}");
                     assert!(stride >= u, "runs overlap: n {n} k {k} stride {stride}");
                     if sample == n {
@@ -176,7 +184,7 @@ mod tests {
                     }
                     assert_eq!(sample % u, 0, "whole runs only");
                     let runs = sample / u;
-                    assert!(runs >= FLOOR_RUNS_MIN as usize && runs <= FLOOR_SAMPLE as usize);
+                    assert!(runs >= FLOOR_RUNS_MIN && runs * lanes <= FLOOR_SAMPLE as usize);
                     let last = (runs - 1) * stride;
                     assert!(last + u <= n, "n {n} k {k}: a run past the row");
                     // (n - u) - (runs - 1)·⌊(n - u) / (runs - 1)⌋ < runs - 1:
