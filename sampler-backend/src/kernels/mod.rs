@@ -66,7 +66,7 @@ use crate::HistoryPenalties;
 mod cube;
 #[cfg(feature = "cubecl-kernels")]
 mod launch;
-#[cfg(all(test, feature = "cubecl-kernels"))]
+#[cfg(all(test, any(feature = "wgpu", feature = "cuda")))]
 mod offline;
 #[cfg(all(test, feature = "cuda"))]
 mod ptx_offline;

@@ -12,8 +12,10 @@
 //! (`argmax_part_rows`, grid `(segments, B)`) and merged.
 
 // `(a + b - 1) / b` inside `#[cube]` functions: cubecl's frontend has no
-// `div_ceil` for runtime values.
-#![allow(clippy::manual_div_ceil)]
+// `div_ceil` for runtime values; and a position counted beside an unrolled
+// `for j in 0..N::value()` over a vector's lanes: it expands `for` over a
+// range only, not `zip`.
+#![allow(clippy::manual_div_ceil, clippy::explicit_counter_loop)]
 
 mod argmax;
 mod common;

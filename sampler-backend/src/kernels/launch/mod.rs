@@ -136,7 +136,11 @@ fn int_tensor<const D: usize>(out: CubeTensor, fusion: &FusionClient) -> Tensor<
 /// loads 4-wide vectors of `f32` well; 1 otherwise (any width still runs).
 fn row_lanes(cube: &CubeTensor, n: usize) -> usize {
     const LANES: usize = 4;
-    let aligned = cube.handle.offset_start.unwrap_or(0) % (4 * LANES as u64) == 0;
+    let aligned = cube
+        .handle
+        .offset_start
+        .unwrap_or(0)
+        .is_multiple_of(4 * LANES as u64);
     let wide = cube.client.io_optimized_vector_sizes(4).any(|v| v == LANES);
     if n.is_multiple_of(LANES) && aligned && wide {
         LANES
