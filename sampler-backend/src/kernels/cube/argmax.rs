@@ -48,14 +48,18 @@ pub(crate) fn argmax_rows<N: Size>(
         &mut best_pos,
         &mut bads,
     );
-    let none = 2u32 * width;
     if UNIT_POS == 0u32 {
-        out_bad[row as usize] = i32::cast_from(bads[0]);
-        let key = best_key[0];
-        let pos = i32::cast_from(best_pos[0]);
-        let tok = select(key <= NEG_INF_KEY, -1i32, pos);
-        let code = code_key(bad_in, bads[0], row, none, codes);
-        out[row as usize] = with_code(tok, code, none);
+        write_greedy(
+            bad_in,
+            out,
+            out_bad,
+            row,
+            best_key[0],
+            best_pos[0],
+            bads[0],
+            width,
+            codes,
+        );
     }
 }
 
@@ -150,11 +154,39 @@ pub(crate) fn argmax_merge_rows(
     best_pos[tid as usize] = bp;
     reduce_first_max(&mut best_key, &mut best_pos);
     if tid == 0u32 {
-        out_bad[row as usize] = i32::cast_from(bads[0]);
-        let key = best_key[0];
-        let pos = i32::cast_from(best_pos[0]);
-        let tok = select(key <= NEG_INF_KEY, -1i32, pos);
-        let code = code_key(bad_in, bads[0], row, none, codes);
-        out[row as usize] = with_code(tok, code, none);
+        write_greedy(
+            bad_in,
+            out,
+            out_bad,
+            row,
+            best_key[0],
+            best_pos[0],
+            bads[0],
+            width,
+            codes,
+        );
     }
+}
+
+/// What both greedy kernels write for `row` (one thread): its validation
+/// key `bad`, and its token (the first maximum's position `pos`, -1 when
+/// the best key `key` is at most -inf's) or its status code ([`code_key`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn write_greedy(
+    bad_in: &[i32],
+    out: &mut [i32],
+    out_bad: &mut [i32],
+    row: u32,
+    key: u32,
+    pos: u32,
+    bad: u32,
+    width: u32,
+    #[comptime] codes: u32,
+) {
+    let none = 2u32 * width;
+    out_bad[row as usize] = i32::cast_from(bad);
+    let tok = select(key <= NEG_INF_KEY, -1i32, i32::cast_from(pos));
+    let code = code_key(bad_in, bad, row, none, codes);
+    out[row as usize] = with_code(tok, code, none);
 }
