@@ -55,6 +55,9 @@ pub struct Llama2 {
     rope_cos: Tensor<2>,       // [seq_len, head_size / 2]
     rope_sin: Tensor<2>,       // [seq_len, head_size / 2]
     positions: Tensor<1, Int>, // [seq_len]: 0, 1, ..
+    /// Attention as a broadcast product and a sum (a fused reduction) rather
+    /// than two matmuls: on the cubecl devices (see [`attend`]).
+    fused_attention: bool,
 }
 
 /// Keys and values of every past position, one pair of tensors per layer,
@@ -103,6 +106,51 @@ fn upload_row(w: &[f32], device: &Device) -> Tensor<2> {
 fn rmsnorm(x: Tensor<2>, w: &Tensor<2>) -> Tensor<2> {
     let ms = x.clone().powi_scalar(2).mean_dim(1); // [1, 1]
     x.div(ms.add_scalar(RMS_EPS).sqrt()).mul(w.clone())
+}
+
+/// Grouped-query attention of one query per head over a sequence of keys
+/// and values: `q: [B, n_kv, group, hs]` (query head `kv · group + g` reads
+/// kv head `kv`), `k`, `v: [B, n_kv, S, hs]`, `future: [B, n_kv, group, S]`
+/// (true = masked); returns `[B, n_kv, group, hs]`.
+///
+/// On a CPU device both products are matmuls (`[group, hs] x [hs, S]`). On
+/// the cubecl devices they are a broadcast product summed over the
+/// contracted axis, which the fusion backend turns into one reduction kernel
+/// each: a `group`-row matmul would take the general tiled matmul, whose
+/// autotune compiles a dozen shader variants per shape for what is a
+/// vector-matrix product per head (on a software Vulkan driver, minutes of
+/// shader compilation per process). Same values up to summation order.
+fn attend(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    future: &Tensor<4, burn_tensor::Bool>,
+    scale: f64,
+    fused: bool,
+) -> Tensor<4> {
+    let [b, n_kv, group, hs] = q.dims();
+    let s = k.dims()[2];
+    if !fused {
+        let scores = q
+            .matmul(k.swap_dims(2, 3))
+            .mul_scalar(scale)
+            .mask_fill(future.clone(), f32::NEG_INFINITY); // [B, n_kv, group, S]
+        return softmax(scores, 3).matmul(v);
+    }
+    // [B, n_kv, group, 1, hs] * [B, n_kv, 1, S, hs], summed over hs.
+    let scores: Tensor<4> = q
+        .unsqueeze_dim::<5>(3)
+        .mul(k.unsqueeze_dim::<5>(2))
+        .sum_dim(4)
+        .reshape([b, n_kv, group, s])
+        .mul_scalar(scale)
+        .mask_fill(future.clone(), f32::NEG_INFINITY);
+    // [B, n_kv, group, S, 1] * [B, n_kv, 1, S, hs], summed over S.
+    softmax(scores, 3)
+        .unsqueeze_dim::<5>(4)
+        .mul(v.unsqueeze_dim::<5>(2))
+        .sum_dim(3)
+        .reshape([b, n_kv, group, hs])
 }
 
 impl Llama2 {
@@ -159,6 +207,7 @@ impl Llama2 {
             rope_cos: Tensor::from_data(TensorData::new(cos, [c.seq_len, half]), device),
             rope_sin: Tensor::from_data(TensorData::new(sin, [c.seq_len, half]), device),
             positions: Tensor::arange(0..c.seq_len as i64, device),
+            fused_attention: !sampler_backend::is_cpu_device(device),
         }
     }
 
@@ -383,12 +432,15 @@ impl Llama2 {
             let k_cache = k_cache.select_assign(0, write_ix.clone(), k, assign);
             let v_cache = v_cache.select_assign(0, write_ix.clone(), v, assign);
             let q = q.reshape([b, n_kv, group, hs]);
-            let scores = q
-                .matmul(of_rows(&k_cache).swap_dims(2, 3))
-                .mul_scalar(scale)
-                .mask_fill(future.clone(), f32::NEG_INFINITY); // [B, n_kv, group, span]
-            let att = softmax(scores, 3);
-            let out = att.matmul(of_rows(&v_cache)).reshape([b, c.dim]);
+            let out = attend(
+                q,
+                of_rows(&k_cache),
+                of_rows(&v_cache),
+                &future,
+                scale,
+                self.fused_attention,
+            )
+            .reshape([b, c.dim]);
             cache.k.push(k_cache);
             cache.v.push(v_cache);
             x = x.add(out.matmul(blk.wo.clone()));
@@ -480,8 +532,8 @@ impl Llama2 {
             .positions
             .clone()
             .greater_elem(pos as i64)
-            .reshape([1, 1, seq])
-            .expand([n_kv, group, seq]);
+            .reshape([1, 1, 1, seq])
+            .expand([1, n_kv, group, seq]);
         let scale = 1.0 / (hs as f64).sqrt();
 
         for (l, b) in self.blocks.iter().enumerate() {
@@ -499,13 +551,16 @@ impl Llama2 {
             cache.k[l] = cache.k[l].clone().mask_where(write.clone(), k);
             cache.v[l] = cache.v[l].clone().mask_where(write.clone(), v);
             // Query head h = kv * group + g reads kv head h / group.
-            let q = q.reshape([n_kv, group, hs]);
-            let scores = q
-                .matmul(cache.k[l].clone().swap_dims(1, 2))
-                .mul_scalar(scale)
-                .mask_fill(future.clone(), f32::NEG_INFINITY); // [n_kv, group, seq]
-            let att = softmax(scores, 2);
-            let out = att.matmul(cache.v[l].clone()).reshape([1, c.dim]);
+            let q = q.reshape([1, n_kv, group, hs]);
+            let out = attend(
+                q,
+                cache.k[l].clone().unsqueeze_dim(0),
+                cache.v[l].clone().unsqueeze_dim(0),
+                &future,
+                scale,
+                self.fused_attention,
+            )
+            .reshape([1, c.dim]);
             x = x.add(out.matmul(b.wo.clone()));
 
             // SwiGLU feed-forward.
