@@ -84,8 +84,11 @@ mod wgsl {
     use burn_cubecl::cubecl::wgpu::WgslCompiler;
     use burn_cubecl::cubecl::{Compiler, CubeKernel, WgpuCompilationOptions};
 
-    use crate::kernels::cube::{CODES_OWN, argmax_part_rows, argmax_rows, topk_rows};
-    use crate::kernels::launch::UNITS;
+    use crate::kernels::cube::{
+        CODES_OWN, argmax_part_rows, argmax_rows, min_p_dist_full_rows, top_p_dist_full_rows,
+        topk_rows,
+    };
+    use crate::kernels::launch::{FULL_ROW_UNITS, UNITS};
     use crate::kernels::{HISTORY_MAX, TOP_K_MAX};
 
     fn wgsl(kernel: &impl CubeKernel) -> String {
@@ -126,10 +129,33 @@ mod wgsl {
                 true,
                 HISTORY_MAX
             );
+            let top_p = kernel!(
+                top_p_dist_full_rows::TopPDistFullRows::new,
+                FULL_ROW_UNITS,
+                [b b b b b b b],
+                [s s s s],
+                lanes,
+                FULL_ROW_UNITS as usize,
+                true,
+                CODES_OWN
+            );
+            let min_p = kernel!(
+                min_p_dist_full_rows::MinPDistFullRows::new,
+                FULL_ROW_UNITS,
+                [b b b b b b b],
+                [s s s s],
+                lanes,
+                FULL_ROW_UNITS as usize,
+                true,
+                CODES_OWN,
+                false
+            );
             for (name, text) in [
                 ("argmax_part_rows", wgsl(&part)),
                 ("argmax_rows", wgsl(&rows)),
                 ("topk_rows", wgsl(&topk)),
+                ("top_p_dist_full_rows", wgsl(&top_p)),
+                ("min_p_dist_full_rows", wgsl(&min_p)),
             ] {
                 let vector = text.contains("array<vec4<f32>>");
                 assert_eq!(

@@ -134,10 +134,39 @@ fn row_passes_load_16_byte_vectors() {
         false,
         HISTORY_MAX
     );
+    let top_p = kernel!(
+        top_p_dist_full_rows::TopPDistFullRows::new,
+        FULL_ROW_UNITS,
+        [b b b b b b b],
+        [s s s s],
+        4usize,
+        FULL_ROW_UNITS as usize,
+        true,
+        CODES_OWN
+    );
+    let min_p = kernel!(
+        min_p_dist_full_rows::MinPDistFullRows::new,
+        FULL_ROW_UNITS,
+        [b b b b b b b],
+        [s s s s],
+        4usize,
+        FULL_ROW_UNITS as usize,
+        true,
+        CODES_OWN,
+        false
+    );
     for (name, text) in [
         ("argmax_part_rows", ptx("argmax_part_rows", &part, 90)),
         ("argmax_rows", ptx("argmax_rows", &rows, 90)),
         ("topk_rows", ptx("topk_rows", &topk, 90)),
+        (
+            "top_p_dist_full_rows",
+            ptx("top_p_dist_full_rows", &top_p, 90),
+        ),
+        (
+            "min_p_dist_full_rows",
+            ptx("min_p_dist_full_rows", &min_p, 90),
+        ),
     ] {
         let loads = text
             .lines()
@@ -187,7 +216,8 @@ fn selecting_kernels_compile_for_every_status_mode() {
                 top_p_dist_full_rows::TopPDistFullRows::new,
                 FULL_ROW_UNITS,
                 [b b b b b b b],
-                [s s s],
+                [s s s s],
+                4usize,
                 FULL_ROW_UNITS as usize,
                 has_t,
                 codes
@@ -202,7 +232,8 @@ fn selecting_kernels_compile_for_every_status_mode() {
                     min_p_dist_full_rows::MinPDistFullRows::new,
                     FULL_ROW_UNITS,
                     [b b b b b b b],
-                    [s s s],
+                    [s s s s],
+                    4usize,
                     FULL_ROW_UNITS as usize,
                     has_t,
                     codes,

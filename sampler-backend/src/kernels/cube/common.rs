@@ -263,6 +263,29 @@ pub(crate) fn reduce_first_max<T: Int>(keys: &mut Shared<[u32]>, ties: &mut Shar
     }
 }
 
+/// The logit at position `i` of the row whose first vector is `base`
+/// (`lanes = N` logits a vector): for scattered reads and the passes that
+/// walk contiguous chunks position by position, not the passes that stride
+/// over the whole row (those load whole vectors).
+#[cube]
+pub(crate) fn logit_at<N: Size>(logits: &[Vector<f32, N>], base: u32, i: u32, lanes: u32) -> f32 {
+    logits[(base + i / lanes) as usize].extract_dynamic(usize::cast_from(i % lanes))
+}
+
+/// [`max_logit`] on a row of vectors (`base` its first vector).
+#[cube]
+pub(crate) fn max_logit_vec<N: Size>(
+    logits: &[Vector<f32, N>],
+    base: u32,
+    lanes: u32,
+    width: u32,
+    first: u32,
+    dead: bool,
+) -> f32 {
+    let m_raw = logit_at::<N>(logits, base, select(first < width, first, 0u32), lanes);
+    select(dead, 0.0f32, m_raw)
+}
+
 /// The row maximum as a logit, read at its first position `first`
 /// (`width` when the row has none): 0 for a row without a finite logit
 /// (`dead`: its best key at or below [`NEG_INF_KEY`]), so that `l - m`

@@ -10,7 +10,8 @@ use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::common::{
-    LOADS_IN_FLIGHT, NEG_INF_KEY, clear_atomics, note_bad, order_key, shared_min, thread_chunk,
+    LOADS_IN_FLIGHT, NEG_INF_KEY, clear_atomics, logit_at, note_bad, order_key, shared_min,
+    thread_chunk,
 };
 
 /// Bins of one radix pass (8 bits).
@@ -463,14 +464,6 @@ pub(crate) fn topk_rows<N: Size>(
         out_order[at] = i32::cast_from(pad_base + slot);
         slot += CUBE_DIM;
     }
-}
-
-/// The logit at position `i` of the row whose first vector is `base`
-/// (`lanes = N` logits a vector): for the few scattered reads (history
-/// tokens, the kept values), not the passes over the row.
-#[cube]
-fn logit_at<N: Size>(logits: &[Vector<f32, N>], base: u32, i: u32, lanes: u32) -> f32 {
-    logits[(base + i / lanes) as usize].extract_dynamic(usize::cast_from(i % lanes))
 }
 
 /// The compaction of one vector of `N` logits at positions `at..at + N`:

@@ -3,7 +3,9 @@
 use burn_cubecl::cubecl::prelude::*;
 use burn_tensor::{DType, Int, Tensor};
 
-use super::{full_row_units, int_tensor, output, per_row, resolve_float, resolve_optional};
+use super::{
+    full_row_units, int_tensor, output, per_row, resolve_float, resolve_optional, row_lanes,
+};
 use crate::kernels::cube::{min_p_dist_full_rows, top_p_dist_full_rows};
 use crate::kernels::{FullCut, TokenCodes};
 
@@ -36,6 +38,9 @@ pub(crate) fn cut_dist_full(
         .as_ref()
         .map_or(param.handle.clone(), |t| t.handle.clone());
     let (cubes, dim) = per_row(b, units);
+    // 16-byte vectors where the row allows them (the passes over the whole
+    // row load vectors; the chunk walks read lanes out of them).
+    let lanes = row_lanes(&l, n);
     // SAFETY: every index the kernels form is inside their buffers (row
     // bases and loops bounded by the width, bins clamped to `NUC_BINS`,
     // gathered slots to `NUC_GATHER`, shared slices by their sizes).
@@ -57,6 +62,7 @@ pub(crate) fn cut_dist_full(
                     &l.client,
                     cubes,
                     dim,
+                    lanes,
                     a0,
                     a1,
                     a2,
@@ -65,6 +71,7 @@ pub(crate) fn cut_dist_full(
                     a5,
                     a6,
                     n as u32,
+                    lanes as u32,
                     none,
                     greedy_below,
                     units as usize,

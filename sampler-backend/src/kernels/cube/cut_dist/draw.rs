@@ -8,8 +8,8 @@ use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::super::common::{
-    NEG_INF_KEY, chunk_len, code_key, max_logit, order_key, row_max_and_validation, scaled,
-    shared_min, with_code,
+    NEG_INF_KEY, chunk_len, code_key, logit_at, max_logit_vec, order_key,
+    range_max_and_validation_vec, scaled, shared_min, with_code,
 };
 use super::fixed::{first_reaching, fixed_weight, nucleus_bin, wide_ge, wide_goal, wide_sum};
 use super::{S_BEFORE_HI, S_BEFORE_LO, S_CHUNK, S_TARGET_HI, S_TARGET_LO, S_TOTAL_ZERO};
@@ -19,9 +19,11 @@ use super::{S_BEFORE_HI, S_BEFORE_LO, S_CHUNK, S_TARGET_HI, S_TARGET_LO, S_TOTAL
 pub(crate) struct RowHead {
     /// The row (one cube each).
     pub(crate) row: u32,
-    /// The index of the row's first logit.
+    /// The index of the row's first vector (`lanes` logits each).
     pub(crate) base: u32,
-    /// The row's width.
+    /// Logits per vector (`N`: 4 where the row allows 16-byte loads, else 1).
+    pub(crate) lanes: u32,
+    /// The row's width in logits.
     pub(crate) width: u32,
     /// The first maximum's position (`width` for a row without one).
     pub(crate) first: u32,
@@ -37,25 +39,31 @@ pub(crate) struct RowHead {
     pub(crate) qm: f32,
 }
 
-/// Read 1 of the full-row kernels ([`row_max_and_validation`]) and the
-/// row's temperature (`t[row]` with `has_t`). Every thread calls.
+/// Read 1 of the full-row kernels ([`range_max_and_validation_vec`]: whole
+/// vectors, several loads in flight) and the row's temperature (`t[row]`
+/// with `has_t`). `width` is a multiple of `lanes`. Every thread calls.
 #[cube]
-pub(crate) fn read_row_head(
-    logits: &[f32],
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn read_row_head<N: Size>(
+    logits: &[Vector<f32, N>],
     t: &[f32],
     row: u32,
-    base: u32,
     width: u32,
+    lanes: u32,
     best_key: &mut Shared<[u32]>,
     best_pos: &mut Shared<[u32]>,
     bads: &mut Shared<[u32]>,
     #[comptime] has_t: bool,
 ) -> RowHead {
-    row_max_and_validation(logits, base, width, best_key, best_pos, bads);
+    let row_v = width / lanes;
+    let base = row * row_v;
+    range_max_and_validation_vec::<N>(
+        logits, base, 0u32, row_v, lanes, width, best_key, best_pos, bads,
+    );
     let own_bad = bads[0];
     let first = best_pos[0];
     let dead = best_key[0] <= NEG_INF_KEY;
-    let m = max_logit(logits, base, width, first, dead);
+    let m = max_logit_vec::<N>(logits, base, lanes, width, first, dead);
     let mut tr = 1.0f32;
     if comptime!(has_t) {
         tr = t[row as usize];
@@ -64,6 +72,7 @@ pub(crate) fn read_row_head(
     RowHead {
         row,
         base,
+        lanes,
         width,
         first,
         dead,
@@ -118,8 +127,8 @@ pub(crate) fn draw_weight(l: f32, head: &RowHead) -> u32 {
 /// The fixed-point `dist` weights of the kept logits at positions
 /// `start..end` of the row, summed as a 64-bit `(hi, lo)`.
 #[cube]
-pub(crate) fn kept_weight_sum(
-    logits: &[f32],
+pub(crate) fn kept_weight_sum<N: Size>(
+    logits: &[Vector<f32, N>],
     head: &RowHead,
     cut: &Cut,
     start: u32,
@@ -129,7 +138,7 @@ pub(crate) fn kept_weight_sum(
     let mut hi = 0u32;
     let mut lo = 0u32;
     for j in start..end {
-        let l = logits[(head.base + j) as usize];
+        let l = logit_at::<N>(logits, head.base, j, head.lanes);
         if kept_at(l, j, head, cut, min_p) {
             let e = draw_weight(l, head);
             let nl = lo + e;
@@ -150,8 +159,8 @@ pub(crate) fn kept_weight_sum(
 /// temperature; `-1` with nothing to draw) or its status code
 /// ([`code_key`]), and the row's own validation key. Every thread calls.
 #[cube]
-pub(crate) fn draw_token(
-    logits: &[f32],
+pub(crate) fn draw_token<N: Size>(
+    logits: &[Vector<f32, N>],
     u: &[f32],
     bad_in: &[i32],
     out: &mut [i32],
@@ -203,7 +212,7 @@ pub(crate) fn draw_token(
     let sub = chunk_len(chunk);
     let s_start = select(c_start + tid * sub < c_end, c_start + tid * sub, c_end);
     let s_end = select(s_start + sub < c_end, s_start + sub, c_end);
-    let (sh, sl) = kept_weight_sum(logits, head, cut, s_start, s_end, min_p);
+    let (sh, sl) = kept_weight_sum::<N>(logits, head, cut, s_start, s_end, min_p);
     part_hi[tid as usize] = sh;
     part_lo[tid as usize] = sl;
     sync_cube();
@@ -227,7 +236,7 @@ pub(crate) fn draw_token(
     let mut cl = part_lo[tid as usize];
     let mut hit = none_pos;
     for j in s_start..s_end {
-        let l = logits[(base + j) as usize];
+        let l = logit_at::<N>(logits, base, j, head.lanes);
         if kept_at(l, j, head, cut, min_p) {
             let e = draw_weight(l, head);
             let nl = cl + e;

@@ -9,8 +9,8 @@ use super::S_LEN;
 use super::draw::{Cut, draw_token, kept_weight_sum, read_row_head};
 
 #[cube(launch_unchecked)]
-pub(crate) fn min_p_dist_full_rows(
-    logits: &[f32],
+pub(crate) fn min_p_dist_full_rows<N: Size>(
+    logits: &[Vector<f32, N>],
     log_p: &[f32],
     t: &[f32],
     u: &[f32],
@@ -18,6 +18,7 @@ pub(crate) fn min_p_dist_full_rows(
     out: &mut [i32],
     out_bad: &mut [i32],
     width: u32,
+    lanes: u32,
     none: u32,
     greedy_below: f32,
     #[comptime] units: usize,
@@ -26,7 +27,6 @@ pub(crate) fn min_p_dist_full_rows(
     #[comptime] keep_all: bool,
 ) {
     let row = CUBE_POS_X;
-    let base = row * width;
     let mut best_key = Shared::<[u32]>::new_slice(units);
     let mut best_pos = Shared::<[u32]>::new_slice(units);
     let mut bads = Shared::<[u32]>::new_slice(units);
@@ -35,12 +35,12 @@ pub(crate) fn min_p_dist_full_rows(
     let mut sel = Shared::<[u32]>::new_slice(S_LEN);
 
     // Read 1: the maximum and its lowest position, the row's validation.
-    let head = read_row_head(
+    let head = read_row_head::<N>(
         logits,
         t,
         row,
-        base,
         width,
+        lanes,
         &mut best_key,
         &mut best_pos,
         &mut bads,
@@ -60,9 +60,9 @@ pub(crate) fn min_p_dist_full_rows(
 
     // Read 2: each thread's contiguous chunk, the dist weights of the kept.
     let (start, end) = thread_chunk(width);
-    let (wh, wl) = kept_weight_sum(logits, &head, &cut, start, end, true);
+    let (wh, wl) = kept_weight_sum::<N>(logits, &head, &cut, start, end, true);
 
-    draw_token(
+    draw_token::<N>(
         logits,
         u,
         bad_in,

@@ -4,7 +4,7 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::super::common::{clear_atomics, order_key, thread_chunk};
+use super::super::common::{clear_atomics, logit_at, order_key, thread_chunk};
 use super::draw::{Cut, draw_token, draw_weight, read_row_head};
 use super::fixed::{
     first_reaching, fixed_weight, key_logit, nucleus_bin, wide_f32, wide_ge, wide_nucleus_goal,
@@ -14,8 +14,8 @@ use super::{S_ABOVE_HI, S_ABOVE_LO, S_BIN, S_CB, S_CHUNK, S_GOAL_HI, S_GOAL_LO, 
 use crate::kernels::NUC_GATHER;
 
 #[cube(launch_unchecked)]
-pub(crate) fn top_p_dist_full_rows(
-    logits: &[f32],
+pub(crate) fn top_p_dist_full_rows<N: Size>(
+    logits: &[Vector<f32, N>],
     p: &[f32],
     t: &[f32],
     u: &[f32],
@@ -23,6 +23,7 @@ pub(crate) fn top_p_dist_full_rows(
     out: &mut [i32],
     out_bad: &mut [i32],
     width: u32,
+    lanes: u32,
     none: u32,
     greedy_below: f32,
     #[comptime] units: usize,
@@ -31,7 +32,6 @@ pub(crate) fn top_p_dist_full_rows(
 ) {
     let row = CUBE_POS_X;
     let tid = UNIT_POS;
-    let base = row * width;
     let mut best_key = Shared::<[u32]>::new_slice(units);
     let mut best_pos = Shared::<[u32]>::new_slice(units);
     let mut bads = Shared::<[u32]>::new_slice(units);
@@ -43,18 +43,19 @@ pub(crate) fn top_p_dist_full_rows(
     let mut sel = Shared::<[u32]>::new_slice(S_LEN);
 
     // Read 1: the maximum and its lowest position, the row's validation.
-    let head = read_row_head(
+    let head = read_row_head::<N>(
         logits,
         t,
         row,
-        base,
         width,
+        lanes,
         &mut best_key,
         &mut best_pos,
         &mut bads,
         has_t,
     );
     let m = head.m;
+    let base = head.base;
     let all = p[row as usize] > f32::reinterpret(0x7F7F_FFFFu32);
 
     // Read 2: the fixed-point mass histogram of `m - l`. The last bin (16
@@ -64,26 +65,38 @@ pub(crate) fn top_p_dist_full_rows(
     // every lane of the workgroup adding into one shared address.
     clear_atomics(&pool, 2048u32);
     sync_cube();
+    // Whole vectors, two loads in flight per thread (each lane's work is an
+    // exp and a shared atomic, so two suffice to cover the load latency).
+    let row_v = width / lanes;
     let mut deep_hi = 0u32;
     let mut deep_lo = 0u32;
-    let mut j2 = tid;
-    while j2 < width {
-        let l = logits[(base + j2) as usize];
-        let q = fixed_weight(f32::exp(l - m));
-        if q > 0u32 {
-            let b = nucleus_bin(l, m);
-            if b == 1023u32 {
-                let nl = deep_lo + q;
-                deep_hi += select(nl < deep_lo, 1u32, 0u32);
-                deep_lo = nl;
-            } else {
-                let old = pool[(2u32 * b) as usize].fetch_add(q);
-                if old > 0xFFFF_FFFFu32 - q {
-                    pool[(2u32 * b + 1u32) as usize].fetch_add(1u32);
-                }
-            }
+    let mut i2 = tid;
+    while i2 + CUBE_DIM < row_v {
+        let v0 = logits[(base + i2) as usize];
+        let v1 = logits[(base + i2 + CUBE_DIM) as usize];
+        #[unroll]
+        for k in 0..N::value() {
+            let (h, l) = histogram_add(v0.extract(k), m, &pool, deep_hi, deep_lo);
+            deep_hi = h;
+            deep_lo = l;
         }
-        j2 += CUBE_DIM;
+        #[unroll]
+        for k in 0..N::value() {
+            let (h, l) = histogram_add(v1.extract(k), m, &pool, deep_hi, deep_lo);
+            deep_hi = h;
+            deep_lo = l;
+        }
+        i2 += 2u32 * CUBE_DIM;
+    }
+    while i2 < row_v {
+        let v = logits[(base + i2) as usize];
+        #[unroll]
+        for k in 0..N::value() {
+            let (h, l) = histogram_add(v.extract(k), m, &pool, deep_hi, deep_lo);
+            deep_hi = h;
+            deep_lo = l;
+        }
+        i2 += CUBE_DIM;
     }
     if deep_lo > 0u32 || deep_hi > 0u32 {
         let old = pool[2046usize].fetch_add(deep_lo);
@@ -164,7 +177,7 @@ pub(crate) fn top_p_dist_full_rows(
     let mut wh = 0u32;
     let mut wl = 0u32;
     for j in start..end {
-        let l = logits[(base + j) as usize];
+        let l = logit_at::<N>(logits, base, j, lanes);
         let b = nucleus_bin(l, m);
         if b < cb {
             let q = draw_weight(l, &head);
@@ -203,7 +216,7 @@ pub(crate) fn top_p_dist_full_rows(
             while j < n_src {
                 let mut bits = 0u32;
                 if overflow {
-                    bits = u32::reinterpret(logits[(base + j) as usize]);
+                    bits = u32::reinterpret(logit_at::<N>(logits, base, j, lanes));
                 } else {
                     bits = pool[(2u32 * j) as usize].load();
                 }
@@ -289,7 +302,7 @@ pub(crate) fn top_p_dist_full_rows(
         while j < n_src {
             let mut bits = 0u32;
             if overflow {
-                bits = u32::reinterpret(logits[(base + j) as usize]);
+                bits = u32::reinterpret(logit_at::<N>(logits, base, j, lanes));
             } else {
                 bits = pool[(2u32 * j) as usize].load();
             }
@@ -322,7 +335,7 @@ pub(crate) fn top_p_dist_full_rows(
                         let mut bits = 0u32;
                         let mut pos = 0u32;
                         if overflow {
-                            bits = u32::reinterpret(logits[(base + jr) as usize]);
+                            bits = u32::reinterpret(logit_at::<N>(logits, base, jr, lanes));
                             pos = jr;
                         } else {
                             bits = pool[(2u32 * jr) as usize].load();
@@ -371,7 +384,7 @@ pub(crate) fn top_p_dist_full_rows(
         // The kept crossing logits join their chunks' sums.
         if overflow {
             for j in start..end {
-                let l = logits[(base + j) as usize];
+                let l = logit_at::<N>(logits, base, j, lanes);
                 let key = order_key(l);
                 let q = fixed_weight(f32::exp(l - m));
                 if nucleus_bin(l, m) == cb
@@ -406,7 +419,7 @@ pub(crate) fn top_p_dist_full_rows(
         last_pos,
         thr: 0.0f32,
     };
-    draw_token(
+    draw_token::<N>(
         logits,
         u,
         bad_in,
@@ -426,4 +439,34 @@ pub(crate) fn top_p_dist_full_rows(
         false,
         codes,
     );
+}
+
+/// Logit `l` into read 2's histogram of `m - l` (`pool`: 1024 bins of
+/// 64-bit fixed-point sums, as `u32` pairs): the deepest bin into the
+/// thread's own `(deep_hi, deep_lo)`, returned; the others by atomics.
+#[cube]
+fn histogram_add(
+    l: f32,
+    m: f32,
+    pool: &Shared<[Atomic<u32>]>,
+    deep_hi: u32,
+    deep_lo: u32,
+) -> (u32, u32) {
+    let mut dh = deep_hi;
+    let mut dl = deep_lo;
+    let q = fixed_weight(f32::exp(l - m));
+    if q > 0u32 {
+        let b = nucleus_bin(l, m);
+        if b == 1023u32 {
+            let nl = dl + q;
+            dh += select(nl < dl, 1u32, 0u32);
+            dl = nl;
+        } else {
+            let old = pool[(2u32 * b) as usize].fetch_add(q);
+            if old > 0xFFFF_FFFFu32 - q {
+                pool[(2u32 * b + 1u32) as usize].fetch_add(1u32);
+            }
+        }
+    }
+    (dh, dl)
 }
