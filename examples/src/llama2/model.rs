@@ -117,9 +117,9 @@ fn rmsnorm(x: Tensor<2>, w: &Tensor<2>) -> Tensor<2> {
 /// the cubecl devices they are a broadcast product summed over the
 /// contracted axis, which the fusion backend turns into one reduction kernel
 /// each: a `group`-row matmul would take the general tiled matmul, whose
-/// autotune compiles a dozen shader variants per shape for what is a
-/// vector-matrix product per head (on a software Vulkan driver, minutes of
-/// shader compilation per process). Same values up to summation order.
+/// autotune compiles several shader variants per shape for what is a
+/// vector-matrix product per head (on a software Vulkan driver, 15-40 s
+/// each, minutes per process). Same values up to summation order.
 fn attend(
     q: Tensor<4>,
     k: Tensor<4>,

@@ -65,8 +65,9 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
     // every lane of the workgroup adding into one shared address.
     clear_atomics(&pool, 2048u32);
     sync_cube();
-    // Whole vectors, two loads in flight per thread (each lane's work is an
-    // exp and a shared atomic, so two suffice to cover the load latency).
+    // Whole vectors, two loads issued before the first is used (each lane's
+    // work here, an exp and a shared atomic, is longer than in read 1, which
+    // keeps four in flight).
     let row_v = width / lanes;
     let mut deep_hi = 0u32;
     let mut deep_lo = 0u32;
