@@ -76,6 +76,91 @@ macro_rules! kernel {
 }
 pub(crate) use kernel;
 
+/// `[(name, $compile(name, &kernel)), ..]` for every kernel whose passes
+/// over the whole row load vectors, built at `$lanes` logits a vector (4:
+/// 16-byte loads; 1: scalars), with the compile-time arguments a launch
+/// passes: the kernels the WGSL and the PTX tests read for vector loads.
+/// `$compile` is a function generic over the kernel type.
+macro_rules! vector_row_kernels {
+    ($lanes:expr, $compile:path) => {{
+        use $crate::kernels::cube::{
+            CODES_OWN, argmax_part_rows, argmax_rows, min_p_dist_full_rows,
+            top_p_dist_full_rows, topk_rows,
+        };
+        use $crate::kernels::launch::{FULL_ROW_UNITS, UNITS};
+        use $crate::kernels::{HISTORY_MAX, TOP_K_MAX};
+        let lanes: usize = $lanes;
+        let (units, full) = (UNITS as usize, FULL_ROW_UNITS as usize);
+        [
+            (
+                "argmax_part_rows",
+                $compile(
+                    "argmax_part_rows",
+                    &$crate::kernels::offline::kernel!(argmax_part_rows::ArgmaxPartRows::new, UNITS, [b b b b], [s s s], lanes, units),
+                ),
+            ),
+            (
+                "argmax_rows",
+                $compile(
+                    "argmax_rows",
+                    &$crate::kernels::offline::kernel!(argmax_rows::ArgmaxRows::new, UNITS, [b b b b], [s s], lanes, units, CODES_OWN),
+                ),
+            ),
+            (
+                "topk_rows",
+                $compile(
+                    "topk_rows",
+                    &$crate::kernels::offline::kernel!(
+                        topk_rows::TopkRows::new,
+                        UNITS,
+                        [b b b b b b b b b b b b],
+                        [s s s s s s s s],
+                        lanes,
+                        units,
+                        TOP_K_MAX,
+                        true,
+                        HISTORY_MAX
+                    ),
+                ),
+            ),
+            (
+                "top_p_dist_full_rows",
+                $compile(
+                    "top_p_dist_full_rows",
+                    &$crate::kernels::offline::kernel!(
+                        top_p_dist_full_rows::TopPDistFullRows::new,
+                        FULL_ROW_UNITS,
+                        [b b b b b b b],
+                        [s s s s],
+                        lanes,
+                        full,
+                        true,
+                        CODES_OWN
+                    ),
+                ),
+            ),
+            (
+                "min_p_dist_full_rows",
+                $compile(
+                    "min_p_dist_full_rows",
+                    &$crate::kernels::offline::kernel!(
+                        min_p_dist_full_rows::MinPDistFullRows::new,
+                        FULL_ROW_UNITS,
+                        [b b b b b b b],
+                        [s s s s],
+                        lanes,
+                        full,
+                        true,
+                        CODES_OWN,
+                        false
+                    ),
+                ),
+            ),
+        ]
+    }};
+}
+pub(crate) use vector_row_kernels;
+
 /// The WGSL wgpu runs for the row passes that read vectors: the row is
 /// bound and read as 16-byte vectors (`array<vec4<f32>>`) when launched
 /// with 4 lanes, as scalars with 1.
@@ -84,79 +169,17 @@ mod wgsl {
     use burn_cubecl::cubecl::wgpu::WgslCompiler;
     use burn_cubecl::cubecl::{Compiler, CubeKernel, WgpuCompilationOptions};
 
-    use crate::kernels::cube::{
-        CODES_OWN, argmax_part_rows, argmax_rows, min_p_dist_full_rows, top_p_dist_full_rows,
-        topk_rows,
-    };
-    use crate::kernels::launch::{FULL_ROW_UNITS, UNITS};
-    use crate::kernels::{HISTORY_MAX, TOP_K_MAX};
-
-    fn wgsl(kernel: &impl CubeKernel) -> String {
+    fn wgsl(name: &str, kernel: &impl CubeKernel) -> String {
         WgslCompiler
             .compile(kernel.define(), &WgpuCompilationOptions::default())
-            .expect("the kernel compiles to WGSL")
+            .unwrap_or_else(|e| panic!("{name} does not compile to WGSL: {e:?}"))
             .to_string()
     }
 
     #[test]
     fn row_passes_load_16_byte_vectors() {
         for lanes in [4usize, 1] {
-            let part = kernel!(
-                argmax_part_rows::ArgmaxPartRows::new,
-                UNITS,
-                [b b b b],
-                [s s s],
-                lanes,
-                UNITS as usize
-            );
-            let rows = kernel!(
-                argmax_rows::ArgmaxRows::new,
-                UNITS,
-                [b b b b],
-                [s s],
-                lanes,
-                UNITS as usize,
-                CODES_OWN
-            );
-            let topk = kernel!(
-                topk_rows::TopkRows::new,
-                UNITS,
-                [b b b b b b b b b b b b],
-                [s s s s s s s s],
-                lanes,
-                UNITS as usize,
-                TOP_K_MAX,
-                true,
-                HISTORY_MAX
-            );
-            let top_p = kernel!(
-                top_p_dist_full_rows::TopPDistFullRows::new,
-                FULL_ROW_UNITS,
-                [b b b b b b b],
-                [s s s s],
-                lanes,
-                FULL_ROW_UNITS as usize,
-                true,
-                CODES_OWN
-            );
-            let min_p = kernel!(
-                min_p_dist_full_rows::MinPDistFullRows::new,
-                FULL_ROW_UNITS,
-                [b b b b b b b],
-                [s s s s],
-                lanes,
-                FULL_ROW_UNITS as usize,
-                true,
-                CODES_OWN,
-                false
-            );
-            for (name, text) in [
-                ("argmax_part_rows", wgsl(&part)),
-                ("argmax_rows", wgsl(&rows)),
-                ("topk_rows", wgsl(&topk)),
-                ("top_p_dist_full_rows", wgsl(&top_p)),
-                ("min_p_dist_full_rows", wgsl(&min_p)),
-            ] {
+            for (name, text) in super::vector_row_kernels!(lanes, wgsl) {
                 let vector = text.contains("array<vec4<f32>>");
                 assert_eq!(
                     vector,

@@ -101,73 +101,16 @@ fn split_greedy_segments_compile() {
     }
 }
 
-/// The greedy and top-k row passes at 4 lanes load 16-byte vectors, at least
+/// The row passes at 4 lanes (greedy, top-k, the fused full-row cuts) load
+/// 16-byte vectors, at least
 /// `LOADS_IN_FLIGHT` of them in the unrolled loop (`ld.global.v4`, or
 /// `ld.global.nc.v4` through the read-only path).
 #[test]
 fn row_passes_load_16_byte_vectors() {
-    let part = kernel!(
-        argmax_part_rows::ArgmaxPartRows::new,
-        UNITS,
-        [b b b b],
-        [s s s],
-        4usize,
-        UNITS as usize
-    );
-    let rows = kernel!(
-        argmax_rows::ArgmaxRows::new,
-        UNITS,
-        [b b b b],
-        [s s],
-        4usize,
-        UNITS as usize,
-        CODES_OWN
-    );
-    let topk = kernel!(
-        topk_rows::TopkRows::new,
-        UNITS,
-        [b b b b b b b b b b b b],
-        [s s s s s s s s],
-        4usize,
-        UNITS as usize,
-        TOP_K_MAX,
-        false,
-        HISTORY_MAX
-    );
-    let top_p = kernel!(
-        top_p_dist_full_rows::TopPDistFullRows::new,
-        FULL_ROW_UNITS,
-        [b b b b b b b],
-        [s s s s],
-        4usize,
-        FULL_ROW_UNITS as usize,
-        true,
-        CODES_OWN
-    );
-    let min_p = kernel!(
-        min_p_dist_full_rows::MinPDistFullRows::new,
-        FULL_ROW_UNITS,
-        [b b b b b b b],
-        [s s s s],
-        4usize,
-        FULL_ROW_UNITS as usize,
-        true,
-        CODES_OWN,
-        false
-    );
-    for (name, text) in [
-        ("argmax_part_rows", ptx("argmax_part_rows", &part, 90)),
-        ("argmax_rows", ptx("argmax_rows", &rows, 90)),
-        ("topk_rows", ptx("topk_rows", &topk, 90)),
-        (
-            "top_p_dist_full_rows",
-            ptx("top_p_dist_full_rows", &top_p, 90),
-        ),
-        (
-            "min_p_dist_full_rows",
-            ptx("min_p_dist_full_rows", &min_p, 90),
-        ),
-    ] {
+    fn sm_90(name: &str, kernel: &impl CubeKernel) -> String {
+        ptx(name, kernel, 90)
+    }
+    for (name, text) in super::offline::vector_row_kernels!(4, sm_90) {
         let loads = text
             .lines()
             .filter(|l| l.contains("ld.global") && l.contains(".v4."))
