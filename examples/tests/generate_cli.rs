@@ -587,8 +587,9 @@ fn logprobs_on_every_device_and_min_tokens() {
 /// the model's and the sampling kernels of a warm step.
 #[test]
 fn gpu_devices_match_flex_in_a_short_run() {
-    // Three tokens each: a step of the model costs about 2 s on a software
-    // Vulkan driver, and every fresh process compiles its kernels again.
+    // Three tokens each: every fresh process compiles the model's and the
+    // sampler's kernels again, which a software Vulkan driver does slowly
+    // (this file's tests: 38 s in a CI run from nothing).
     let greedy: &[&str] = &[
         "--samplers",
         "greedy",

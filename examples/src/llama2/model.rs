@@ -108,18 +108,29 @@ fn rmsnorm(x: Tensor<2>, w: &Tensor<2>) -> Tensor<2> {
     x.div(ms.add_scalar(RMS_EPS).sqrt()).mul(w.clone())
 }
 
+/// The largest broadcast product (`B · heads · S · head_size` elements, 16
+/// MiB of f32) that [`attend`] sums as a fused reduction on a cubecl device:
+/// every decode step of stories260K (32 Ki) and of SmolLM2 up to a context
+/// of 7281 (`9 · 64 · S`), and short prefills.
+pub const FUSED_ATTENTION_MAX: usize = 1 << 22;
+
 /// Grouped-query attention of one query per head over a sequence of keys
 /// and values: `q: [B, n_kv, group, hs]` (query head `kv · group + g` reads
 /// kv head `kv`), `k`, `v: [B, n_kv, S, hs]`, `future: [B, n_kv, group, S]`
 /// (true = masked); returns `[B, n_kv, group, hs]`.
 ///
-/// On a CPU device both products are matmuls (`[group, hs] x [hs, S]`). On
-/// the cubecl devices they are a broadcast product summed over the
-/// contracted axis, which the fusion backend turns into one reduction kernel
-/// each: a `group`-row matmul would take the general tiled matmul, whose
+/// On a CPU device both products are matmuls (`[group, hs] x [hs, S]`, then
+/// `[group, S] x [S, hs]`). On the cubecl devices, up to
+/// [`FUSED_ATTENTION_MAX`] elements of the broadcast product, they are that
+/// product summed over the contracted axis, which the fusion backend turns
+/// into one reduction kernel each: a `group`-row matmul would take the general tiled matmul, whose
 /// autotune compiles several shader variants per shape for what is a
 /// vector-matrix product per head (on a software Vulkan driver, 15-40 s
 /// each, minutes per process). Same values up to summation order.
+///
+/// Above [`FUSED_ATTENTION_MAX`] (a long prefill: `B` and `S` both the
+/// prompt's length) the cubecl devices take the matmuls too, so that a
+/// backend that did not fuse the product would not materialise it.
 fn attend(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -130,7 +141,7 @@ fn attend(
 ) -> Tensor<4> {
     let [b, n_kv, group, hs] = q.dims();
     let s = k.dims()[2];
-    if !fused {
+    if !fused || b * n_kv * group * s * hs > FUSED_ATTENTION_MAX {
         let scores = q
             .matmul(k.swap_dims(2, 3))
             .mul_scalar(scale)
@@ -572,5 +583,88 @@ impl Llama2 {
         }
         let x = rmsnorm(x, &self.rms_final);
         Ok(x.matmul(self.classifier.clone()))
+    }
+}
+
+#[cfg(all(test, feature = "flex"))]
+mod tests {
+    use super::*;
+
+    /// The fused form of [`attend`] (the cubecl devices' at small sizes)
+    /// gives the matmuls' values at `B > 1` with a different mask per row
+    /// and `group > 1`, run on flex, where the model itself never takes it:
+    /// within 1e-5, and the masked keys and values do not count.
+    #[test]
+    fn fused_attention_matches_the_matmuls() {
+        let dev = sampler_backend::parse_device("flex").expect("flex is compiled in");
+        let (b, n_kv, group, s, hs) = (3, 2, 3, 7, 4);
+        // Deterministic values in [-2, 2).
+        let vals = |n: usize, seed: u64| -> Vec<f32> {
+            let mut x = seed;
+            (0..n)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((x >> 40) % 1000) as f32 / 250.0 - 2.0
+                })
+                .collect()
+        };
+        let t = |v: Vec<f32>, shape: [usize; 4]| {
+            Tensor::<4>::from_data(TensorData::new(v, shape), &dev)
+        };
+        // Row r sees positions 0..=r + 2.
+        let mut mask = vec![false; b * s];
+        for r in 0..b {
+            mask[r * s + r + 3..(r + 1) * s].fill(true);
+        }
+        let future = Tensor::<4, burn_tensor::Bool>::from_data(
+            TensorData::new(mask.clone(), [b, 1, 1, s]),
+            &dev,
+        )
+        .expand([b, n_kv, group, s]);
+        let q = t(vals(b * n_kv * group * hs, 1), [b, n_kv, group, hs]);
+        let (kv, vv) = (vals(b * n_kv * s * hs, 2), vals(b * n_kv * s * hs, 3));
+        let run = |kv: &[f32], vv: &[f32], fused: bool| -> Vec<f32> {
+            let out = attend(
+                q.clone(),
+                t(kv.to_vec(), [b, n_kv, s, hs]),
+                t(vv.to_vec(), [b, n_kv, s, hs]),
+                &future,
+                0.5,
+                fused,
+            );
+            assert_eq!(out.dims(), [b, n_kv, group, hs]);
+            out.into_data().iter::<f32>().collect()
+        };
+        let want = run(&kv, &vv, false);
+        let got = run(&kv, &vv, true);
+        let worst = want
+            .iter()
+            .zip(&got)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst <= 1e-5, "max |fused - matmul| = {worst}");
+        // Keys and values at masked positions changed: the same output.
+        let (mut kv2, mut vv2) = (kv.clone(), vv.clone());
+        for r in 0..b {
+            for h in 0..n_kv {
+                for p in (0..s).filter(|&p| mask[r * s + p]) {
+                    let at = ((r * n_kv + h) * s + p) * hs;
+                    kv2[at..at + hs].fill(9.0);
+                    vv2[at..at + hs].fill(-9.0);
+                }
+            }
+        }
+        let masked = run(&kv2, &vv2, true);
+        let worst = got
+            .iter()
+            .zip(&masked)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= 1e-6,
+            "masked positions moved the output by {worst}"
+        );
     }
 }

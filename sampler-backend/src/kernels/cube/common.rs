@@ -264,9 +264,10 @@ pub(crate) fn reduce_first_max<T: Int>(keys: &mut Shared<[u32]>, ties: &mut Shar
 }
 
 /// The logit at position `i` of the row whose first vector is `base`
-/// (`lanes = N` logits a vector): for scattered reads and the passes that
-/// walk contiguous chunks position by position, not the passes that stride
-/// over the whole row (those load whole vectors).
+/// (`lanes = N` logits a vector): for scattered reads, the passes that walk
+/// contiguous chunks position by position and the rare passes (a full-row
+/// `top_p`'s oversized crossing bin); the main passes over the row load
+/// whole vectors.
 #[cube]
 pub(crate) fn logit_at<N: Size>(logits: &[Vector<f32, N>], base: u32, i: u32, lanes: u32) -> f32 {
     logits[(base + i / lanes) as usize].extract_dynamic(usize::cast_from(i % lanes))

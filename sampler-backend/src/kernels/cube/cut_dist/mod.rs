@@ -35,10 +35,12 @@
 //! crossing logits, each a read of the row (about 18 reads at V = 151936
 //! in the worst case).
 //!
-//! Reads 1 and 2 load the row as `Vector<f32, N>` (16 bytes at `N = 4`,
-//! where the width is a multiple of 4 and the buffer 16-byte aligned; the
-//! same kernel at `N = 1` otherwise); the chunk passes and the crossing
-//! bin's resolution read single lanes out of the vectors (`logit_at`).
+//! The row is bound as `Vector<f32, N>` (16 bytes at `N = 4`, where the
+//! width is a multiple of 4 and the buffer 16-byte aligned; the same kernel
+//! at `N = 1` otherwise). Read 1 and `top_p`'s histogram pass load whole
+//! vectors; the chunk passes (`min_p`'s read 2, `top_p`'s read 3, the
+//! draw) and the crossing bin's resolution over the row read single lanes
+//! out of them (`logit_at`).
 //!
 //! The rule is the device recipe's (and the CPU's, up to rounding): keep a
 //! candidate iff the mass before it in canonical order (logit descending,
