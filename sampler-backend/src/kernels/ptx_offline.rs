@@ -7,9 +7,9 @@
 //! compute capabilities we care about (Ampere sm_80, Hopper sm_90), so a
 //! codegen error shows in CI on a machine without a GPU instead of at the
 //! first step on one. The PTX is checked for the kernel's entry point and
-//! its thread count. Run with `cargo test -p sampler-backend --features cuda
-//! --lib kernels::ptx_offline` (needs the LLVM of `.ci/install-cuda-llvm.sh`
-//! to build).
+//! its thread count. Run with `cargo test -p sampler-backend --features
+//! vulkan,cuda --profile ptx-check --lib kernels::ptx_offline` (`cargo
+//! test-cuda-ptx`; needs the LLVM of `.ci/install-cuda-llvm.sh` to build).
 
 use std::ffi::CStr;
 
@@ -154,19 +154,20 @@ fn selecting_kernels_compile_for_every_status_mode() {
             codes
         );
         check(&format!("dist_rows (codes {codes})"), d, UNITS);
-        for has_t in [false, true] {
+        // 16-byte vectors, and scalars (a width not a multiple of 4).
+        for (has_t, lanes) in [(false, 4usize), (true, 4), (true, 1)] {
             let t = kernel!(
                 top_p_dist_full_rows::TopPDistFullRows::new,
                 FULL_ROW_UNITS,
                 [b b b b b b b],
                 [s s s s],
-                4usize,
+                lanes,
                 FULL_ROW_UNITS as usize,
                 has_t,
                 codes
             );
             check(
-                &format!("top_p_dist_full_rows (codes {codes}, t {has_t})"),
+                &format!("top_p_dist_full_rows (codes {codes}, t {has_t}, {lanes} lanes)"),
                 t,
                 FULL_ROW_UNITS,
             );
@@ -176,14 +177,16 @@ fn selecting_kernels_compile_for_every_status_mode() {
                     FULL_ROW_UNITS,
                     [b b b b b b b],
                     [s s s s],
-                    4usize,
+                    lanes,
                     FULL_ROW_UNITS as usize,
                     has_t,
                     codes,
                     keep_all
                 );
                 check(
-                    &format!("min_p_dist_full_rows (codes {codes}, t {has_t}, all {keep_all})"),
+                    &format!(
+                        "min_p_dist_full_rows (codes {codes}, t {has_t}, all {keep_all}, {lanes} lanes)"
+                    ),
                     m,
                     FULL_ROW_UNITS,
                 );
