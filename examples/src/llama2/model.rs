@@ -637,13 +637,15 @@ mod tests {
             assert_eq!(out.dims(), [b, n_kv, group, hs]);
             out.into_data().iter::<f32>().collect()
         };
+        let max_diff = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max)
+        };
         let want = run(&kv, &vv, false);
         let got = run(&kv, &vv, true);
-        let worst = want
-            .iter()
-            .zip(&got)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let worst = max_diff(&want, &got);
         assert!(worst <= 1e-5, "max |fused - matmul| = {worst}");
         // Keys and values at masked positions changed: the same output.
         let (mut kv2, mut vv2) = (kv.clone(), vv.clone());
@@ -657,11 +659,7 @@ mod tests {
             }
         }
         let masked = run(&kv2, &vv2, true);
-        let worst = got
-            .iter()
-            .zip(&masked)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let worst = max_diff(&got, &masked);
         assert!(
             worst <= 1e-6,
             "masked positions moved the output by {worst}"

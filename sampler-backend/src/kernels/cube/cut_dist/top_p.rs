@@ -75,28 +75,17 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
     while i2 + CUBE_DIM < row_v {
         let v0 = logits[(base + i2) as usize];
         let v1 = logits[(base + i2 + CUBE_DIM) as usize];
-        #[unroll]
-        for k in 0..N::value() {
-            let (h, l) = histogram_add(v0.extract(k), m, &pool, deep_hi, deep_lo);
-            deep_hi = h;
-            deep_lo = l;
-        }
-        #[unroll]
-        for k in 0..N::value() {
-            let (h, l) = histogram_add(v1.extract(k), m, &pool, deep_hi, deep_lo);
-            deep_hi = h;
-            deep_lo = l;
-        }
+        let (h0, l0) = histogram_add_vector::<N>(v0, m, &pool, deep_hi, deep_lo);
+        let (h1, l1) = histogram_add_vector::<N>(v1, m, &pool, h0, l0);
+        deep_hi = h1;
+        deep_lo = l1;
         i2 += 2u32 * CUBE_DIM;
     }
     while i2 < row_v {
         let v = logits[(base + i2) as usize];
-        #[unroll]
-        for k in 0..N::value() {
-            let (h, l) = histogram_add(v.extract(k), m, &pool, deep_hi, deep_lo);
-            deep_hi = h;
-            deep_lo = l;
-        }
+        let (h, l) = histogram_add_vector::<N>(v, m, &pool, deep_hi, deep_lo);
+        deep_hi = h;
+        deep_lo = l;
         i2 += CUBE_DIM;
     }
     if deep_lo > 0u32 || deep_hi > 0u32 {
@@ -440,6 +429,26 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
         false,
         codes,
     );
+}
+
+/// The `N` logits of `v` into read 2's histogram ([`histogram_add`]).
+#[cube]
+fn histogram_add_vector<N: Size>(
+    v: Vector<f32, N>,
+    m: f32,
+    pool: &Shared<[Atomic<u32>]>,
+    deep_hi: u32,
+    deep_lo: u32,
+) -> (u32, u32) {
+    let mut dh = deep_hi;
+    let mut dl = deep_lo;
+    #[unroll]
+    for k in 0..N::value() {
+        let (h, l) = histogram_add(v.extract(k), m, pool, dh, dl);
+        dh = h;
+        dl = l;
+    }
+    (dh, dl)
 }
 
 /// Logit `l` into read 2's histogram of `m - l` (`pool`: 1024 bins of
