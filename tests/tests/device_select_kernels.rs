@@ -841,6 +841,100 @@ fn wgpu_kernels_on_real_model_row_shapes() {
     );
 }
 
+/// The full-row cuts with each row's first reads split over several
+/// workgroups (`argmax_part_rows`, and for `top_p` the segments' mass
+/// histograms summed in global memory) draw exactly the tokens and codes
+/// of one workgroup a row, on Zipf and model-shaped rows, invalid and dead
+/// rows among them (segments of whole 16-byte vectors; the scalar form
+/// runs the same code at `N = 1` and is compiled by the PTX check); the
+/// unsplit kernel is checked against the references above.
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda"))]
+#[test]
+fn wgpu_full_row_cuts_split_over_workgroups_draw_the_same_tokens() {
+    use sampler_backend::kernels;
+    let Some((device, _)) = device_support::cubecl_device() else {
+        return;
+    };
+    let col = |v: Vec<f32>| {
+        let b = v.len();
+        Tensor::<2>::from_data(TensorData::new(v, [b, 1]), &device)
+    };
+    let read = |t: Tensor<1, sampler_backend::burn_tensor::Int>| -> Vec<i64> {
+        t.into_data().convert::<i64>().iter::<i64>().collect()
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    let mut compared = 0;
+    for &n in &[4100usize, 32_000] {
+        let mut rows: Vec<Vec<f32>> = (0..4).map(|kind| model_row(kind, n, &mut rng)).collect();
+        rows.extend((0..2).map(|kind| row(kind, n, &mut rng)));
+        let mut nan = row(0, n, &mut rng);
+        nan[n - 3] = f32::NAN;
+        let mut inf = row(1, n, &mut rng);
+        inf[n / 2] = f32::INFINITY;
+        rows.extend([nan, inf, vec![f32::NEG_INFINITY; n]]);
+        let b = rows.len();
+        let t = upload(&rows, &device);
+        let ps: Vec<f32> = (0..b)
+            .map(|r| [0.9f32, 0.5, 0.99, 0.0, f32::INFINITY][r % 5])
+            .collect();
+        let log_p: Vec<f32> = (0..b).map(|r| [0.05f32, 0.2, 1e-4][r % 3].ln()).collect();
+        let temps: Vec<f32> = (0..b).map(|r| [0.7f32, 1.0, 1.4, 1e-6][r % 4]).collect();
+        let us: Vec<f32> = (0..b).map(|_| rng.random_range(0.0f32..1.0)).collect();
+        let (p, lp, tc, u) = (col(ps), col(log_p), col(temps), col(us));
+        let cuts = [
+            ("top_p", kernels::FullCut::TopP(&p)),
+            ("min_p", kernels::FullCut::MinP(&lp)),
+            ("all", kernels::FullCut::All),
+        ];
+        // With a temperature (a greedy one on some rows): the variant a
+        // chain with temperature compiles (the kernels cubecl builds for
+        // lavapipe are what this test pays for).
+        for (name, cut) in cuts {
+            {
+                let temp = Some(&tc);
+                let run = |split| {
+                    let (toks, keys) = kernels::cut_dist_full_split(
+                        &t,
+                        cut,
+                        temp,
+                        &u,
+                        sampler_core::GREEDY_TEMPERATURE,
+                        kernels::TokenCodes::OwnKeys,
+                        Some(split),
+                    )
+                    .expect("kernel");
+                    let keys: Vec<i64> = keys.into_data().convert::<i64>().iter::<i64>().collect();
+                    (read(toks), keys)
+                };
+                let (whole, keys) = run(1);
+                assert_eq!(
+                    keys[b - 3],
+                    2 * (n as i64 - 3),
+                    "{name} n = {n}: NaN row's key"
+                );
+                assert!(
+                    whole[b - 1] < 0,
+                    "{name} n = {n}: dead row drew {}",
+                    whole[b - 1]
+                );
+                for split in [2, 3, 7, kernels::SEGMENTS_MAX] {
+                    let (got, got_keys) = run(split);
+                    assert_eq!(
+                        got, whole,
+                        "{name} n = {n}: tokens split over {split} workgroups"
+                    );
+                    assert_eq!(
+                        got_keys, keys,
+                        "{name} n = {n}: validation keys, split {split}"
+                    );
+                    compared += b;
+                }
+            }
+        }
+    }
+    assert_eq!(compared, 2 * 3 * 4 * 9);
+}
+
 /// Builds without a cubecl backend have no kernels module: the stages run
 /// the generic recipe (covered by every other device test).
 #[cfg(not(any(feature = "wgpu", feature = "vulkan", feature = "cuda")))]

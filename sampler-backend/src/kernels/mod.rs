@@ -211,10 +211,10 @@ pub fn top_k(
     }
 }
 
-/// The fewest logits one workgroup of a split greedy row reads (8 KiB).
+/// The fewest logits one workgroup of a split row reads (8 KiB).
 pub const SEGMENT_MIN: usize = 2048;
 
-/// The most workgroups a greedy row is split over.
+/// The most workgroups a row is split over (greedy, the full-row cuts).
 pub const SEGMENTS_MAX: usize = 256;
 
 /// The workgroups that keep a device busy, what [`row_segments`] fills:
@@ -249,9 +249,9 @@ pub fn row_segments(b: usize, n: usize, busy: usize) -> usize {
         .clamp(1, SEGMENTS_MAX)
 }
 
-/// The workgroups [`argmax`] splits each row of `logits` over on their
-/// device ([`row_segments`]); `None` where the kernel does not run (no
-/// cubecl device, kernels off).
+/// The workgroups [`argmax`] (and [`cut_dist_full`]'s first reads) split
+/// each row of `logits` over on their device ([`row_segments`]); `None`
+/// where the kernel does not run (no cubecl device, kernels off).
 pub fn greedy_segments(logits: &Tensor<2>) -> Option<usize> {
     #[cfg(feature = "cubecl-kernels")]
     {
@@ -460,8 +460,15 @@ pub fn min_p(
 /// `[B, 1]` in `[0, 1)`. A `top_p` cut reads the row about three times
 /// (`cube/cut_dist/mod.rs` says how), a `min_p` cut about twice (the
 /// maximum, then the kept weights in chunks; `All` the same without a
-/// cut), and the drawn chunk twice more (`2 / units` of a row). `None` off
-/// the cubecl devices.
+/// cut), and the drawn chunk twice more (`2 / units` of a row). Small
+/// batches split each row over several workgroups for the first reads
+/// ([`greedy_segments`] of them, as greedy): `argmax_part_rows` (the
+/// maximum and validation of each segment), for `top_p` also
+/// `top_p_histogram_part_rows` (each segment's mass histogram added into
+/// the row's in exact 64-bit fixed point), then the kernel of one
+/// workgroup a row merges them and reads the row once more: 3 launches
+/// for `top_p` (2 for `min_p` and `All`) instead of 1, the same reads of
+/// the row, the same tokens and codes. `None` off the cubecl devices.
 pub fn cut_dist_full(
     logits: &Tensor<2>,
     cut: FullCut<'_>,
@@ -470,17 +477,35 @@ pub fn cut_dist_full(
     greedy_below: f32,
     codes: TokenCodes<'_>,
 ) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
+    cut_dist_full_split(logits, cut, t, u, greedy_below, codes, None)
+}
+
+/// [`cut_dist_full`] with each row's first reads split over `segments`
+/// workgroups (clamped to `1..=`[`SEGMENTS_MAX`]; 1: one workgroup a row,
+/// one kernel) instead of the device's own choice ([`greedy_segments`],
+/// `None`): the same tokens and codes for any split. For tests and for
+/// tuning on a given device.
+pub fn cut_dist_full_split(
+    logits: &Tensor<2>,
+    cut: FullCut<'_>,
+    t: Option<&Tensor<2>>,
+    u: &Tensor<2>,
+    greedy_below: f32,
+    codes: TokenCodes<'_>,
+    segments: Option<usize>,
+) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
     let [b, n] = logits.dims();
     if !argmax_applies(b, n) || i32::try_from(2 * n).is_err() {
         return None;
     }
     #[cfg(feature = "cubecl-kernels")]
     {
-        launch::cut_dist_full(logits, cut, t, u, greedy_below, codes)
+        let segments = segments.map(|s| s.clamp(1, SEGMENTS_MAX));
+        launch::cut_dist_full(logits, cut, t, u, greedy_below, codes, segments)
     }
     #[cfg(not(feature = "cubecl-kernels"))]
     {
-        let _ = (cut, t, u, greedy_below, codes);
+        let _ = (cut, t, u, greedy_below, codes, segments);
         None
     }
 }

@@ -85,7 +85,7 @@ macro_rules! vector_row_kernels {
     ($lanes:expr, $compile:path) => {{
         use $crate::kernels::cube::{
             CODES_OWN, argmax_part_rows, argmax_rows, min_p_dist_full_rows,
-            top_p_dist_full_rows, topk_rows,
+            top_p_dist_full_rows, top_p_histogram_part_rows, topk_rows,
         };
         use $crate::kernels::launch::{FULL_ROW_UNITS, UNITS};
         use $crate::kernels::{HISTORY_MAX, TOP_K_MAX};
@@ -96,7 +96,7 @@ macro_rules! vector_row_kernels {
                 "argmax_part_rows",
                 $compile(
                     "argmax_part_rows",
-                    &$crate::kernels::offline::kernel!(argmax_part_rows::ArgmaxPartRows::new, UNITS, [b b b b], [s s s], lanes, units),
+                    &$crate::kernels::offline::kernel!(argmax_part_rows::ArgmaxPartRows::new, UNITS, [b b b b b], [s s s], lanes, units, 0u32),
                 ),
             ),
             (
@@ -130,12 +130,13 @@ macro_rules! vector_row_kernels {
                     &$crate::kernels::offline::kernel!(
                         top_p_dist_full_rows::TopPDistFullRows::new,
                         FULL_ROW_UNITS,
-                        [b b b b b b b],
-                        [s s s s],
+                        [b b b b b b b b b b b],
+                        [s s s s s],
                         lanes,
                         full,
                         true,
-                        CODES_OWN
+                        CODES_OWN,
+                        false
                     ),
                 ),
             ),
@@ -146,13 +147,28 @@ macro_rules! vector_row_kernels {
                     &$crate::kernels::offline::kernel!(
                         min_p_dist_full_rows::MinPDistFullRows::new,
                         FULL_ROW_UNITS,
-                        [b b b b b b b],
-                        [s s s s],
+                        [b b b b b b b b b b],
+                        [s s s s s],
                         lanes,
                         full,
                         true,
                         CODES_OWN,
+                        false,
                         false
+                    ),
+                ),
+            ),
+            (
+                "top_p_histogram_part_rows",
+                $compile(
+                    "top_p_histogram_part_rows",
+                    &$crate::kernels::offline::kernel!(
+                        top_p_histogram_part_rows::TopPHistogramPartRows::new,
+                        UNITS,
+                        [b b b b b],
+                        [s s s],
+                        lanes,
+                        units
                     ),
                 ),
             ),

@@ -19,9 +19,10 @@ use cubecl_llvm::nvptx::ptx_version::PtxVersion;
 use cubecl_llvm::{LlvmTarget, PlironArtifact, PlironCompiler, PlironOptions};
 
 use super::cube::{
-    CODES_GIVEN, CODES_NONE, CODES_OWN, argmax_merge_rows, argmax_part_rows, argmax_rows,
-    dist_rows, first_bad_rows, min_p_dist_full_rows, min_p_rows, temperature_rows,
-    token_codes_rows, top_p_dist_full_rows, top_p_full_rows, top_p_rows, topk_rows,
+    CODES_GIVEN, CODES_NONE, CODES_OWN, HIST_WORDS, argmax_merge_rows, argmax_part_rows,
+    argmax_rows, dist_rows, first_bad_rows, min_p_dist_full_rows, min_p_rows, temperature_rows,
+    token_codes_rows, top_p_dist_full_rows, top_p_full_rows, top_p_histogram_part_rows, top_p_rows,
+    topk_rows,
 };
 use super::launch::{FULL_ROW_UNITS, UNITS};
 use super::offline::kernel;
@@ -89,15 +90,37 @@ fn top_k_compiles_with_and_without_penalties() {
 #[test]
 fn split_greedy_segments_compile() {
     for lanes in [4usize, 1] {
-        let k = kernel!(
-            argmax_part_rows::ArgmaxPartRows::new,
+        // Greedy's (nothing to zero) and the split full-row top_p's (the
+        // rows' histograms zeroed).
+        for clear in [0u32, HIST_WORDS] {
+            let k = kernel!(
+                argmax_part_rows::ArgmaxPartRows::new,
+                UNITS,
+                [b b b b b],
+                [s s s],
+                lanes,
+                UNITS as usize,
+                clear
+            );
+            check(
+                &format!("argmax_part_rows ({lanes} lanes, clear {clear})"),
+                k,
+                UNITS,
+            );
+        }
+        let h = kernel!(
+            top_p_histogram_part_rows::TopPHistogramPartRows::new,
             UNITS,
-            [b b b b],
+            [b b b b b],
             [s s s],
             lanes,
             UNITS as usize
         );
-        check(&format!("argmax_part_rows ({lanes} lanes)"), k, UNITS);
+        check(
+            &format!("top_p_histogram_part_rows ({lanes} lanes)"),
+            h,
+            UNITS,
+        );
     }
 }
 
@@ -155,19 +178,31 @@ fn selecting_kernels_compile_for_every_status_mode() {
         );
         check(&format!("dist_rows (codes {codes})"), d, UNITS);
         // 16-byte vectors, and scalars (a width not a multiple of 4).
-        for (has_t, lanes) in [(false, 4usize), (true, 4), (true, 1)] {
+        // Unsplit at 4 lanes without a temperature; unsplit and split with
+        // one at 4 lanes and at 1.
+        let shapes = [
+            (false, 4usize, false),
+            (true, 4, false),
+            (true, 4, true),
+            (true, 1, false),
+            (true, 1, true),
+        ];
+        for (has_t, lanes, split) in shapes {
             let t = kernel!(
                 top_p_dist_full_rows::TopPDistFullRows::new,
                 FULL_ROW_UNITS,
-                [b b b b b b b],
-                [s s s s],
+                [b b b b b b b b b b b],
+                [s s s s s],
                 lanes,
                 FULL_ROW_UNITS as usize,
                 has_t,
-                codes
+                codes,
+                split
             );
             check(
-                &format!("top_p_dist_full_rows (codes {codes}, t {has_t}, {lanes} lanes)"),
+                &format!(
+                    "top_p_dist_full_rows (codes {codes}, t {has_t}, {lanes} lanes, split {split})"
+                ),
                 t,
                 FULL_ROW_UNITS,
             );
@@ -175,17 +210,18 @@ fn selecting_kernels_compile_for_every_status_mode() {
                 let m = kernel!(
                     min_p_dist_full_rows::MinPDistFullRows::new,
                     FULL_ROW_UNITS,
-                    [b b b b b b b],
-                    [s s s s],
+                    [b b b b b b b b b b],
+                    [s s s s s],
                     lanes,
                     FULL_ROW_UNITS as usize,
                     has_t,
                     codes,
-                    keep_all
+                    keep_all,
+                    split
                 );
                 check(
                     &format!(
-                        "min_p_dist_full_rows (codes {codes}, t {has_t}, all {keep_all}, {lanes} lanes)"
+                        "min_p_dist_full_rows (codes {codes}, t {has_t}, all {keep_all}, {lanes} lanes, split {split})"
                     ),
                     m,
                     FULL_ROW_UNITS,

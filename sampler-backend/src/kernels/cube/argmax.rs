@@ -13,7 +13,7 @@ use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::common::{
-    NEG_INF_KEY, code_key, range_max_and_validation_vec, reduce_first_max, shared_min, with_code,
+    NEG_INF_KEY, code_key, merge_row_parts, range_max_and_validation_vec, with_code,
 };
 
 /// Row `CUBE_POS_X` read as vectors of `N = lanes` logits (`lanes`
@@ -67,7 +67,10 @@ pub(crate) fn argmax_rows<N: Size>(
 /// logits each) of row `CUBE_POS_Y`: its largest key, that key's lowest
 /// position (`width` when every key is 0) and its first validation key
 /// (`2·width` when none), at `row · CUBE_COUNT_X + segment` of the partial
-/// buffers.
+/// buffers. With `clear` (`> 0`), the segments also zero the row's
+/// `clear` words of `zeroed` (at `row · clear`), the global histogram the
+/// split full-row `top_p` adds into next (`top_p_histogram_part_rows`);
+/// greedy passes 0 and any buffer.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn argmax_part_rows<N: Size>(
@@ -75,11 +78,21 @@ pub(crate) fn argmax_part_rows<N: Size>(
     part_key: &mut [u32],
     part_pos: &mut [u32],
     part_bad: &mut [u32],
+    zeroed: &mut [u32],
     width: u32,
     seg: u32,
     lanes: u32,
     #[comptime] units: usize,
+    #[comptime] clear: u32,
 ) {
+    if comptime!(clear > 0) {
+        // Each segment a stripe of the row's words.
+        let mut z = CUBE_POS_X * CUBE_DIM + UNIT_POS;
+        while z < clear {
+            zeroed[(CUBE_POS_Y * clear + z) as usize] = 0u32;
+            z += CUBE_COUNT_X * CUBE_DIM;
+        }
+    }
     let part = CUBE_POS_X;
     let row = CUBE_POS_Y;
     let row_vectors = width / lanes;
@@ -125,35 +138,21 @@ pub(crate) fn argmax_merge_rows(
     #[comptime] codes: u32,
 ) {
     let row = CUBE_POS_X;
-    let tid = UNIT_POS;
-    let none = 2u32 * width;
     let mut best_key = Shared::<[u32]>::new_slice(units);
     let mut best_pos = Shared::<[u32]>::new_slice(units);
     let mut bads = Shared::<[u32]>::new_slice(units);
-    let mut bk = 0u32;
-    let mut bp = width;
-    let mut bad = none;
-    let mut j = tid;
-    while j < parts {
-        let at = (row * parts + j) as usize;
-        let k = part_key[at];
-        let p = part_pos[at];
-        if k > bk || (k == bk && p < bp) {
-            bk = k;
-            bp = p;
-        }
-        let b = part_bad[at];
-        if b < bad {
-            bad = b;
-        }
-        j += CUBE_DIM;
-    }
-    bads[tid as usize] = bad;
-    shared_min(&mut bads);
-    best_key[tid as usize] = bk;
-    best_pos[tid as usize] = bp;
-    reduce_first_max(&mut best_key, &mut best_pos);
-    if tid == 0u32 {
+    merge_row_parts(
+        part_key,
+        part_pos,
+        part_bad,
+        row,
+        parts,
+        width,
+        &mut best_key,
+        &mut best_pos,
+        &mut bads,
+    );
+    if UNIT_POS == 0u32 {
         write_greedy(
             bad_in,
             out,

@@ -263,6 +263,52 @@ pub(crate) fn reduce_first_max<T: Int>(keys: &mut Shared<[u32]>, ties: &mut Shar
     }
 }
 
+/// Row `row`'s `parts` segment results (`argmax_part_rows`: each segment's
+/// largest key, that key's lowest position, its first validation key, at
+/// `row · parts + segment`) merged as one pass over the row would give
+/// them: the largest key into `best_key[0]`, ties to the lowest position
+/// (segments hold ascending positions, so this is the row's first
+/// maximum) into `best_pos[0]`, the lowest validation key into `bads[0]`.
+/// Every thread calls; all see the results.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn merge_row_parts(
+    part_key: &[u32],
+    part_pos: &[u32],
+    part_bad: &[u32],
+    row: u32,
+    parts: u32,
+    width: u32,
+    best_key: &mut Shared<[u32]>,
+    best_pos: &mut Shared<[u32]>,
+    bads: &mut Shared<[u32]>,
+) {
+    let tid = UNIT_POS;
+    let mut bk = 0u32;
+    let mut bp = width;
+    let mut bad = 2u32 * width;
+    let mut j = tid;
+    while j < parts {
+        let at = (row * parts + j) as usize;
+        let k = part_key[at];
+        let p = part_pos[at];
+        if k > bk || (k == bk && p < bp) {
+            bk = k;
+            bp = p;
+        }
+        let b = part_bad[at];
+        if b < bad {
+            bad = b;
+        }
+        j += CUBE_DIM;
+    }
+    bads[tid as usize] = bad;
+    shared_min(bads);
+    best_key[tid as usize] = bk;
+    best_pos[tid as usize] = bp;
+    reduce_first_max(best_key, best_pos);
+}
+
 /// The logit at position `i` of the row whose first vector is `base`
 /// (`lanes = N` logits a vector): for scattered reads, the passes that walk
 /// contiguous chunks position by position and the rare passes (a full-row

@@ -8,8 +8,10 @@
 //!
 //! Every kernel runs one workgroup (cube) per row (`CUBE_POS_X`), its
 //! threads (`UNIT_POS` of `CUBE_DIM`) striding over the row, except greedy
-//! at small batches, whose rows are split over several workgroups
-//! (`argmax_part_rows`, grid `(segments, B)`) and merged.
+//! and the full-row cuts at small batches, whose rows are split over
+//! several workgroups (`argmax_part_rows`, and for `top_p`
+//! `top_p_histogram_part_rows`, grid `(segments, B)`) before a kernel of
+//! one workgroup a row merges them.
 
 // `(a + b - 1) / b` inside `#[cube]` functions: cubecl's frontend has no
 // `div_ceil` for runtime values; and a position counted beside an unrolled
@@ -32,7 +34,9 @@ pub(crate) use argmax::{argmax_merge_rows, argmax_part_rows, argmax_rows};
 #[cfg(all(test, feature = "cuda"))]
 pub(crate) use common::LOADS_IN_FLIGHT;
 pub(crate) use common::{CODES_GIVEN, CODES_NONE, CODES_OWN};
-pub(crate) use cut_dist::{min_p_dist_full_rows, top_p_dist_full_rows};
+pub(crate) use cut_dist::{
+    HIST_WORDS, min_p_dist_full_rows, top_p_dist_full_rows, top_p_histogram_part_rows,
+};
 pub(crate) use first_bad::first_bad_rows;
 pub(crate) use min_p::min_p_rows;
 pub(crate) use narrow::{dist_rows, top_p_rows};

@@ -1,30 +1,16 @@
 //! Launch of the greedy kernels: one workgroup a row, or at small batches
-//! each row split over several workgroups and merged ([`row_segments`]).
+//! each row split over several workgroups and merged
+//! ([`crate::kernels::row_segments`]).
 
 use burn_cubecl::cubecl::prelude::*;
-use burn_cubecl::tensor::CubeTensor;
 use burn_tensor::{DType, Int, Tensor};
 
-use super::{int_tensor, output, per_row, resolve_float, row_lanes, units};
+use super::{int_tensor, output, per_row, resolve_float, row_lanes, segments, units};
+use crate::kernels::TokenCodes;
 use crate::kernels::cube::{argmax_merge_rows, argmax_part_rows, argmax_rows};
-use crate::kernels::{TokenCodes, busy_workgroups, row_segments};
 
 /// Threads of the merge kernel's workgroup (one a row).
 const MERGE_UNITS: u32 = 64;
-
-/// Segments per row of `[b, n]` logits on `cube`'s device: a software
-/// device (no physical device behind it: lavapipe) is kept busy by one
-/// workgroup per CPU thread.
-fn segments(cube: &CubeTensor, b: usize, n: usize) -> usize {
-    let props = cube.client.properties();
-    let software = props
-        .identity
-        .physical
-        .is_none()
-        .then(|| std::thread::available_parallelism().map_or(1, |t| t.get()));
-    let busy = busy_workgroups(props.hardware.num_streaming_multiprocessors, software);
-    row_segments(b, n, busy)
-}
 
 /// [`crate::kernels::greedy_segments`].
 pub(crate) fn greedy_segments(logits: &Tensor<2>) -> Option<usize> {
@@ -46,7 +32,7 @@ pub(crate) fn argmax(
     let units = units(&cube);
     let out = output(&cube, [b], DType::I32);
     let bad = output(&cube, [b, 1], DType::I32);
-    let segments = segments.unwrap_or_else(|| self::segments(&cube, b, n));
+    let segments = segments.unwrap_or_else(|| super::segments(&cube, b, n));
     let lanes = row_lanes(&cube, n);
     if segments > 1 && b <= cube.client.properties().hardware.max_cube_count.1 as usize {
         // Segments of whole vectors.
@@ -71,10 +57,13 @@ pub(crate) fn argmax(
                 BufferArg::from_raw_parts(key.handle.clone(), parts),
                 BufferArg::from_raw_parts(pos.handle.clone(), parts),
                 BufferArg::from_raw_parts(pbad.handle.clone(), parts),
+                // Nothing to zero: any buffer.
+                BufferArg::from_raw_parts(pbad.handle.clone(), parts),
                 n as u32,
                 seg as u32,
                 lanes as u32,
                 units as usize,
+                0u32,
             );
             argmax_merge_rows::launch_unchecked(
                 &cube.client,

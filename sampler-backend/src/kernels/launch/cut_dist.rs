@@ -1,15 +1,21 @@
-//! Launch of the fused full-row `cut -> [temperature] -> dist` kernels.
+//! Launch of the fused full-row `cut -> [temperature] -> dist` kernels:
+//! one workgroup a row, or at small batches read 1 (and `top_p`'s
+//! histogram pass) split over several workgroups a row first.
 
 use burn_cubecl::cubecl::prelude::*;
 use burn_tensor::{DType, Int, Tensor};
 
 use super::{
-    full_row_units, int_tensor, output, per_row, resolve_float, resolve_optional, row_lanes,
+    full_row_units, int_tensor, output, per_row, resolve_float, resolve_optional, row_lanes, units,
 };
-use crate::kernels::cube::{min_p_dist_full_rows, top_p_dist_full_rows};
+use crate::kernels::cube::{
+    HIST_WORDS, argmax_part_rows, min_p_dist_full_rows, top_p_dist_full_rows,
+    top_p_histogram_part_rows,
+};
 use crate::kernels::{FullCut, TokenCodes};
 
-/// [`crate::kernels::cut_dist_full`] on rows it takes.
+/// [`crate::kernels::cut_dist_full_split`] on rows it takes (`segments`:
+/// the device's choice when `None`).
 pub(crate) fn cut_dist_full(
     logits: &Tensor<2>,
     cut: FullCut<'_>,
@@ -17,6 +23,7 @@ pub(crate) fn cut_dist_full(
     u: &Tensor<2>,
     greedy_below: f32,
     codes: TokenCodes<'_>,
+    segments: Option<usize>,
 ) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
     let [b, n] = logits.dims();
     let (l, fusion) = resolve_float(logits)?;
@@ -30,20 +37,92 @@ pub(crate) fn cut_dist_full(
     let keep_all = matches!(cut, FullCut::All);
     let t = resolve_optional(t, |t| Some(resolve_float(t)?.0))?;
     let (mode, keys, none) = codes.resolve(&l, b, n)?;
-    let units = full_row_units(&l);
+    let full_units = full_row_units(&l);
     let out = output(&l, [b], DType::I32);
     let bad = output(&l, [b, 1], DType::I32);
     // Without a temperature the kernel never reads `t`: any f32 buffer will do.
     let t_handle = t
         .as_ref()
         .map_or(param.handle.clone(), |t| t.handle.clone());
-    let (cubes, dim) = per_row(b, units);
     // 16-byte vectors where the row allows them (the passes over the whole
     // row load vectors; the chunk walks read lanes out of them).
     let lanes = row_lanes(&l, n);
+    let segments = segments.unwrap_or_else(|| super::segments(&l, b, n));
+    let split = segments > 1 && b <= l.client.properties().hardware.max_cube_count.1 as usize;
+    let parts = if split { b * segments } else { b };
+    // The segments' results (read 1 split) and the rows' histograms
+    // (`top_p` split); unsplit, the kernels never read them: placeholders.
+    let (key, pos, pbad) = (
+        output(&l, [parts], DType::U32),
+        output(&l, [parts], DType::U32),
+        output(&l, [parts], DType::U32),
+    );
+    let hist_words = if split && !min_p {
+        b * HIST_WORDS as usize
+    } else {
+        1
+    };
+    let hist = output(&l, [hist_words], DType::U32);
+    if split {
+        let units = units(&l);
+        // Segments of whole vectors.
+        let seg = (n / lanes).div_ceil(segments);
+        let clear = if min_p { 0 } else { HIST_WORDS };
+        // SAFETY: every index the kernels form is inside their buffers
+        // (segments inside the row, partials at `row · segments + part`,
+        // histogram words at `row · HIST_WORDS + w`, shared slices by
+        // their sizes).
+        unsafe {
+            argmax_part_rows::launch_unchecked(
+                &l.client,
+                CubeCount::Static(segments as u32, b as u32, 1),
+                CubeDim::new_1d(units),
+                lanes,
+                BufferArg::from_raw_parts(l.handle.clone(), b * n),
+                BufferArg::from_raw_parts(key.handle.clone(), parts),
+                BufferArg::from_raw_parts(pos.handle.clone(), parts),
+                BufferArg::from_raw_parts(pbad.handle.clone(), parts),
+                BufferArg::from_raw_parts(hist.handle.clone(), hist_words),
+                n as u32,
+                seg as u32,
+                lanes as u32,
+                units as usize,
+                clear,
+            );
+            if !min_p {
+                top_p_histogram_part_rows::launch_unchecked(
+                    &l.client,
+                    CubeCount::Static(segments as u32, b as u32, 1),
+                    CubeDim::new_1d(units),
+                    lanes,
+                    BufferArg::from_raw_parts(l.handle.clone(), b * n),
+                    BufferArg::from_raw_parts(key.handle.clone(), parts),
+                    BufferArg::from_raw_parts(pos.handle.clone(), parts),
+                    BufferArg::from_raw_parts(pbad.handle.clone(), parts),
+                    BufferArg::from_raw_parts(hist.handle.clone(), hist_words),
+                    n as u32,
+                    seg as u32,
+                    lanes as u32,
+                    units as usize,
+                );
+            }
+        }
+        crate::launches::declare_read("argmax_part_rows", 4 * b * n);
+        if !min_p {
+            // Each workgroup merges its row's partials; the histogram's
+            // words are read and written by atomics.
+            crate::launches::declare_read(
+                "top_p_histogram_part_rows",
+                4 * b * n + 12 * parts * segments + 4 * hist_words,
+            );
+        }
+    }
+    let (cubes, dim) = per_row(b, full_units);
     // SAFETY: every index the kernels form is inside their buffers (row
     // bases and loops bounded by the width, bins clamped to `NUC_BINS`,
-    // gathered slots to `NUC_GATHER`, shared slices by their sizes).
+    // gathered slots to `NUC_GATHER`, shared slices by their sizes,
+    // partials at `row · parts + j` for `j < parts`, only read with
+    // `split`).
     unsafe {
         let (a0, a1, a2, a3, a4, a5, a6) = (
             BufferArg::from_raw_parts(l.handle.clone(), b * n),
@@ -54,50 +133,89 @@ pub(crate) fn cut_dist_full(
             BufferArg::from_raw_parts(out.handle.clone(), b),
             BufferArg::from_raw_parts(bad.handle.clone(), b),
         );
-        // The two kernels take the same arguments (`min_p_dist_full_rows`
-        // one more, last).
-        macro_rules! launch {
-            ($kernel:ident $(, $more:expr)?) => {
-                $kernel::launch_unchecked(
-                    &l.client,
-                    cubes,
-                    dim,
-                    lanes,
-                    a0,
-                    a1,
-                    a2,
-                    a3,
-                    a4,
-                    a5,
-                    a6,
-                    n as u32,
-                    lanes as u32,
-                    none,
-                    greedy_below,
-                    units as usize,
-                    t.is_some(),
-                    mode,
-                    $($more)?
-                )
-            };
-        }
+        let (p0, p1, p2) = (
+            BufferArg::from_raw_parts(key.handle.clone(), parts),
+            BufferArg::from_raw_parts(pos.handle.clone(), parts),
+            BufferArg::from_raw_parts(pbad.handle.clone(), parts),
+        );
+        let per_row_parts = if split { segments as u32 } else { 1 };
         if min_p {
-            launch!(min_p_dist_full_rows, keep_all)
+            min_p_dist_full_rows::launch_unchecked(
+                &l.client,
+                cubes,
+                dim,
+                lanes,
+                a0,
+                a1,
+                a2,
+                a3,
+                a4,
+                a5,
+                a6,
+                p0,
+                p1,
+                p2,
+                n as u32,
+                lanes as u32,
+                none,
+                greedy_below,
+                per_row_parts,
+                full_units as usize,
+                t.is_some(),
+                mode,
+                keep_all,
+                split,
+            )
         } else {
-            launch!(top_p_dist_full_rows)
+            top_p_dist_full_rows::launch_unchecked(
+                &l.client,
+                cubes,
+                dim,
+                lanes,
+                a0,
+                a1,
+                a2,
+                a3,
+                a4,
+                a5,
+                a6,
+                p0,
+                p1,
+                p2,
+                BufferArg::from_raw_parts(hist.handle.clone(), hist_words),
+                n as u32,
+                lanes as u32,
+                none,
+                greedy_below,
+                per_row_parts,
+                full_units as usize,
+                t.is_some(),
+                mode,
+                split,
+            )
         }
     }
-    // top_p: max, histogram and chunk passes; min_p: max and chunk passes;
-    // the drawn chunk twice; the row scalars. A top_p crossing bin of more
-    // than `NUC_GATHER` logits adds passes over the row (module doc); not
-    // counted here.
-    let passes = if min_p { 2 } else { 3 };
-    let chunk = n.div_ceil(units as usize);
+    // Unsplit: top_p's max, histogram and chunk passes, min_p's max and
+    // chunk passes. Split: the chunk pass alone (and the merged partials,
+    // the histogram). Both: the drawn chunk twice, the row scalars. A top_p
+    // crossing bin of more than `NUC_GATHER` logits adds passes over the
+    // row (module doc); not counted here.
+    let passes = match (split, min_p) {
+        (true, _) => 1,
+        (false, true) => 2,
+        (false, false) => 3,
+    };
+    let chunk = n.div_ceil(full_units as usize);
     let name = match cut {
         FullCut::TopP(_) => "top_p_dist_full_rows",
         FullCut::MinP(_) => "min_p_dist_full_rows",
         FullCut::All => "dist_all_full_rows",
     };
-    crate::launches::declare_read(name, 4 * b * (passes * n + 2 * chunk) + 16 * b);
+    let merged = if split {
+        12 * parts + if min_p { 0 } else { 4 * hist_words }
+    } else {
+        0
+    };
+    crate::launches::declare_read(name, 4 * b * (passes * n + 2 * chunk) + 16 * b + merged);
     Some((int_tensor(out, &fusion), int_tensor(bad, &fusion)))
 }

@@ -17,7 +17,7 @@ use burn_ir::{BackendIr, InitOperationIr, OperationIr};
 use burn_tensor::{DType, Int, Shape, Tensor};
 
 use super::cube::{CODES_GIVEN, CODES_NONE, CODES_OWN};
-use super::{TokenCodes, enabled};
+use super::{TokenCodes, busy_workgroups, enabled, row_segments};
 
 mod argmax;
 mod cut_dist;
@@ -126,6 +126,21 @@ fn float_tensor<const D: usize>(out: CubeTensor, fusion: &FusionClient) -> Tenso
 /// A kernel's int output as a tensor ([`register`]).
 fn int_tensor<const D: usize>(out: CubeTensor, fusion: &FusionClient) -> Tensor<D, Int> {
     Tensor::<D, Int>::from_primitive::<Cube>(register(out, fusion))
+}
+
+/// Segments per row of `[b, n]` logits on `cube`'s device
+/// ([`crate::kernels::row_segments`]), for greedy and the full-row cuts: a
+/// software device (no physical device behind it: lavapipe) is kept busy
+/// by one workgroup per CPU thread.
+fn segments(cube: &CubeTensor, b: usize, n: usize) -> usize {
+    let props = cube.client.properties();
+    let software = props
+        .identity
+        .physical
+        .is_none()
+        .then(|| std::thread::available_parallelism().map_or(1, |t| t.get()));
+    let busy = busy_workgroups(props.hardware.num_streaming_multiprocessors, software);
+    row_segments(b, n, busy)
 }
 
 /// Threads per row for this device: [`UNITS`], or the largest power of two

@@ -8,7 +8,7 @@ use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::super::common::{
-    NEG_INF_KEY, chunk_len, code_key, logit_at, max_logit_vec, order_key,
+    NEG_INF_KEY, chunk_len, code_key, logit_at, max_logit_vec, merge_row_parts, order_key,
     range_max_and_validation_vec, scaled, shared_min, with_code,
 };
 use super::fixed::{first_reaching, fixed_weight, nucleus_bin, wide_ge, wide_goal, wide_sum};
@@ -41,12 +41,19 @@ pub(crate) struct RowHead {
 
 /// Read 1 of the full-row kernels ([`range_max_and_validation_vec`]: whole
 /// vectors, several loads in flight) and the row's temperature (`t[row]`
-/// with `has_t`). `width` is a multiple of `lanes`. Every thread calls.
+/// with `has_t`). `width` is a multiple of `lanes`. With `split`, read 1
+/// was done by `argmax_part_rows` over `parts` segments of the row, and
+/// its partial results are merged instead ([`merge_row_parts`]: the same
+/// maximum, first position and validation key). Every thread calls.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn read_row_head<N: Size>(
     logits: &[Vector<f32, N>],
     t: &[f32],
+    part_key: &[u32],
+    part_pos: &[u32],
+    part_bad: &[u32],
+    parts: u32,
     row: u32,
     width: u32,
     lanes: u32,
@@ -54,12 +61,19 @@ pub(crate) fn read_row_head<N: Size>(
     best_pos: &mut Shared<[u32]>,
     bads: &mut Shared<[u32]>,
     #[comptime] has_t: bool,
+    #[comptime] split: bool,
 ) -> RowHead {
     let row_v = width / lanes;
     let base = row * row_v;
-    range_max_and_validation_vec::<N>(
-        logits, base, 0u32, row_v, lanes, width, best_key, best_pos, bads,
-    );
+    if comptime!(split) {
+        merge_row_parts(
+            part_key, part_pos, part_bad, row, parts, width, best_key, best_pos, bads,
+        );
+    } else {
+        range_max_and_validation_vec::<N>(
+            logits, base, 0u32, row_v, lanes, width, best_key, best_pos, bads,
+        );
+    }
     let own_bad = bads[0];
     let first = best_pos[0];
     let dead = best_key[0] <= NEG_INF_KEY;

@@ -9,6 +9,7 @@ use super::S_LEN;
 use super::draw::{Cut, draw_token, kept_weight_sum, read_row_head};
 
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn min_p_dist_full_rows<N: Size>(
     logits: &[Vector<f32, N>],
     log_p: &[f32],
@@ -17,14 +18,19 @@ pub(crate) fn min_p_dist_full_rows<N: Size>(
     bad_in: &[i32],
     out: &mut [i32],
     out_bad: &mut [i32],
+    part_key: &[u32],
+    part_pos: &[u32],
+    part_bad: &[u32],
     width: u32,
     lanes: u32,
     none: u32,
     greedy_below: f32,
+    parts: u32,
     #[comptime] units: usize,
     #[comptime] has_t: bool,
     #[comptime] codes: u32,
     #[comptime] keep_all: bool,
+    #[comptime] split: bool,
 ) {
     let row = CUBE_POS_X;
     let mut best_key = Shared::<[u32]>::new_slice(units);
@@ -34,10 +40,15 @@ pub(crate) fn min_p_dist_full_rows<N: Size>(
     let mut part_lo = Shared::<[u32]>::new_slice(units);
     let mut sel = Shared::<[u32]>::new_slice(S_LEN);
 
-    // Read 1: the maximum and its lowest position, the row's validation.
+    // Read 1: the maximum and its lowest position, the row's validation
+    // (with `split`, merged from `argmax_part_rows`' segments).
     let head = read_row_head::<N>(
         logits,
         t,
+        part_key,
+        part_pos,
+        part_bad,
+        parts,
         row,
         width,
         lanes,
@@ -45,6 +56,7 @@ pub(crate) fn min_p_dist_full_rows<N: Size>(
         &mut best_pos,
         &mut bads,
         has_t,
+        split,
     );
     // `l >= max + ln p`, as the CPU computes it (`-inf` on no-op rows).
     let mut thr = f32::reinterpret(0xFF80_0000u32);

@@ -65,10 +65,16 @@
 mod draw;
 mod fixed;
 mod min_p;
+mod split;
 mod top_p;
 
 pub(crate) use min_p::min_p_dist_full_rows;
+pub(crate) use split::top_p_histogram_part_rows;
 pub(crate) use top_p::top_p_dist_full_rows;
+
+/// Words of a row's mass histogram: [`NUC_BINS`](crate::kernels::NUC_BINS)
+/// 64-bit fixed-point sums as `u32` pairs (low word first).
+pub(crate) const HIST_WORDS: u32 = 2 * crate::kernels::NUC_BINS;
 
 // Slots of the kernels' shared scalars (`sel`).
 pub(crate) const S_CB: usize = 0;

@@ -10,10 +10,13 @@ use super::fixed::{
     first_reaching, fixed_weight, key_logit, nucleus_bin, wide_f32, wide_ge, wide_nucleus_goal,
     wide_sum,
 };
-use super::{S_ABOVE_HI, S_ABOVE_LO, S_BIN, S_CB, S_CHUNK, S_GOAL_HI, S_GOAL_LO, S_LEN};
+use super::{
+    HIST_WORDS, S_ABOVE_HI, S_ABOVE_LO, S_BIN, S_CB, S_CHUNK, S_GOAL_HI, S_GOAL_LO, S_LEN,
+};
 use crate::kernels::NUC_GATHER;
 
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn top_p_dist_full_rows<N: Size>(
     logits: &[Vector<f32, N>],
     p: &[f32],
@@ -22,13 +25,19 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
     bad_in: &[i32],
     out: &mut [i32],
     out_bad: &mut [i32],
+    part_key: &[u32],
+    part_pos: &[u32],
+    part_bad: &[u32],
+    hist: &[u32],
     width: u32,
     lanes: u32,
     none: u32,
     greedy_below: f32,
+    parts: u32,
     #[comptime] units: usize,
     #[comptime] has_t: bool,
     #[comptime] codes: u32,
+    #[comptime] split: bool,
 ) {
     let row = CUBE_POS_X;
     let tid = UNIT_POS;
@@ -37,15 +46,20 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
     let mut bads = Shared::<[u32]>::new_slice(units);
     let mut part_hi = Shared::<[u32]>::new_slice(units);
     let mut part_lo = Shared::<[u32]>::new_slice(units);
-    let pool = Shared::<[Atomic<u32>]>::new_slice(2usize * 1024usize);
+    let pool = Shared::<[Atomic<u32>]>::new_slice(HIST_WORDS as usize);
     let rbin = Shared::<[Atomic<u32>]>::new_slice(32usize);
     let counter = Shared::<[Atomic<u32>]>::new_slice(1usize);
     let mut sel = Shared::<[u32]>::new_slice(S_LEN);
 
-    // Read 1: the maximum and its lowest position, the row's validation.
+    // Read 1: the maximum and its lowest position, the row's validation
+    // (with `split`, merged from `argmax_part_rows`' segments).
     let head = read_row_head::<N>(
         logits,
         t,
+        part_key,
+        part_pos,
+        part_bad,
+        parts,
         row,
         width,
         lanes,
@@ -53,47 +67,25 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
         &mut best_pos,
         &mut bads,
         has_t,
+        split,
     );
     let m = head.m;
     let base = head.base;
     let all = p[row as usize] > f32::reinterpret(0x7F7F_FFFFu32);
 
-    // Read 2: the fixed-point mass histogram of `m - l`. The last bin (16
-    // nats down and deeper, still a weight up to 22 nats down) holds the
-    // deep tail of a real model's row, a third of its vocabulary: every
-    // thread adds its share in registers and once into the bin, instead of
-    // every lane of the workgroup adding into one shared address.
-    clear_atomics(&pool, 2048u32);
-    sync_cube();
-    // Whole vectors, two loads issued before the first is used (each lane's
-    // work here, an exp and a shared atomic, is longer than in read 1, which
-    // keeps four in flight).
-    let row_v = width / lanes;
-    let mut deep_hi = 0u32;
-    let mut deep_lo = 0u32;
-    let mut i2 = tid;
-    while i2 + CUBE_DIM < row_v {
-        let v0 = logits[(base + i2) as usize];
-        let v1 = logits[(base + i2 + CUBE_DIM) as usize];
-        let (h0, l0) = histogram_add_vector::<N>(v0, m, &pool, deep_hi, deep_lo);
-        let (h1, l1) = histogram_add_vector::<N>(v1, m, &pool, h0, l0);
-        deep_hi = h1;
-        deep_lo = l1;
-        i2 += 2u32 * CUBE_DIM;
-    }
-    while i2 < row_v {
-        let v = logits[(base + i2) as usize];
-        let (h, l) = histogram_add_vector::<N>(v, m, &pool, deep_hi, deep_lo);
-        deep_hi = h;
-        deep_lo = l;
-        i2 += CUBE_DIM;
-    }
-    if deep_lo > 0u32 || deep_hi > 0u32 {
-        let old = pool[2046usize].fetch_add(deep_lo);
-        let carry = select(old > 0xFFFF_FFFFu32 - deep_lo, 1u32, 0u32);
-        if deep_hi + carry > 0u32 {
-            pool[2047usize].fetch_add(deep_hi + carry);
+    // Read 2: the fixed-point mass histogram of `m - l` ([`histogram_range`];
+    // with `split`, `top_p_histogram_part_rows` summed the segments' into
+    // the row's `hist`, exactly the same integers).
+    if comptime!(split) {
+        let mut z = tid;
+        while z < HIST_WORDS {
+            pool[z as usize].store(hist[(row * HIST_WORDS + z) as usize]);
+            z += CUBE_DIM;
         }
+    } else {
+        clear_atomics(&pool, HIST_WORDS);
+        sync_cube();
+        histogram_range::<N>(logits, base, 0u32, width / lanes, m, &pool);
     }
     sync_cube();
     // Each thread sums a group of consecutive bins.
@@ -429,6 +421,54 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
         false,
         codes,
     );
+}
+
+/// Read 2 over the vectors `start..end` of the row whose first vector is
+/// `base`: the fixed-point mass of `exp(l - m)` of their logits added into
+/// `pool` (1024 bins of `m - l`, 64-bit sums as `u32` pairs, zeroed
+/// before). The last bin (16 nats down and deeper, still a weight up to 22
+/// nats down) holds the deep tail of a real model's row, a third of its
+/// vocabulary: every thread adds its share in registers and once into the
+/// bin, instead of every lane of the workgroup adding into one shared
+/// address. Whole vectors, two loads issued before the first is used (each
+/// lane's work here, an exp and a shared atomic, is longer than in read 1,
+/// which keeps four in flight). Every thread calls; a barrier must follow
+/// before `pool` is read.
+#[cube]
+pub(crate) fn histogram_range<N: Size>(
+    logits: &[Vector<f32, N>],
+    base: u32,
+    start: u32,
+    end: u32,
+    m: f32,
+    pool: &Shared<[Atomic<u32>]>,
+) {
+    let mut deep_hi = 0u32;
+    let mut deep_lo = 0u32;
+    let mut i2 = start + UNIT_POS;
+    while i2 + CUBE_DIM < end {
+        let v0 = logits[(base + i2) as usize];
+        let v1 = logits[(base + i2 + CUBE_DIM) as usize];
+        let (h0, l0) = histogram_add_vector::<N>(v0, m, pool, deep_hi, deep_lo);
+        let (h1, l1) = histogram_add_vector::<N>(v1, m, pool, h0, l0);
+        deep_hi = h1;
+        deep_lo = l1;
+        i2 += 2u32 * CUBE_DIM;
+    }
+    while i2 < end {
+        let v = logits[(base + i2) as usize];
+        let (h, l) = histogram_add_vector::<N>(v, m, pool, deep_hi, deep_lo);
+        deep_hi = h;
+        deep_lo = l;
+        i2 += CUBE_DIM;
+    }
+    if deep_lo > 0u32 || deep_hi > 0u32 {
+        let old = pool[2046usize].fetch_add(deep_lo);
+        let carry = select(old > 0xFFFF_FFFFu32 - deep_lo, 1u32, 0u32);
+        if deep_hi + carry > 0u32 {
+            pool[2047usize].fetch_add(deep_hi + carry);
+        }
+    }
 }
 
 /// The `N` logits of `v` into read 2's histogram ([`histogram_add`]).
