@@ -87,10 +87,10 @@ macro_rules! vector_row_kernels {
             CODES_OWN, argmax_part_rows, argmax_rows, min_p_dist_full_rows,
             top_p_dist_full_rows, top_p_histogram_part_rows, topk_rows,
         };
-        use $crate::kernels::launch::{FULL_ROW_UNITS, UNITS};
+        use $crate::kernels::launch::UNITS;
         use $crate::kernels::{HISTORY_MAX, TOP_K_MAX};
         let lanes: usize = $lanes;
-        let (units, full) = (UNITS as usize, FULL_ROW_UNITS as usize);
+        let units = UNITS as usize;
         [
             (
                 "argmax_part_rows",
@@ -129,11 +129,11 @@ macro_rules! vector_row_kernels {
                     "top_p_dist_full_rows",
                     &$crate::kernels::offline::kernel!(
                         top_p_dist_full_rows::TopPDistFullRows::new,
-                        FULL_ROW_UNITS,
+                        UNITS,
                         [b b b b b b b b b b b],
                         [s s s s s],
                         lanes,
-                        full,
+                        units,
                         true,
                         CODES_OWN,
                         false
@@ -146,11 +146,11 @@ macro_rules! vector_row_kernels {
                     "min_p_dist_full_rows",
                     &$crate::kernels::offline::kernel!(
                         min_p_dist_full_rows::MinPDistFullRows::new,
-                        FULL_ROW_UNITS,
+                        UNITS,
                         [b b b b b b b b b b],
                         [s s s s s],
                         lanes,
-                        full,
+                        units,
                         true,
                         CODES_OWN,
                         false,

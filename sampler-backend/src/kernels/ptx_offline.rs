@@ -190,11 +190,11 @@ fn selecting_kernels_compile_for_every_status_mode() {
         for (has_t, lanes, split) in shapes {
             let t = kernel!(
                 top_p_dist_full_rows::TopPDistFullRows::new,
-                FULL_ROW_UNITS,
+                UNITS,
                 [b b b b b b b b b b b],
                 [s s s s s],
                 lanes,
-                FULL_ROW_UNITS as usize,
+                UNITS as usize,
                 has_t,
                 codes,
                 split
@@ -204,16 +204,16 @@ fn selecting_kernels_compile_for_every_status_mode() {
                     "top_p_dist_full_rows (codes {codes}, t {has_t}, {lanes} lanes, split {split})"
                 ),
                 t,
-                FULL_ROW_UNITS,
+                UNITS,
             );
             for keep_all in [false, true] {
                 let m = kernel!(
                     min_p_dist_full_rows::MinPDistFullRows::new,
-                    FULL_ROW_UNITS,
+                    UNITS,
                     [b b b b b b b b b b],
                     [s s s s s],
                     lanes,
-                    FULL_ROW_UNITS as usize,
+                    UNITS as usize,
                     has_t,
                     codes,
                     keep_all,
@@ -224,7 +224,7 @@ fn selecting_kernels_compile_for_every_status_mode() {
                         "min_p_dist_full_rows (codes {codes}, t {has_t}, all {keep_all}, {lanes} lanes, split {split})"
                     ),
                     m,
-                    FULL_ROW_UNITS,
+                    UNITS,
                 );
             }
         }

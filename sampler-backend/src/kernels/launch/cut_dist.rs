@@ -5,9 +5,7 @@
 use burn_cubecl::cubecl::prelude::*;
 use burn_tensor::{DType, Int, Tensor};
 
-use super::{
-    full_row_units, int_tensor, output, per_row, resolve_float, resolve_optional, row_lanes, units,
-};
+use super::{int_tensor, output, per_row, resolve_float, resolve_optional, row_lanes, units};
 use crate::kernels::cube::{
     HIST_WORDS, argmax_part_rows, min_p_dist_full_rows, top_p_dist_full_rows,
     top_p_histogram_part_rows,
@@ -37,7 +35,9 @@ pub(crate) fn cut_dist_full(
     let keep_all = matches!(cut, FullCut::All);
     let t = resolve_optional(t, |t| Some(resolve_float(t)?.0))?;
     let (mode, keys, none) = codes.resolve(&l, b, n)?;
-    let full_units = full_row_units(&l);
+    // 256 threads a row where the device allows (the sums are fixed point,
+    // so the thread count never changes a token).
+    let units = units(&l);
     let out = output(&l, [b], DType::I32);
     let bad = output(&l, [b, 1], DType::I32);
     // Without a temperature the kernel never reads `t`: any f32 buffer will do.
@@ -64,7 +64,6 @@ pub(crate) fn cut_dist_full(
     };
     let hist = output(&l, [hist_words], DType::U32);
     if split {
-        let units = units(&l);
         // Segments of whole vectors.
         let seg = (n / lanes).div_ceil(segments);
         let clear = if min_p { 0 } else { HIST_WORDS };
@@ -117,7 +116,7 @@ pub(crate) fn cut_dist_full(
             );
         }
     }
-    let (cubes, dim) = per_row(b, full_units);
+    let (cubes, dim) = per_row(b, units);
     // SAFETY: every index the kernels form is inside their buffers (row
     // bases and loops bounded by the width, bins clamped to `NUC_BINS`,
     // gathered slots to `NUC_GATHER`, shared slices by their sizes,
@@ -160,7 +159,7 @@ pub(crate) fn cut_dist_full(
                 none,
                 greedy_below,
                 per_row_parts,
-                full_units as usize,
+                units as usize,
                 t.is_some(),
                 mode,
                 keep_all,
@@ -188,7 +187,7 @@ pub(crate) fn cut_dist_full(
                 none,
                 greedy_below,
                 per_row_parts,
-                full_units as usize,
+                units as usize,
                 t.is_some(),
                 mode,
                 split,
@@ -205,7 +204,7 @@ pub(crate) fn cut_dist_full(
         (false, true) => 2,
         (false, false) => 3,
     };
-    let chunk = n.div_ceil(full_units as usize);
+    let chunk = n.div_ceil(units as usize);
     let name = match cut {
         FullCut::TopP(_) => "top_p_dist_full_rows",
         FullCut::MinP(_) => "min_p_dist_full_rows",

@@ -42,8 +42,11 @@ pub(crate) use top_p_full::top_p_full;
 /// Threads per row (one workgroup per row). A power of two.
 pub(crate) const UNITS: u32 = 256;
 
-/// Threads per row of the full-row kernels (their per-thread bins live in
-/// shared memory: `16 · 4` bytes a thread).
+/// Threads per row of the unfused full-row `top_p` kernel (`top_p_full`):
+/// its per-thread mass bins live in shared memory (`16 · 4` bytes a
+/// thread), and its f32 sums depend on the thread count, so it stays at
+/// 128 (the fused full-row kernels, whose sums are fixed point, take
+/// [`UNITS`]).
 pub(crate) const FULL_ROW_UNITS: u32 = 128;
 
 type FusionRuntime = burn_cubecl::fusion::FusionCubeRuntime;
@@ -174,7 +177,7 @@ fn units(cube: &CubeTensor) -> u32 {
     }
 }
 
-/// Threads per row of the full-row kernels on this device.
+/// Threads per row of the unfused full-row `top_p` kernel on this device.
 fn full_row_units(cube: &CubeTensor) -> u32 {
     units(cube).min(FULL_ROW_UNITS)
 }

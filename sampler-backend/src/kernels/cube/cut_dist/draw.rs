@@ -11,8 +11,9 @@ use super::super::common::{
     NEG_INF_KEY, chunk_len, code_key, logit_at, max_logit_vec, merge_row_parts, order_key,
     range_max_and_validation_vec, scaled, shared_min, with_code,
 };
-use super::fixed::{first_reaching, fixed_weight, nucleus_bin, wide_ge, wide_goal, wide_sum};
-use super::{S_BEFORE_HI, S_BEFORE_LO, S_CHUNK, S_TARGET_HI, S_TARGET_LO, S_TOTAL_ZERO};
+use super::fixed::{
+    first_reaching, fixed_weight, nucleus_bin, wide_ge, wide_goal, wide_scan, wide_total,
+};
 
 /// A row of a full-row kernel after read 1 ([`read_row_head`]).
 #[derive(CubeType, Clone)]
@@ -188,7 +189,6 @@ pub(crate) fn draw_token<N: Size>(
     part_hi: &mut Shared<[u32]>,
     part_lo: &mut Shared<[u32]>,
     bads: &mut Shared<[u32]>,
-    sel: &mut Shared<[u32]>,
     #[comptime] units: usize,
     #[comptime] min_p: bool,
     #[comptime] codes: u32,
@@ -202,26 +202,20 @@ pub(crate) fn draw_token<N: Size>(
     let mut chunk_lo = Shared::<[u32]>::new_slice(units);
     chunk_hi[tid as usize] = wh;
     chunk_lo[tid as usize] = wl;
-    sync_cube();
 
-    // The chunk holding u·W, from the chunks' prefix.
-    if tid == 0u32 {
-        let (th, tl) = wide_sum(&chunk_hi, &chunk_lo);
-        let (gh2, gl2) = wide_goal(u[row as usize], th, tl);
-        let (_found, at, bh, bl) = first_reaching(&chunk_hi, &chunk_lo, gh2, gl2);
-        sel[S_CHUNK] = at;
-        sel[S_BEFORE_HI] = bh;
-        sel[S_BEFORE_LO] = bl;
-        sel[S_TARGET_HI] = gh2;
-        sel[S_TARGET_LO] = gl2;
-        sel[S_TOTAL_ZERO] = select(th == 0u32 && tl == 0u32, 1u32, 0u32);
-    }
-    sync_cube();
+    // The chunk holding u·W, from the chunks' prefix (a parallel scan).
+    wide_scan(&mut chunk_hi, &mut chunk_lo);
+    let (th, tl) = wide_total(&chunk_hi, &chunk_lo);
+    let (target_hi, target_lo) = wide_goal(u[row as usize], th, tl);
+    let (_found, at, before_hi, before_lo) =
+        first_reaching(&chunk_hi, &chunk_lo, target_hi, target_lo);
+    let total_zero = th == 0u32 && tl == 0u32;
 
     // The chunk, split over the threads: each sums its part, then the part
-    // that holds u·W finds the token.
+    // that holds u·W finds the token, from the parts' prefix (a parallel
+    // scan) after the chunks before.
     let chunk = chunk_len(width);
-    let c_start = sel[S_CHUNK] * chunk;
+    let c_start = at * chunk;
     let c_end = select(c_start + chunk < width, c_start + chunk, width);
     let sub = chunk_len(chunk);
     let s_start = select(c_start + tid * sub < c_end, c_start + tid * sub, c_end);
@@ -229,25 +223,15 @@ pub(crate) fn draw_token<N: Size>(
     let (sh, sl) = kept_weight_sum::<N>(logits, head, cut, s_start, s_end, min_p);
     part_hi[tid as usize] = sh;
     part_lo[tid as usize] = sl;
-    sync_cube();
-    if tid == 0u32 {
-        let mut ch = sel[S_BEFORE_HI];
-        let mut cl = sel[S_BEFORE_LO];
-        for c in 0..CUBE_DIM {
-            let xh0 = part_hi[c as usize];
-            let xl0 = part_lo[c as usize];
-            part_hi[c as usize] = ch;
-            part_lo[c as usize] = cl;
-            let nl = cl + xl0;
-            ch = ch + xh0 + select(nl < cl, 1u32, 0u32);
-            cl = nl;
-        }
+    wide_scan(part_hi, part_lo);
+    let mut xh = 0u32;
+    let mut xl = 0u32;
+    if tid > 0u32 {
+        xh = part_hi[(tid - 1u32) as usize];
+        xl = part_lo[(tid - 1u32) as usize];
     }
-    sync_cube();
-    let target_hi = sel[S_TARGET_HI];
-    let target_lo = sel[S_TARGET_LO];
-    let mut ch = part_hi[tid as usize];
-    let mut cl = part_lo[tid as usize];
+    let mut cl = before_lo + xl;
+    let mut ch = before_hi + xh + select(cl < xl, 1u32, 0u32);
     let mut hit = none_pos;
     for j in s_start..s_end {
         let l = logit_at::<N>(logits, base, j, head.lanes);
@@ -267,7 +251,7 @@ pub(crate) fn draw_token<N: Size>(
     if tid == 0u32 {
         let found = bads[0];
         let mut tok = select(found < width, i32::cast_from(found), -1i32);
-        tok = select(sel[S_TOTAL_ZERO] == 1u32, -1i32, tok);
+        tok = select(total_zero, -1i32, tok);
         if head.tr < greedy_below {
             tok = i32::cast_from(head.first);
         }

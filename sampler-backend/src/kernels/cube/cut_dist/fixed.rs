@@ -66,18 +66,53 @@ pub(crate) fn key_logit(key: u32) -> f32 {
     f32::reinterpret(bits)
 }
 
-/// The 64-bit sum of the threads' pairs `(hi[t], lo[t])`, `t < CUBE_DIM`,
-/// in thread order.
+/// The threads' pairs `(hi[t], lo[t])`, `t < CUBE_DIM`, replaced by their
+/// inclusive prefix sums in thread order (64-bit, exact): `log2(CUBE_DIM)`
+/// steps of every thread adding the pair `2^k` before it (Hillis-Steele),
+/// instead of one thread walking them all. The last pair is then the
+/// total. Every thread calls, after writing its pair; all see the sums.
 #[cube]
-pub(crate) fn wide_sum(hi: &Shared<[u32]>, lo: &Shared<[u32]>) -> (u32, u32) {
-    let mut sh = 0u32;
-    let mut sl = 0u32;
-    for t in 0..CUBE_DIM {
-        let nl = sl + lo[t as usize];
-        sh += hi[t as usize] + select(nl < sl, 1u32, 0u32);
-        sl = nl;
+pub(crate) fn wide_scan(hi: &mut Shared<[u32]>, lo: &mut Shared<[u32]>) {
+    sync_cube();
+    let tid = UNIT_POS;
+    let mut off = 1u32;
+    while off < CUBE_DIM {
+        let mut ah = 0u32;
+        let mut al = 0u32;
+        if tid >= off {
+            ah = hi[(tid - off) as usize];
+            al = lo[(tid - off) as usize];
+        }
+        sync_cube();
+        if tid >= off {
+            let l0 = lo[tid as usize];
+            let nl = l0 + al;
+            hi[tid as usize] = hi[tid as usize] + ah + select(nl < l0, 1u32, 0u32);
+            lo[tid as usize] = nl;
+        }
+        sync_cube();
+        off *= 2u32;
     }
-    (sh, sl)
+}
+
+/// The total of pairs scanned by [`wide_scan`].
+#[cube]
+pub(crate) fn wide_total(hi: &Shared<[u32]>, lo: &Shared<[u32]>) -> (u32, u32) {
+    let last = (CUBE_DIM - 1u32) as usize;
+    (hi[last], lo[last])
+}
+
+/// The sum of the pairs before thread `t`'s, from pairs scanned by
+/// [`wide_scan`] (0 for thread 0).
+#[cube]
+pub(crate) fn wide_before(hi: &Shared<[u32]>, lo: &Shared<[u32]>, t: u32) -> (u32, u32) {
+    let mut bh = 0u32;
+    let mut bl = 0u32;
+    if t > 0u32 {
+        bh = hi[(t - 1u32) as usize];
+        bl = lo[(t - 1u32) as usize];
+    }
+    (bh, bl)
 }
 
 /// `x · (hi, lo)` for `x` in `[0, 1]` as a 64-bit goal ([`frac_hi`],
@@ -114,9 +149,13 @@ pub(crate) fn wide_nucleus_goal(p: f32, hi: u32, lo: u32) -> (u32, u32) {
     (gh, gl)
 }
 
-/// In thread order, the first non-empty pair `(hi[t], lo[t])` whose running
-/// 64-bit sum reaches the goal `(goal_hi, goal_lo)`: whether there is one,
-/// its `t`, and the sum before it `(hi, lo)`.
+/// In thread order, the first non-empty pair whose running 64-bit sum
+/// reaches the goal `(goal_hi, goal_lo)`, from pairs scanned by
+/// [`wide_scan`]: whether there is one, its `t`, and the sum before it.
+/// Each thread tests its own pair (non-empty, its sum reaching the goal,
+/// and no earlier non-empty pair's: the sum before it short of the goal,
+/// or nothing before it), so at most one finds it. Every thread calls; all
+/// see the result.
 #[cube]
 pub(crate) fn first_reaching(
     hi: &Shared<[u32]>,
@@ -124,25 +163,34 @@ pub(crate) fn first_reaching(
     goal_hi: u32,
     goal_lo: u32,
 ) -> (bool, u32, u32, u32) {
-    let mut ch = 0u32;
-    let mut cl = 0u32;
-    let mut found = false;
-    let mut at = 0u32;
-    let mut bh = 0u32;
-    let mut bl = 0u32;
-    for t in 0..CUBE_DIM {
-        let xh = hi[t as usize];
-        let xl = lo[t as usize];
-        let nl = cl + xl;
-        let nh = ch + xh + select(nl < cl, 1u32, 0u32);
-        if !found && (xh > 0u32 || xl > 0u32) && wide_ge(nh, nl, goal_hi, goal_lo) {
-            found = true;
-            at = t;
-            bh = ch;
-            bl = cl;
-        }
-        ch = nh;
-        cl = nl;
+    let tid = UNIT_POS;
+    let mut res = Shared::<[u32]>::new_slice(4usize);
+    if tid == 0u32 {
+        res[0] = 0u32;
+        res[1] = 0u32;
+        res[2] = 0u32;
+        res[3] = 0u32;
     }
+    sync_cube();
+    let ih = hi[tid as usize];
+    let il = lo[tid as usize];
+    let (eh, el) = wide_before(hi, lo, tid);
+    let non_empty = ih != eh || il != el;
+    let nothing_before = eh == 0u32 && el == 0u32;
+    if non_empty
+        && wide_ge(ih, il, goal_hi, goal_lo)
+        && (nothing_before || !wide_ge(eh, el, goal_hi, goal_lo))
+    {
+        res[0] = 1u32;
+        res[1] = tid;
+        res[2] = eh;
+        res[3] = el;
+    }
+    sync_cube();
+    let found = res[0] == 1u32;
+    let at = res[1];
+    let bh = res[2];
+    let bl = res[3];
+    sync_cube();
     (found, at, bh, bl)
 }

@@ -5,7 +5,6 @@ use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::super::common::thread_chunk;
-use super::S_LEN;
 use super::draw::{Cut, draw_token, kept_weight_sum, read_row_head};
 
 #[cube(launch_unchecked)]
@@ -38,7 +37,6 @@ pub(crate) fn min_p_dist_full_rows<N: Size>(
     let mut bads = Shared::<[u32]>::new_slice(units);
     let mut part_hi = Shared::<[u32]>::new_slice(units);
     let mut part_lo = Shared::<[u32]>::new_slice(units);
-    let mut sel = Shared::<[u32]>::new_slice(S_LEN);
 
     // Read 1: the maximum and its lowest position, the row's validation
     // (with `split`, merged from `argmax_part_rows`' segments).
@@ -89,7 +87,6 @@ pub(crate) fn min_p_dist_full_rows<N: Size>(
         &mut part_hi,
         &mut part_lo,
         &mut bads,
-        &mut sel,
         units,
         true,
         codes,

@@ -8,7 +8,7 @@ use super::super::common::{clear_atomics, logit_at, order_key, thread_chunk};
 use super::draw::{Cut, draw_token, draw_weight, read_row_head};
 use super::fixed::{
     first_reaching, fixed_weight, key_logit, nucleus_bin, wide_f32, wide_ge, wide_nucleus_goal,
-    wide_sum,
+    wide_scan, wide_total,
 };
 use super::{
     HIST_WORDS, S_ABOVE_HI, S_ABOVE_LO, S_BIN, S_CB, S_CHUNK, S_GOAL_HI, S_GOAL_LO, S_LEN,
@@ -104,13 +104,14 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
     }
     part_hi[tid as usize] = gh;
     part_lo[tid as usize] = gl;
-    sync_cube();
+    // S, the goal p·S, then the crossing group (every thread: a parallel
+    // scan of the groups' sums) and in it the bin (thread 0).
+    wide_scan(&mut part_hi, &mut part_lo);
+    let (sh, sl) = wide_total(&part_hi, &part_lo);
+    let pr = select(all, 1.0f32, p[row as usize]);
+    let (goal_hi, goal_lo) = wide_nucleus_goal(pr, sh, sl);
+    let (found, g, before_hi, before_lo) = first_reaching(&part_hi, &part_lo, goal_hi, goal_lo);
     if tid == 0u32 {
-        // S, the goal p·S, then the crossing group and bin from the top.
-        let (sh, sl) = wide_sum(&part_hi, &part_lo);
-        let pr = select(all, 1.0f32, p[row as usize]);
-        let (goal_hi, goal_lo) = wide_nucleus_goal(pr, sh, sl);
-        let (found, g, before_hi, before_lo) = first_reaching(&part_hi, &part_lo, goal_hi, goal_lo);
         let mut cb = 1024u32;
         let mut ah = 0u32;
         let mut al = 0u32;
@@ -416,7 +417,6 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
         &mut part_hi,
         &mut part_lo,
         &mut bads,
-        &mut sel,
         units,
         false,
         codes,
