@@ -17,12 +17,7 @@
 //!   dist`, `top_p(0.9); temperature; dist` (full vocabulary) and
 //!   `penalties(repeat 1.1, last 64); top_k(40); temperature; dist`;
 //! * `host/<chain>` for the top_k chain: offloading off, the logits copied
-//!   to the host (`4·V` bytes per row) and sampled by sampler-cpu;
-//! * `kernel/top_p_temp_dist/{split,whole}` and `kernel/temp_dist/..`: the
-//!   fused full-row kernels alone (`kernels::cut_dist_full_split`, `top_p
-//!   0.9` or no cut, temperature 0.7, tokens read back), with each row's
-//!   first reads split over the device's choice of workgroups and over one
-//!   (what it was before the split), in the same run.
+//!   to the host (`4·V` bytes per row) and sampled by sampler-cpu.
 //!
 //! criterion measures each; the samples it takes are also kept, and a table
 //! at the end prints per configuration the median µs per step, x the
@@ -35,9 +30,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use sampler_backend::{
-    Executor, Tensor, TensorData, compiled_devices, kernels, launches, probe_device,
-};
+use sampler_backend::{Executor, Tensor, TensorData, compiled_devices, launches, probe_device};
 use sampler_core::{ChainSpec, HistoryScope, OffloadPolicy, StageSpec};
 
 #[path = "common/mod.rs"]
@@ -239,49 +232,6 @@ fn bench(c: &mut Criterion) {
                                 })
                             });
                             push(format!("{mode}/{name}"), kernels, reads);
-                        }
-                    }
-                    // The fused full-row kernels alone, each row split over
-                    // the device's choice of workgroups for the first reads
-                    // and one workgroup a row: the split's gain measured in
-                    // the same run.
-                    let col = |x: f32| {
-                        Tensor::<2>::from_data(TensorData::new(vec![x; b], [b, 1]), &device)
-                    };
-                    let (p, t, u) = (col(0.9), col(0.7), col(0.5));
-                    let cuts = [
-                        ("top_p_temp_dist", kernels::FullCut::TopP(&p)),
-                        ("temp_dist", kernels::FullCut::All),
-                    ];
-                    for (name, cut) in cuts {
-                        for (split, segments) in [("split", None), ("whole", Some(1))] {
-                            let draw = || {
-                                let (toks, _) = kernels::cut_dist_full_split(
-                                    &logits,
-                                    cut,
-                                    Some(&t),
-                                    &u,
-                                    sampler_core::GREEDY_TEMPERATURE,
-                                    kernels::TokenCodes::OwnKeys,
-                                    segments,
-                                )
-                                .expect("a cubecl device runs the fused kernels");
-                                std::hint::black_box(toks.into_data());
-                            };
-                            draw();
-                            let (_, count) = launches::count_launches(draw);
-                            let kernels = count.as_ref().map(|k| k.total());
-                            let reads = count
-                                .as_ref()
-                                .filter(|k| k.undeclared() == 0)
-                                .map(|k| k.bytes_read() as f64 / (4 * b * v) as f64);
-                            take_median();
-                            let id =
-                                BenchmarkId::new(format!("kernel/{name}/{split}/V{v}/{shape}"), b);
-                            group.bench_function(id, |bench| {
-                                bench.iter_custom(|iters| timed(iters, draw))
-                            });
-                            push(format!("kernel/{name}/{split}"), kernels, reads);
                         }
                     }
                 }

@@ -35,6 +35,23 @@
 //! crossing logits, each a read of the row (about 18 reads at V = 151936
 //! in the worst case).
 //!
+//! Below a batch that fills the device, reads 1 and 2 are split over
+//! several workgroups a row first (`kernels::row_segments`, as greedy):
+//! `argmax_part_rows` (each segment's maximum, first position and first
+//! NaN / `+inf`; it also zeroes the rows' global histograms) and, for
+//! `top_p`, `top_p_histogram_part_rows` in `split.rs` (each workgroup
+//! merges the segments' maxima into `m` and adds its segment's histogram
+//! into the row's in global `u32` atomics, the low word's carry into the
+//! high word: the same integers in any order). The kernels here then run
+//! with `split`: read 1 becomes the merge of the segments' results
+//! ([`merge_row_parts`](super::common::merge_row_parts)) and read 2 a copy
+//! of the row's histogram into shared memory; the rest is unchanged.
+//!
+//! 256 threads a row where the device allows; the walks over the threads'
+//! 64-bit sums (the nucleus group, the drawn chunk, the parts' prefix) are
+//! parallel scans ([`wide_scan`](fixed::wide_scan), then each thread tests
+//! its own pair, [`first_reaching`](fixed::first_reaching)).
+//!
 //! The row is bound as `Vector<f32, N>` (16 bytes at `N = 4`, where the
 //! width is a multiple of 4 and the buffer 16-byte aligned; the same kernel
 //! at `N = 1` otherwise). Read 1 and `top_p`'s histogram pass load whole
