@@ -9,10 +9,10 @@
 //! |---|---|---|
 //! | greedy (rows split over workgroups and merged at these batches) | 2 | 1 |
 //! | `top_k(50); temperature; top_p(0.9); dist` | 4 | 1 (1.25 with the top-k floor's sample, counted) |
-//! | `top_p(0.9); temperature; dist` (full vocabulary) | 6 | 3 (one fused kernel: 3 reads and the drawn chunk twice, `2 / 128` of a read) |
+//! | `top_p(0.9); temperature; dist` (full vocabulary) | 6 | 3 (one fused kernel: 3 reads and the drawn chunk, about `1 / 256` of a read; at B = 1 split over workgroups, 3 kernels) |
 //! | `penalties; top_k(40); temperature; dist` | 5 | no `[B, V]` copy: 1.25 as the top-k chain |
-//! | `min_p(0.05); temperature; dist` (no budget in the issue) | 1 | 2 (one fused kernel) |
-//! | `temperature(0.8); dist` (no budget in the issue) | 1 | 2 (one fused kernel) |
+//! | `min_p(0.05); temperature; dist` (no budget in the issue) | 2 | 2 (one fused kernel; at B = 1 its maximum split over workgroups first) |
+//! | `temperature(0.8); dist` (no budget in the issue) | 2 | 2 (as `min_p`) |
 //!
 //! Every launch of these chains is one of the custom kernels, so every
 //! byte is declared (`undeclared() == 0`). Run on wgpu (CI: lavapipe); the
@@ -116,8 +116,9 @@ fn chains() -> Vec<(&'static str, Vec<StageSpec>, usize, f64)> {
 }
 
 /// The full-vocabulary chain's reads: the fused kernel's max, histogram and
-/// chunk passes, and the drawn chunk read twice (`2 / units` of a row; at
-/// most 128 threads a row, at least 1/32 on a device with 64); split over
+/// chunk passes, and the drawn chunk read once and a part of it walked
+/// (`1 / units` of a row and a little more; at least 1/32 on a device with
+/// 64 threads a workgroup); split over
 /// several workgroups a row (B = 1), the row's histogram as well, added
 /// into by the segments and read by the last kernel (16 KiB a row: 0.13
 /// of a read at this test's V = 32000, 0.03 at V = 151936).

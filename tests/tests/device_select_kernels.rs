@@ -879,7 +879,9 @@ fn wgpu_full_row_cuts_split_over_workgroups_draw_the_same_tokens() {
             .collect();
         let log_p: Vec<f32> = (0..b).map(|r| [0.05f32, 0.2, 1e-4][r % 3].ln()).collect();
         let temps: Vec<f32> = (0..b).map(|r| [0.7f32, 1.0, 1.4, 1e-6][r % 4]).collect();
-        let us: Vec<f32> = (0..b).map(|_| rng.random_range(0.0f32..1.0)).collect();
+        let mut us: Vec<f32> = (0..b).map(|_| rng.random_range(0.0f32..1.0)).collect();
+        // u = 0: the target is the sum before the drawn chunk itself.
+        us[0] = 0.0;
         let (p, lp, tc, u) = (col(ps), col(log_p), col(temps), col(us));
         let cuts = [
             ("top_p", kernels::FullCut::TopP(&p)),
@@ -917,6 +919,7 @@ fn wgpu_full_row_cuts_split_over_workgroups_draw_the_same_tokens() {
                     "{name} n = {n}: dead row drew {}",
                     whole[b - 1]
                 );
+                assert!(whole[0] >= 0, "{name} n = {n}: u = 0 drew {}", whole[0]);
                 for split in [2, 3, 7, kernels::SEGMENTS_MAX] {
                     let (got, got_keys) = run(split);
                     assert_eq!(

@@ -460,7 +460,8 @@ pub fn min_p(
 /// `[B, 1]` in `[0, 1)`. A `top_p` cut reads the row about three times
 /// (`cube/cut_dist/mod.rs` says how), a `min_p` cut about twice (the
 /// maximum, then the kept weights in chunks; `All` the same without a
-/// cut), and the drawn chunk twice more (`2 / units` of a row). Small
+/// cut), and the drawn chunk once more and a part of it (`1 / units` of a
+/// row and `1 / units` of that). Small
 /// batches split each row over several workgroups for the first reads
 /// ([`greedy_segments`] of them, as greedy): `argmax_part_rows` (the
 /// maximum and validation of each segment), for `top_p` also

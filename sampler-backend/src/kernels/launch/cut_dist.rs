@@ -196,9 +196,10 @@ pub(crate) fn cut_dist_full(
     }
     // Unsplit: top_p's max, histogram and chunk passes, min_p's max and
     // chunk passes. Split: the chunk pass alone (and the merged partials,
-    // the histogram). Both: the drawn chunk twice, the row scalars. A top_p
-    // crossing bin of more than `NUC_GATHER` logits adds passes over the
-    // row (module doc); not counted here.
+    // the histogram). Both: the drawn chunk summed in parts and the part
+    // holding `u·W` walked, the row scalars. A top_p crossing bin of more
+    // than `NUC_GATHER` logits adds passes over the row (module doc); not
+    // counted here.
     let passes = match (split, min_p) {
         (true, _) => 1,
         (false, true) => 2,
@@ -215,6 +216,7 @@ pub(crate) fn cut_dist_full(
     } else {
         0
     };
-    crate::launches::declare_read(name, 4 * b * (passes * n + 2 * chunk) + 16 * b + merged);
+    let drawn = chunk + chunk.div_ceil(units as usize);
+    crate::launches::declare_read(name, 4 * b * (passes * n + drawn) + 16 * b + merged);
     Some((int_tensor(out, &fusion), int_tensor(bad, &fusion)))
 }

@@ -168,7 +168,7 @@ pub(crate) fn kept_weight_sum<N: Size>(
 /// fixed-point `dist` weight `(wh, wl)` of the kept logits of its
 /// contiguous chunk (`thread_chunk`): the chunk holding `u·W` from the
 /// chunks' prefix, then that chunk split over the threads, each part
-/// summed, and the part that holds `u·W` walked (the drawn position lands
+/// summed, and the part that holds `u·W` walked (by its thread alone) (the drawn position lands
 /// in `bads[0]`, `2·width` when nothing is kept). Thread 0 then writes the
 /// row's token (the drawn position; the first maximum at a greedy
 /// temperature; `-1` with nothing to draw) or its status code
@@ -232,16 +232,26 @@ pub(crate) fn draw_token<N: Size>(
     }
     let mut cl = before_lo + xl;
     let mut ch = before_hi + xh + select(cl < xl, 1u32, 0u32);
+    // Only the part that holds u·W walks: its running sum reaches the
+    // target, and the sum before it does not (or nothing of the chunk lies
+    // before it). An earlier part ends short of the target; a later one can
+    // only hold later positions.
+    let il = cl + sl;
+    let ih = ch + sh + select(il < cl, 1u32, 0u32);
+    let walks = wide_ge(ih, il, target_hi, target_lo)
+        && (!wide_ge(ch, cl, target_hi, target_lo) || (ch == before_hi && cl == before_lo));
     let mut hit = none_pos;
-    for j in s_start..s_end {
-        let l = logit_at::<N>(logits, base, j, head.lanes);
-        if kept_at(l, j, head, cut, min_p) {
-            let e = draw_weight(l, head);
-            let nl = cl + e;
-            ch += select(nl < cl, 1u32, 0u32);
-            cl = nl;
-            if e > 0u32 && hit == none_pos && wide_ge(ch, cl, target_hi, target_lo) {
-                hit = j;
+    if walks {
+        for j in s_start..s_end {
+            let l = logit_at::<N>(logits, base, j, head.lanes);
+            if kept_at(l, j, head, cut, min_p) {
+                let e = draw_weight(l, head);
+                let nl = cl + e;
+                ch += select(nl < cl, 1u32, 0u32);
+                cl = nl;
+                if e > 0u32 && hit == none_pos && wide_ge(ch, cl, target_hi, target_lo) {
+                    hit = j;
+                }
             }
         }
     }
