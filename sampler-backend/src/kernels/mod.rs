@@ -461,15 +461,16 @@ pub fn min_p(
 /// (`cube/cut_dist/mod.rs` says how), a `min_p` cut about twice (the
 /// maximum, then the kept weights in chunks; `All` the same without a
 /// cut), and the drawn chunk once more and a part of it (`1 / units` of a
-/// row and `1 / units` of that). Small
-/// batches split each row over several workgroups for the first reads
-/// ([`greedy_segments`] of them, as greedy): `argmax_part_rows` (the
-/// maximum and validation of each segment), for `top_p` also
-/// `top_p_histogram_part_rows` (each segment's mass histogram added into
-/// the row's in exact 64-bit fixed point), then the kernel of one
-/// workgroup a row merges them and reads the row once more: 3 launches
-/// for `top_p` (2 for `min_p` and `All`) instead of 1, the same reads of
-/// the row, the same tokens and codes. `None` off the cubecl devices.
+/// row and `1 / units` of that). Small batches split each row's passes
+/// over the whole row across several workgroups first ([`greedy_segments`]
+/// of them, as greedy): `argmax_part_rows` (each segment's maximum and
+/// validation), then for `top_p` `top_p_histogram_part_rows` (each
+/// segment's mass histogram added into the row's in exact 64-bit fixed
+/// point), for `min_p` and `All` `kept_sums_part_rows` (each segment's
+/// kept `dist` weight); the kernel of one workgroup a row merges them
+/// (`top_p` reads the row once more; `min_p` and `All` find the segment
+/// holding `u·W` and read it alone): 3 launches instead of 1, the same
+/// tokens and codes. `None` off the cubecl devices.
 pub fn cut_dist_full(
     logits: &Tensor<2>,
     cut: FullCut<'_>,

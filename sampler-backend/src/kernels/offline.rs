@@ -84,7 +84,7 @@ pub(crate) use kernel;
 macro_rules! vector_row_kernels {
     ($lanes:expr, $compile:path) => {{
         use $crate::kernels::cube::{
-            CODES_OWN, argmax_part_rows, argmax_rows, min_p_dist_full_rows,
+            CODES_OWN, argmax_part_rows, argmax_rows, kept_sums_part_rows, min_p_dist_full_rows,
             top_p_dist_full_rows, top_p_histogram_part_rows, topk_rows,
         };
         use $crate::kernels::launch::UNITS;
@@ -147,13 +147,29 @@ macro_rules! vector_row_kernels {
                     &$crate::kernels::offline::kernel!(
                         min_p_dist_full_rows::MinPDistFullRows::new,
                         UNITS,
-                        [b b b b b b b b b b],
-                        [s s s s s],
+                        [b b b b b b b b b b b b],
+                        [s s s s s s],
                         lanes,
                         units,
                         true,
                         CODES_OWN,
                         false,
+                        false
+                    ),
+                ),
+            ),
+            (
+                "kept_sums_part_rows",
+                $compile(
+                    "kept_sums_part_rows",
+                    &$crate::kernels::offline::kernel!(
+                        kept_sums_part_rows::KeptSumsPartRows::new,
+                        UNITS,
+                        [b b b b b b b b],
+                        [s s s],
+                        lanes,
+                        units,
+                        true,
                         false
                     ),
                 ),

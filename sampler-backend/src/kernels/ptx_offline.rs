@@ -20,9 +20,9 @@ use cubecl_llvm::{LlvmTarget, PlironArtifact, PlironCompiler, PlironOptions};
 
 use super::cube::{
     CODES_GIVEN, CODES_NONE, CODES_OWN, HIST_WORDS, argmax_merge_rows, argmax_part_rows,
-    argmax_rows, dist_rows, first_bad_rows, min_p_dist_full_rows, min_p_rows, temperature_rows,
-    token_codes_rows, top_p_dist_full_rows, top_p_full_rows, top_p_histogram_part_rows, top_p_rows,
-    topk_rows,
+    argmax_rows, dist_rows, first_bad_rows, kept_sums_part_rows, min_p_dist_full_rows, min_p_rows,
+    temperature_rows, token_codes_rows, top_p_dist_full_rows, top_p_full_rows,
+    top_p_histogram_part_rows, top_p_rows, topk_rows,
 };
 use super::launch::{FULL_ROW_UNITS, UNITS};
 use super::offline::kernel;
@@ -121,6 +121,23 @@ fn split_greedy_segments_compile() {
             h,
             UNITS,
         );
+        for (has_t, keep_all) in [(true, false), (true, true), (false, true)] {
+            let s = kernel!(
+                kept_sums_part_rows::KeptSumsPartRows::new,
+                UNITS,
+                [b b b b b b b b],
+                [s s s],
+                lanes,
+                UNITS as usize,
+                has_t,
+                keep_all
+            );
+            check(
+                &format!("kept_sums_part_rows ({lanes} lanes, t {has_t}, all {keep_all})"),
+                s,
+                UNITS,
+            );
+        }
     }
 }
 
@@ -210,8 +227,8 @@ fn selecting_kernels_compile_for_every_status_mode() {
                 let m = kernel!(
                     min_p_dist_full_rows::MinPDistFullRows::new,
                     UNITS,
-                    [b b b b b b b b b b],
-                    [s s s s s],
+                    [b b b b b b b b b b b b],
+                    [s s s s s s],
                     lanes,
                     UNITS as usize,
                     has_t,

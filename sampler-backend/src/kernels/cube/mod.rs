@@ -35,7 +35,8 @@ pub(crate) use argmax::{argmax_merge_rows, argmax_part_rows, argmax_rows};
 pub(crate) use common::LOADS_IN_FLIGHT;
 pub(crate) use common::{CODES_GIVEN, CODES_NONE, CODES_OWN};
 pub(crate) use cut_dist::{
-    HIST_WORDS, min_p_dist_full_rows, top_p_dist_full_rows, top_p_histogram_part_rows,
+    HIST_WORDS, kept_sums_part_rows, min_p_dist_full_rows, top_p_dist_full_rows,
+    top_p_histogram_part_rows,
 };
 pub(crate) use first_bad::first_bad_rows;
 pub(crate) use min_p::min_p_rows;

@@ -1,13 +1,14 @@
 //! Launch of the fused full-row `cut -> [temperature] -> dist` kernels:
-//! one workgroup a row, or at small batches read 1 (and `top_p`'s
-//! histogram pass) split over several workgroups a row first.
+//! one workgroup a row, or at small batches the passes over the whole row
+//! split over several workgroups a row first (read 1; `top_p`'s histogram;
+//! `min_p`'s kept sums).
 
 use burn_cubecl::cubecl::prelude::*;
 use burn_tensor::{DType, Int, Tensor};
 
 use super::{int_tensor, output, per_row, resolve_float, resolve_optional, row_lanes, units};
 use crate::kernels::cube::{
-    HIST_WORDS, argmax_part_rows, min_p_dist_full_rows, top_p_dist_full_rows,
+    HIST_WORDS, argmax_part_rows, kept_sums_part_rows, min_p_dist_full_rows, top_p_dist_full_rows,
     top_p_histogram_part_rows,
 };
 use crate::kernels::{FullCut, TokenCodes};
@@ -47,25 +48,38 @@ pub(crate) fn cut_dist_full(
     // 16-byte vectors where the row allows them (the passes over the whole
     // row load vectors; the chunk walks read lanes out of them).
     let lanes = row_lanes(&l, n);
-    let segments = segments.unwrap_or_else(|| super::segments(&l, b, n));
+    // At most one segment a thread (the split `min_p` draw gives segment
+    // `s` to thread `s`).
+    let segments = segments
+        .unwrap_or_else(|| super::segments(&l, b, n))
+        .min(units as usize);
     let split = segments > 1 && b <= l.client.properties().hardware.max_cube_count.1 as usize;
-    let parts = if split { b * segments } else { b };
-    // The segments' results (read 1 split) and the rows' histograms
-    // (`top_p` split); unsplit, the kernels never read them: placeholders.
-    let (key, pos, pbad) = (
-        output(&l, [parts], DType::U32),
-        output(&l, [parts], DType::U32),
-        output(&l, [parts], DType::U32),
-    );
+    let segments = if split { segments } else { 1 };
+    // Segments of whole vectors.
+    let seg = (n / lanes).div_ceil(segments);
+    let parts = b * segments;
     let hist_words = if split && !min_p {
         b * HIST_WORDS as usize
     } else {
         1
     };
-    let hist = output(&l, [hist_words], DType::U32);
+    // The segments' read 1, the rows' histograms (`top_p`) and the
+    // segments' kept sums (`min_p`), split; unsplit, the kernels never read
+    // them, and the keys' buffer (`b` words, bound read-only as well)
+    // stands in for them.
+    let words = |len: usize| {
+        if split {
+            output(&l, [len], DType::U32)
+        } else {
+            keys.clone()
+        }
+    };
+    let (key, pos, pbad) = (words(parts), words(parts), words(parts));
+    let hist = words(hist_words);
+    let sums_words = if split && min_p { parts } else { 1 };
+    let (sums_hi, sums_lo) = (words(sums_words), words(sums_words));
     if split {
-        // Segments of whole vectors.
-        let seg = (n / lanes).div_ceil(segments);
+        let grid = || CubeCount::Static(segments as u32, b as u32, 1);
         let clear = if min_p { 0 } else { HIST_WORDS };
         // SAFETY: every index the kernels form is inside their buffers
         // (segments inside the row, partials at `row · segments + part`,
@@ -74,7 +88,7 @@ pub(crate) fn cut_dist_full(
         unsafe {
             argmax_part_rows::launch_unchecked(
                 &l.client,
-                CubeCount::Static(segments as u32, b as u32, 1),
+                grid(),
                 CubeDim::new_1d(units),
                 lanes,
                 BufferArg::from_raw_parts(l.handle.clone(), b * n),
@@ -88,10 +102,31 @@ pub(crate) fn cut_dist_full(
                 units as usize,
                 clear,
             );
-            if !min_p {
+            if min_p {
+                kept_sums_part_rows::launch_unchecked(
+                    &l.client,
+                    grid(),
+                    CubeDim::new_1d(units),
+                    lanes,
+                    BufferArg::from_raw_parts(l.handle.clone(), b * n),
+                    BufferArg::from_raw_parts(param.handle.clone(), b),
+                    BufferArg::from_raw_parts(t_handle.clone(), b),
+                    BufferArg::from_raw_parts(key.handle.clone(), parts),
+                    BufferArg::from_raw_parts(pos.handle.clone(), parts),
+                    BufferArg::from_raw_parts(pbad.handle.clone(), parts),
+                    BufferArg::from_raw_parts(sums_hi.handle.clone(), parts),
+                    BufferArg::from_raw_parts(sums_lo.handle.clone(), parts),
+                    n as u32,
+                    seg as u32,
+                    lanes as u32,
+                    units as usize,
+                    t.is_some(),
+                    keep_all,
+                );
+            } else {
                 top_p_histogram_part_rows::launch_unchecked(
                     &l.client,
-                    CubeCount::Static(segments as u32, b as u32, 1),
+                    grid(),
                     CubeDim::new_1d(units),
                     lanes,
                     BufferArg::from_raw_parts(l.handle.clone(), b * n),
@@ -106,22 +141,27 @@ pub(crate) fn cut_dist_full(
                 );
             }
         }
+        // Each workgroup of the second pass merges its row's read 1 (12
+        // bytes a segment); the histogram's words are read and written by
+        // atomics.
         crate::launches::declare_read("argmax_part_rows", 4 * b * n);
-        if !min_p {
-            // Each workgroup merges its row's partials; the histogram's
-            // words are read and written by atomics.
-            crate::launches::declare_read(
-                "top_p_histogram_part_rows",
-                4 * b * n + 12 * parts * segments + 4 * hist_words,
-            );
-        }
+        let second = if min_p {
+            "kept_sums_part_rows"
+        } else {
+            "top_p_histogram_part_rows"
+        };
+        let second_extra = if min_p { 0 } else { 4 * hist_words };
+        crate::launches::declare_read(
+            second,
+            4 * b * n + 12 * parts * segments + 16 * b + second_extra,
+        );
     }
     let (cubes, dim) = per_row(b, units);
     // SAFETY: every index the kernels form is inside their buffers (row
     // bases and loops bounded by the width, bins clamped to `NUC_BINS`,
     // gathered slots to `NUC_GATHER`, shared slices by their sizes,
-    // partials at `row · parts + j` for `j < parts`, only read with
-    // `split`).
+    // partials and sums at `row · segments + j` for `j < segments`, only
+    // read with `split`).
     unsafe {
         let (a0, a1, a2, a3, a4, a5, a6) = (
             BufferArg::from_raw_parts(l.handle.clone(), b * n),
@@ -137,7 +177,6 @@ pub(crate) fn cut_dist_full(
             BufferArg::from_raw_parts(pos.handle.clone(), parts),
             BufferArg::from_raw_parts(pbad.handle.clone(), parts),
         );
-        let per_row_parts = if split { segments as u32 } else { 1 };
         if min_p {
             min_p_dist_full_rows::launch_unchecked(
                 &l.client,
@@ -154,11 +193,14 @@ pub(crate) fn cut_dist_full(
                 p0,
                 p1,
                 p2,
+                BufferArg::from_raw_parts(sums_hi.handle.clone(), sums_words),
+                BufferArg::from_raw_parts(sums_lo.handle.clone(), sums_words),
                 n as u32,
                 lanes as u32,
                 none,
                 greedy_below,
-                per_row_parts,
+                segments as u32,
+                seg as u32,
                 units as usize,
                 t.is_some(),
                 mode,
@@ -186,7 +228,7 @@ pub(crate) fn cut_dist_full(
                 lanes as u32,
                 none,
                 greedy_below,
-                per_row_parts,
+                segments as u32,
                 units as usize,
                 t.is_some(),
                 mode,
@@ -194,29 +236,38 @@ pub(crate) fn cut_dist_full(
             )
         }
     }
-    // Unsplit: top_p's max, histogram and chunk passes, min_p's max and
-    // chunk passes. Split: the chunk pass alone (and the merged partials,
-    // the histogram). Both: the drawn chunk summed in parts and the part
-    // holding `u·W` walked, the row scalars. A top_p crossing bin of more
-    // than `NUC_GATHER` logits adds passes over the row (module doc); not
-    // counted here.
+    // Passes over the whole row in this kernel: unsplit, top_p's max,
+    // histogram and chunk passes, min_p's max and chunk passes; split,
+    // top_p's chunk pass, min_p none. Then the drawn chunk (a thread's
+    // contiguous chunk, or split min_p's segment) summed in parts and the
+    // part holding `u·W` walked, the row scalars, and split, the merged
+    // read 1 (12 bytes a segment) and the histogram or the segments' sums.
+    // A top_p crossing bin of more than `NUC_GATHER` logits adds passes
+    // over the row (module doc); not counted here.
     let passes = match (split, min_p) {
-        (true, _) => 1,
+        (true, true) => 0,
+        (true, false) => 1,
         (false, true) => 2,
         (false, false) => 3,
     };
-    let chunk = n.div_ceil(units as usize);
+    let chunk = if split && min_p {
+        seg * lanes
+    } else {
+        n.div_ceil(units as usize)
+    };
+    let drawn = chunk + chunk.div_ceil(units as usize);
+    let merged = if !split {
+        0
+    } else if min_p {
+        12 * parts + 8 * parts
+    } else {
+        12 * parts + 4 * hist_words
+    };
     let name = match cut {
         FullCut::TopP(_) => "top_p_dist_full_rows",
         FullCut::MinP(_) => "min_p_dist_full_rows",
         FullCut::All => "dist_all_full_rows",
     };
-    let merged = if split {
-        12 * parts + if min_p { 0 } else { 4 * hist_words }
-    } else {
-        0
-    };
-    let drawn = chunk + chunk.div_ceil(units as usize);
     crate::launches::declare_read(name, 4 * b * (passes * n + drawn) + 16 * b + merged);
     Some((int_tensor(out, &fusion), int_tensor(bad, &fusion)))
 }

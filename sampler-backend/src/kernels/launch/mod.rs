@@ -146,8 +146,6 @@ fn segments(cube: &CubeTensor, b: usize, n: usize) -> usize {
     row_segments(b, n, busy)
 }
 
-/// Threads per row for this device: [`UNITS`], or the largest power of two
-/// its workgroups allow.
 /// Logits per vector load for rows of `n` in `cube`: 4 (16 bytes) when
 /// `n` is a multiple of 4 (every vocabulary of a real model, padded to a
 /// multiple of 64 or 128), the buffer starts 16-byte aligned and the device
@@ -167,6 +165,8 @@ fn row_lanes(cube: &CubeTensor, n: usize) -> usize {
     }
 }
 
+/// Threads per row for this device: [`UNITS`], or the largest power of two
+/// its workgroups allow.
 fn units(cube: &CubeTensor) -> u32 {
     let max = cube.client.properties().hardware.max_units_per_cube.max(1);
     let cap = UNITS.min(max);

@@ -8,8 +8,8 @@ use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::super::common::{
-    NEG_INF_KEY, chunk_len, code_key, logit_at, max_logit_vec, merge_row_parts, order_key,
-    range_max_and_validation_vec, scaled, shared_min, with_code,
+    LOADS_IN_FLIGHT, NEG_INF_KEY, chunk_len, code_key, logit_at, max_logit_vec, merge_row_parts,
+    order_key, range_max_and_validation_vec, scaled, shared_min, with_code,
 };
 use super::fixed::{
     first_reaching, fixed_weight, nucleus_bin, wide_ge, wide_goal, wide_scan, wide_total,
@@ -164,12 +164,84 @@ pub(crate) fn kept_weight_sum<N: Size>(
     (hi, lo)
 }
 
-/// The end of both full-row kernels, once each thread holds the
-/// fixed-point `dist` weight `(wh, wl)` of the kept logits of its
-/// contiguous chunk (`thread_chunk`): the chunk holding `u·W` from the
+/// [`kept_weight_sum`] over the vectors `start..end` of the row, each
+/// thread taking vectors `CUBE_DIM` apart (coalesced 16-byte loads,
+/// [`LOADS_IN_FLIGHT`] of them issued before the first is used): this
+/// thread's share of the sum. Every thread calls.
+#[cube]
+pub(crate) fn kept_weight_sum_vec<N: Size>(
+    logits: &[Vector<f32, N>],
+    head: &RowHead,
+    cut: &Cut,
+    start: u32,
+    end: u32,
+    #[comptime] min_p: bool,
+) -> (u32, u32) {
+    let step = CUBE_DIM;
+    let base = head.base;
+    let mut hi = 0u32;
+    let mut lo = 0u32;
+    let mut i = start + UNIT_POS;
+    while i + (LOADS_IN_FLIGHT - 1u32) * step < end {
+        let v0 = logits[(base + i) as usize];
+        let v1 = logits[(base + i + step) as usize];
+        let v2 = logits[(base + i + 2u32 * step) as usize];
+        let v3 = logits[(base + i + 3u32 * step) as usize];
+        let (h0, l0) = kept_add_vector::<N>(v0, i, head, cut, hi, lo, min_p);
+        let (h1, l1) = kept_add_vector::<N>(v1, i + step, head, cut, h0, l0, min_p);
+        let (h2, l2) = kept_add_vector::<N>(v2, i + 2u32 * step, head, cut, h1, l1, min_p);
+        let (h3, l3) = kept_add_vector::<N>(v3, i + 3u32 * step, head, cut, h2, l2, min_p);
+        hi = h3;
+        lo = l3;
+        i += LOADS_IN_FLIGHT * step;
+    }
+    while i < end {
+        let v = logits[(base + i) as usize];
+        let (h, l) = kept_add_vector::<N>(v, i, head, cut, hi, lo, min_p);
+        hi = h;
+        lo = l;
+        i += step;
+    }
+    (hi, lo)
+}
+
+/// The kept logits of vector `i` (`v`) added into the 64-bit fixed-point
+/// sum `(hi, lo)` of their `dist` weights.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn kept_add_vector<N: Size>(
+    v: Vector<f32, N>,
+    i: u32,
+    head: &RowHead,
+    cut: &Cut,
+    hi: u32,
+    lo: u32,
+    #[comptime] min_p: bool,
+) -> (u32, u32) {
+    let mut h = hi;
+    let mut l = lo;
+    let mut j = i * head.lanes;
+    #[unroll]
+    for k in 0..N::value() {
+        let x = v.extract(k);
+        if kept_at(x, j, head, cut, min_p) {
+            let e = draw_weight(x, head);
+            let nl = l + e;
+            h += select(nl < l, 1u32, 0u32);
+            l = nl;
+        }
+        j += 1u32;
+    }
+    (h, l)
+}
+
+/// The end of both full-row kernels, once thread `t` holds the
+/// fixed-point `dist` weight `(wh, wl)` of the kept logits of chunk `t`,
+/// positions `t·chunk..(t + 1)·chunk` of the row (its `thread_chunk`, or
+/// with the `min_p` kernel split, segment `t`): the chunk holding `u·W` from the
 /// chunks' prefix, then that chunk split over the threads, each part
-/// summed, and the part that holds `u·W` walked (by its thread alone) (the drawn position lands
-/// in `bads[0]`, `2·width` when nothing is kept). Thread 0 then writes the
+/// summed, and the part that holds `u·W` walked by its thread alone (the
+/// drawn position lands in `bads[0]`, `2·width` when nothing is kept). Thread 0 then writes the
 /// row's token (the drawn position; the first maximum at a greedy
 /// temperature; `-1` with nothing to draw) or its status code
 /// ([`code_key`]), and the row's own validation key. Every thread calls.
@@ -186,6 +258,7 @@ pub(crate) fn draw_token<N: Size>(
     cut: &Cut,
     wh: u32,
     wl: u32,
+    chunk: u32,
     part_hi: &mut Shared<[u32]>,
     part_lo: &mut Shared<[u32]>,
     bads: &mut Shared<[u32]>,
@@ -214,7 +287,6 @@ pub(crate) fn draw_token<N: Size>(
     // The chunk, split over the threads: each sums its part, then the part
     // that holds u·W finds the token, from the parts' prefix (a parallel
     // scan) after the chunks before.
-    let chunk = chunk_len(width);
     let c_start = at * chunk;
     let c_end = select(c_start + chunk < width, c_start + chunk, width);
     let sub = chunk_len(chunk);

@@ -46,6 +46,10 @@
 //! with `split`: read 1 becomes the merge of the segments' results
 //! ([`merge_row_parts`](super::common::merge_row_parts)) and read 2 a copy
 //! of the row's histogram into shared memory; the rest is unchanged.
+//! `min_p` and the no-cut draw split their read 2 as well
+//! (`kept_sums_part_rows` in `min_p.rs`: each segment's kept weight), and
+//! their last kernel draws from the segments' sums, walking only the
+//! drawn segment.
 //!
 //! 256 threads a row where the device allows; the walks over the threads'
 //! 64-bit sums (the nucleus group, the drawn chunk, the parts' prefix) are
@@ -71,7 +75,8 @@
 //!
 //! Files: `top_p.rs` and `min_p.rs` hold the two kernels
 //! (`top_p_dist_full_rows`; `min_p_dist_full_rows`, which also draws
-//! without a cut), `draw.rs` what both share (read 1, the cut, the draw
+//! without a cut, and its split read 2), `split.rs` `top_p`'s split
+//! histogram pass, `draw.rs` what both share (read 1, the cut, the draw
 //! they end with), `fixed.rs` the fixed-point sums and the histogram's
 //! bins.
 
@@ -85,7 +90,7 @@ mod min_p;
 mod split;
 mod top_p;
 
-pub(crate) use min_p::min_p_dist_full_rows;
+pub(crate) use min_p::{kept_sums_part_rows, min_p_dist_full_rows};
 pub(crate) use split::top_p_histogram_part_rows;
 pub(crate) use top_p::top_p_dist_full_rows;
 

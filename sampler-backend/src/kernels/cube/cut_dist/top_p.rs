@@ -4,7 +4,7 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::super::common::{clear_atomics, logit_at, order_key, thread_chunk};
+use super::super::common::{chunk_len, clear_atomics, logit_at, order_key, thread_chunk};
 use super::draw::{Cut, draw_token, draw_weight, read_row_head};
 use super::fixed::{
     first_reaching, fixed_weight, key_logit, nucleus_bin, wide_f32, wide_ge, wide_nucleus_goal,
@@ -414,6 +414,7 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
         &cut,
         wh,
         wl,
+        chunk_len(width),
         &mut part_hi,
         &mut part_lo,
         &mut bads,
