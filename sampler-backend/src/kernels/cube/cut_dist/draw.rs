@@ -238,13 +238,14 @@ fn kept_add_vector<N: Size>(
 /// The end of both full-row kernels, once thread `t` holds the
 /// fixed-point `dist` weight `(wh, wl)` of the kept logits of chunk `t`,
 /// positions `t·chunk..(t + 1)·chunk` of the row (its `thread_chunk`, or
-/// with the `min_p` kernel split, segment `t`): the chunk holding `u·W` from the
-/// chunks' prefix, then that chunk split over the threads, each part
-/// summed, and the part that holds `u·W` walked by its thread alone (the
-/// drawn position lands in `bads[0]`, `2·width` when nothing is kept). Thread 0 then writes the
-/// row's token (the drawn position; the first maximum at a greedy
-/// temperature; `-1` with nothing to draw) or its status code
-/// ([`code_key`]), and the row's own validation key. Every thread calls.
+/// with the `min_p` kernel split, segment `t`): the chunk holding `u·W`
+/// from the chunks' prefix, then that chunk split over the threads, each
+/// part summed, and the part that holds `u·W` walked by its thread alone
+/// (the drawn position lands in `bads[0]`, `2·width` when nothing is
+/// kept). Thread 0 then writes the row's token (the drawn position; the
+/// first maximum at a greedy temperature; `-1` with nothing to draw) or
+/// its status code ([`code_key`]), and the row's own validation key.
+/// Every thread calls.
 #[cube]
 pub(crate) fn draw_token<N: Size>(
     logits: &[Vector<f32, N>],
