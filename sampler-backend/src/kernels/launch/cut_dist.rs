@@ -6,9 +6,10 @@
 use burn_cubecl::cubecl::prelude::*;
 use burn_tensor::{DType, Int, Tensor};
 
+use super::argmax::segment_heads;
 use super::{int_tensor, output, per_row, resolve_float, resolve_optional, row_lanes, units};
 use crate::kernels::cube::{
-    HIST_WORDS, argmax_part_rows, kept_sums_part_rows, min_p_dist_full_rows, top_p_dist_full_rows,
+    HIST_WORDS, kept_sums_part_rows, min_p_dist_full_rows, top_p_dist_full_rows,
     top_p_histogram_part_rows,
 };
 use crate::kernels::{FullCut, TokenCodes};
@@ -74,34 +75,23 @@ pub(crate) fn cut_dist_full(
             keys.clone()
         }
     };
-    let (key, pos, pbad) = (words(parts), words(parts), words(parts));
     let hist = words(hist_words);
     let sums_words = if split && min_p { parts } else { 1 };
     let (sums_hi, sums_lo) = (words(sums_words), words(sums_words));
+    // Read 1 over the segments (zeroing `top_p`'s histograms).
+    let (key, pos, pbad) = if split {
+        let zeroed = (!min_p).then_some((&hist, HIST_WORDS));
+        segment_heads(&l, b, n, segments, lanes, units, zeroed)
+    } else {
+        (words(parts), words(parts), words(parts))
+    };
     if split {
         let grid = || CubeCount::Static(segments as u32, b as u32, 1);
-        let clear = if min_p { 0 } else { HIST_WORDS };
         // SAFETY: every index the kernels form is inside their buffers
         // (segments inside the row, partials at `row · segments + part`,
         // histogram words at `row · HIST_WORDS + w`, shared slices by
         // their sizes).
         unsafe {
-            argmax_part_rows::launch_unchecked(
-                &l.client,
-                grid(),
-                CubeDim::new_1d(units),
-                lanes,
-                BufferArg::from_raw_parts(l.handle.clone(), b * n),
-                BufferArg::from_raw_parts(key.handle.clone(), parts),
-                BufferArg::from_raw_parts(pos.handle.clone(), parts),
-                BufferArg::from_raw_parts(pbad.handle.clone(), parts),
-                BufferArg::from_raw_parts(hist.handle.clone(), hist_words),
-                n as u32,
-                seg as u32,
-                lanes as u32,
-                units as usize,
-                clear,
-            );
             if min_p {
                 kept_sums_part_rows::launch_unchecked(
                     &l.client,
@@ -144,7 +134,6 @@ pub(crate) fn cut_dist_full(
         // Each workgroup of the second pass merges its row's read 1 (12
         // bytes a segment); the histogram's words are read and written by
         // atomics.
-        crate::launches::declare_read("argmax_part_rows", 4 * b * n);
         let second = if min_p {
             "kept_sums_part_rows"
         } else {
