@@ -154,14 +154,35 @@ pub(crate) fn kept_weight_sum<N: Size>(
     let mut lo = 0u32;
     for j in start..end {
         let l = logit_at::<N>(logits, head.base, j, head.lanes);
-        if kept_at(l, j, head, cut, min_p) {
-            let e = draw_weight(l, head);
-            let nl = lo + e;
-            hi += select(nl < lo, 1u32, 0u32);
-            lo = nl;
-        }
+        let (h, s) = add_kept(l, j, head, cut, hi, lo, min_p);
+        hi = h;
+        lo = s;
     }
     (hi, lo)
+}
+
+/// Logit `l` at position `j` added into the 64-bit fixed-point sum
+/// `(hi, lo)` of the kept `dist` weights when the cut keeps it.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn add_kept(
+    l: f32,
+    j: u32,
+    head: &RowHead,
+    cut: &Cut,
+    hi: u32,
+    lo: u32,
+    #[comptime] min_p: bool,
+) -> (u32, u32) {
+    let mut h = hi;
+    let mut s = lo;
+    if kept_at(l, j, head, cut, min_p) {
+        let e = draw_weight(l, head);
+        let ns = s + e;
+        h += select(ns < s, 1u32, 0u32);
+        s = ns;
+    }
+    (h, s)
 }
 
 /// [`kept_weight_sum`] over the vectors `start..end` of the row, each
@@ -223,13 +244,9 @@ fn kept_add_vector<N: Size>(
     let mut j = i * head.lanes;
     #[unroll]
     for k in 0..N::value() {
-        let x = v.extract(k);
-        if kept_at(x, j, head, cut, min_p) {
-            let e = draw_weight(x, head);
-            let nl = l + e;
-            h += select(nl < l, 1u32, 0u32);
-            l = nl;
-        }
+        let (h2, l2) = add_kept(v.extract(k), j, head, cut, h, l, min_p);
+        h = h2;
+        l = l2;
         j += 1u32;
     }
     (h, l)
