@@ -93,7 +93,7 @@ fn fused_chains_allocate_nothing_per_token() {
             temp.clone(),
             StageSpec::Dist,
         ],
-        // The whole-row tail, epsilon / eta, Mirostat v1.
+        // The whole-row tail, epsilon / eta, Mirostat v1 and v2.
         vec![temp.clone(), StageSpec::Dist],
         vec![StageSpec::Dist],
         vec![
@@ -116,6 +116,7 @@ fn fused_chains_allocate_nothing_per_token() {
             eta: 0.1,
             m: 100,
         }],
+        vec![StageSpec::MirostatV2 { tau: 5.0, eta: 0.1 }],
     ];
     let vocab = 32_000;
     let rows = rows(vocab, 4);

@@ -29,7 +29,7 @@
 //! | dynamic temperature then `dist` (the whole chain) | max; the stage's entropy pass and finite count give its temperature; the fused tail with it over the row (the argmax rule runs the stage) | the token |
 //! | `[temperature] -> dist` (the whole chain) | a validating max pass, the fused tail over the row (it is in id order: the exp-sum pass records block sums, and the walk starts at the block that holds `u·S`, `crate::cdf`) | the token |
 //! | `mirostat` (v1; its `mu` read from the stage), the chain's last active stage | max; exp + sum; the `m` best by `top_k`'s selection for the estimate; the `k` best by the same selection (a quarter of the row or more: gathered in id order, unsorted, the draw and its probability proved from their sum in id order; the whole row: the whole-row draw); the stage's draw, the token and its probability handed to the stage ([`Sampler::record_selection`]) | the token |
-//! | `mirostat_v2` (its `mu` read from the stage, [`Sampler::mirostat_mu`]) | max; exp + sum; the smallest kept probability (a search over the floats' bits), tokens within 1e-3 nats of its logit gathered by `min_p`'s block scan, sorted, walked with the stage's own test | the kept tokens, sorted; the stage then runs on them (it keeps them all: checked) and draws |
+//! | `mirostat_v2` (its `mu` read from the stage, [`Sampler::mirostat_mu`]) | max; exp + sum; the smallest kept probability (a search over the floats' bits), tokens within 1e-3 nats of its logit gathered in id order by `min_p`'s block scan and tested with the stage's own test (only those near the cut: the rest are kept for sure); as the last active stage the draw and its probability proved from the kept set's sum in id order (`tail::draw_with_reordered_sum`), handed to the stage ([`Sampler::record_selection`]); otherwise the kept tokens sorted, and the stage runs on them (it keeps them all: checked) | the token, or the kept tokens, sorted |
 //!
 //! Each kernel validates the row on the way (NaN, `+inf`); a bad row, an
 //! empty row, or any case the kernel cannot decide exactly (e.g. `min_p`
@@ -558,35 +558,33 @@ fn sorted_set(logits: &[f32], keys: &[u64], resume: usize) -> Survivors {
     }
 }
 
-/// The tokens `mirostat_v2` keeps of a raw row, into `s.keys` ([`desc_key`]
-/// order): those with `-log2 p <= mu`, `p` the reference's softmax (its
-/// `exp`, the f64 lane sum in id order, `(e · (1/S)) as f32`), and at least
-/// the first, without sorting the row. A max pass, an exp-sum pass, then
-/// the tokens within a margin of the cut's logit (`min_p`'s block scan)
-/// are gathered, sorted, and walked with the reference's own test up to the
-/// first token it drops. The stage then runs on these tokens alone
-/// ([`Survivors::Set`] resuming at the stage): it renormalises over them,
-/// which only raises their probabilities, so it keeps them all; that is
-/// checked here with the stage's arithmetic, and any other outcome (or a
-/// bad row) returns `false`: the reference runs.
-fn mirostat_v2_head(logits: &[f32], mu: f32, s: &mut Scratch) -> bool {
-    let keeps = |p: f32| !(-p.log2() > mu);
-    let Ok(max) = max_checked(logits, &mut s.sel) else {
-        return false;
-    };
+/// The candidates of `mirostat_v2`'s cut on a raw row, into `s.ids`
+/// (ascending): a max pass, an exp-sum pass (the reference's softmax: its
+/// `exp`, the f64 lane sum in id order, `p = (e · (1/S)) as f32`), the
+/// smallest kept probability (a search over the positive floats' bits), and
+/// the tokens within a margin of its logit gathered by `min_p`'s block scan.
+/// Every token it kept is among them; so is the row's first (largest logit,
+/// lowest id). Returns the row's maximum, `1 / S`, and a logit at or above
+/// which a token is kept for sure: its probability is at least `1 + 2^-8`
+/// times the smallest kept one, beyond every rounding, so its surprise lies
+/// `log2(1 + 2^-8) = 0.0056` bits below that one's, hundreds of ulps of
+/// `log2f` at any surprise up to 150 bits (libm's `log2f` is within an ulp
+/// or two), and the stage's test keeps it. `None`: a bad or all-`-inf` row
+/// (the reference reports it).
+fn mirostat_v2_candidates(logits: &[f32], mu: f32, s: &mut Scratch) -> Option<(f32, f64, f32)> {
+    let max = max_checked(logits, &mut s.sel).ok()?;
     if max == f32::NEG_INFINITY {
-        return false;
+        return None;
     }
     let sum = sampler_core::numerics::exp_sum(logits, max);
-    let inv = 1.0 / sum;
-    // The smallest probability kept: a search over the positive floats'
-    // bits (ordered as the floats); nothing but the first token when even
-    // p = 1 is too surprising (mu < 0).
-    let ln_cut = if keeps(1.0) {
+    // Nothing but the first token when even p = 1 is too surprising
+    // (mu < 0).
+    let margin = 1e-3 + 8.0 * f64::from(max.abs() * f32::EPSILON);
+    let (ln_cut, sure) = if mirostat_v2_keeps(1.0, mu) {
         let (mut lo, mut hi) = (0u32, 1.0f32.to_bits());
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
-            if keeps(f32::from_bits(mid)) {
+            if mirostat_v2_keeps(f32::from_bits(mid), mu) {
                 hi = mid;
             } else {
                 lo = mid;
@@ -594,32 +592,47 @@ fn mirostat_v2_head(logits: &[f32], mu: f32, s: &mut Scratch) -> bool {
         }
         // p >= p_min <=> e >= p_min · S (up to the rounding of e and p):
         // gather 1e-3 nats below, far beyond both roundings, and beyond the
-        // rounding of the threshold `max + ln_cut` in f32 at large `max`.
-        let margin = 1e-3 + 8.0 * f64::from(max.abs() * f32::EPSILON);
-        ((f64::from(f32::from_bits(hi)) * sum).ln() - margin).min(0.0) as f32
+        // rounding of the threshold `max + ln_cut` in f32 at large `max`;
+        // `(1 + 2^-8) p_min` 1e-3 nats above for sure.
+        let ln_min = (f64::from(f32::from_bits(hi)) * sum).ln();
+        let sure = f64::from(max) + ln_min + (1.0f64 / 256.0).ln_1p() + margin;
+        ((ln_min - margin).min(0.0) as f32, sure as f32)
     } else {
-        0.0
+        (0.0, f32::INFINITY)
     };
-    if min_p_ids(logits, ln_cut, &mut s.blocks, &mut s.sel, &mut s.ids).is_err() {
+    min_p_ids(logits, ln_cut, &mut s.blocks, &mut s.sel, &mut s.ids).ok()?;
+    Some((max, 1.0 / sum, sure))
+}
+
+/// The stage's test: a candidate of probability `p` is kept while its
+/// surprise `-log2 p` is at most `mu`.
+#[inline]
+fn mirostat_v2_keeps(p: f32, mu: f32) -> bool {
+    !(-p.log2() > mu)
+}
+
+/// The tokens `mirostat_v2` keeps of a raw row, into `s.keys` ([`desc_key`]
+/// order), without sorting the row: [`mirostat_v2_candidates`], sorted and
+/// walked with the reference's own test up to the first token it drops (at
+/// least the first). The stage then runs on these tokens alone
+/// ([`Survivors::Set`] resuming at the stage): it renormalises over them,
+/// which only raises their probabilities, so it keeps them all; that is
+/// checked here with the stage's arithmetic, and any other outcome (or a
+/// bad row) returns `false`: the reference runs.
+fn mirostat_v2_head(logits: &[f32], mu: f32, s: &mut Scratch) -> bool {
+    let Some((max, inv, _)) = mirostat_v2_candidates(logits, mu, s) else {
         return false;
-    }
+    };
     s.keys.clear();
     s.keys
         .extend(s.ids.iter().map(|&i| desc_key(logits[i as usize], i)));
     s.keys.sort_unstable();
-    let prob = |key: u64, inv: f64| {
-        let e = sampler_core::numerics::exp(logits[key_id(key) as usize] - max);
-        (f64::from(e) * inv) as f32
-    };
     let keep = s
         .keys
         .iter()
-        .position(|&k| !keeps(prob(k, inv)))
+        .position(|&k| !mirostat_v2_keeps(cut_prob(logits[key_id(k) as usize], max, inv), mu))
         .unwrap_or(s.keys.len())
         .max(1);
-    if keep > s.keys.len() {
-        return false;
-    }
     s.keys.truncate(keep);
     // The stage's pass over these tokens: softmax in their (sorted) order.
     s.current.clear();
@@ -631,7 +644,65 @@ fn mirostat_v2_head(logits: &[f32], mu: f32, s: &mut Scratch) -> bool {
     let inv_kept = 1.0 / sampler_core::numerics::sum_f64_slice(&s.current);
     s.current
         .iter()
-        .all(|&e| keeps((f64::from(e) * inv_kept) as f32))
+        .all(|&e| mirostat_v2_keeps((f64::from(e) * inv_kept) as f32, mu))
+}
+
+/// Mirostat v2 on a raw row as the chain's last active stage, decided whole
+/// and without sorting anything: [`mirostat_v2_candidates`], filtered in id
+/// order with the stage's test (those at or above its sure logit kept
+/// without it). The stage keeps the sorted prefix before the
+/// first token it drops (at least the first); the filtered set is that
+/// prefix when every gathered token it drops lies below every token it keeps
+/// (equal logits get the same probability), which is checked, so the
+/// stage's `exp` need not be monotone. The stage then renormalises the kept
+/// set in its sorted order and draws with `dist_select`; here the token and
+/// its probability (what the stage records for its `mu` update) are proved
+/// from the normaliser summed in id order
+/// (`tail::draw_with_reordered_sum`). `None`: not decided here (a bad or
+/// all-`-inf` row, a kept set that is not a prefix, or a draw the proof does
+/// not settle: the probability's f32 rounding within the normaliser's
+/// bound).
+fn mirostat_v2_token(
+    logits: &[f32],
+    chain: &Chain,
+    at: usize,
+    mu: f32,
+    s: &mut Scratch,
+) -> Option<(TokenId, f32)> {
+    // The kept set follows `mu` from step to step: the buffers take the
+    // largest set at once, so that they never grow per token.
+    let vocab = logits.len();
+    for buffer in [&mut s.current, &mut s.sel] {
+        buffer.clear();
+        buffer.reserve(vocab);
+    }
+    s.ids.clear();
+    s.ids.reserve(vocab);
+    s.prefix.reserve(vocab.div_ceil(crate::cdf::BLOCK));
+    s.blocks.reserve(vocab.div_ceil(simd::BLOCK));
+    let (max, inv, sure) = mirostat_v2_candidates(logits, mu, s)?;
+    // The row's first token (kept when the test drops every token).
+    let first = *s.ids.iter().find(|&&i| logits[i as usize] == max)?;
+    let (mut lowest_kept, mut highest_dropped) = (f32::INFINITY, f32::NEG_INFINITY);
+    s.ids.retain(|&i| {
+        let l = logits[i as usize];
+        let kept = l >= sure || mirostat_v2_keeps(cut_prob(l, max, inv), mu);
+        if kept {
+            lowest_kept = lowest_kept.min(l);
+        } else {
+            highest_dropped = highest_dropped.max(l);
+        }
+        kept
+    });
+    if s.ids.is_empty() {
+        s.ids.push(first);
+    } else if highest_dropped >= lowest_kept {
+        return None;
+    }
+    s.current.clear();
+    s.current.extend(s.ids.iter().map(|&i| logits[i as usize]));
+    let u = stage_uniform(chain, at);
+    tail::draw_with_reordered_sum(&s.ids, &s.current, max, u, &mut s.prefix)
 }
 
 /// `epsilon` / `eta` on a raw row (the stages' `cut_below`): a max pass, an
@@ -1216,6 +1287,14 @@ fn run_lead(
         chain.commit(token);
         return Ok(token);
     }
+    if let Lead::MirostatV2 { at, mu } = lead
+        && chain.stages()[at + 1..].iter().all(|stage| stage.is_noop())
+        && let Some((token, prob)) = with_scratch(|s| mirostat_v2_token(logits, chain, at, mu, s))
+    {
+        chain.stages_mut()[at].record_selection(token, prob);
+        chain.commit(token);
+        return Ok(token);
+    }
     match with_scratch(|s| survivors(logits, lead, s)) {
         Survivors::Token(t) => {
             chain.commit(t);
@@ -1452,6 +1531,22 @@ mod tests {
                 assert!(
                     matches!(out, Some(Ok((_, p))) if p > 0.0),
                     "tau {tau} m {m} step {step}: fell back ({out:?})"
+                );
+                sample_row(&logits, &mut chain).unwrap();
+            }
+        }
+        // So is Mirostat v2 as the last stage.
+        for tau in [5.0, 3.0, 0.0] {
+            let spec = ChainSpec::new(vec![StageSpec::MirostatV2 { tau, eta: 0.1 }], Some(1));
+            let mut chain = crate::build_chain(&spec).unwrap();
+            for step in 0..4 {
+                let Some(Lead::MirostatV2 { at, mu }) = lead(chain.stages()) else {
+                    panic!("mirostat_v2 is no lead");
+                };
+                let out = with_scratch(|s| mirostat_v2_token(&logits, &chain, at, mu, s));
+                assert!(
+                    matches!(out, Some((_, p)) if p > 0.0),
+                    "tau {tau} step {step}: fell back ({out:?})"
                 );
                 sample_row(&logits, &mut chain).unwrap();
             }

@@ -74,6 +74,9 @@ impl Sampler for MirostatV2 {
     fn mirostat_mu(&self) -> Option<f32> {
         Some(self.mu)
     }
+    fn record_selection(&mut self, token: TokenId, prob: f32) {
+        self.pending = Some((token, prob));
+    }
     fn accept(&mut self, token: TokenId, origin: TokenOrigin) {
         if origin != TokenOrigin::Output {
             return;
