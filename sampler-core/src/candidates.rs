@@ -479,7 +479,8 @@ pub fn validate_logits(logits: &[f32]) -> Result<(), SampleError> {
 }
 
 /// `probs = (exp(l - max) · (1/S)) as f32` with `S` the f64 lane sum of the
-/// exponentials (the project's numerics), in three vectorised loops; on
+/// exponentials (the project's numerics; `max` is the set's maximum, so
+/// [`crate::numerics::exp_nonpos`] gives `exp`'s bits), in three vectorised loops; on
 /// x86-64 the AVX-512F or AVX2 copy of the same code, chosen at run time
 /// (the same operations in the same order, so the same bits).
 fn softmax_into(logits: &[f32], max: f32, probs: &mut [f32]) {
@@ -512,7 +513,7 @@ fn softmax_into_avx2(logits: &[f32], max: f32, probs: &mut [f32]) {
 #[inline(always)]
 fn softmax_into_body(logits: &[f32], max: f32, probs: &mut [f32]) {
     for (p, &l) in probs.iter_mut().zip(logits) {
-        *p = crate::numerics::exp(l - max);
+        *p = crate::numerics::exp_nonpos(l - max);
     }
     let mut lanes = [0.0f64; crate::numerics::LANES];
     crate::numerics::add_to_lanes(&mut lanes, probs);

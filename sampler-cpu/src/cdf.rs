@@ -68,7 +68,8 @@ pub(crate) fn certified_crossing(
     None
 }
 
-/// `e_i = exp(l_i - max)` (the project's `exp`) into `e`, and their sum
+/// `e_i = exp(l_i - max)` (the project's `exp`, as `exp_nonpos`: `max` is
+/// the row's maximum) into `e`, and their sum
 /// with the lane rule (`sum_f64_slice`'s bits), recording the running sum
 /// at the start of every [`BLOCK`] in `prefix`. Vectorised: on x86-64 the
 /// AVX-512F or AVX2 copy of the same code, chosen at run time (the same
@@ -123,13 +124,13 @@ fn exp_into_with_prefix_body(
     e: &mut [f32],
     prefix: &mut Vec<f64>,
 ) -> f64 {
-    use sampler_core::numerics::{LANES, add_to_lanes, combine, exp};
+    use sampler_core::numerics::{LANES, add_to_lanes, combine, exp_nonpos};
     let mut lanes = [0.0f64; LANES];
     for (lb, eb) in logits.chunks(BLOCK).zip(e.chunks_mut(BLOCK)) {
         prefix.push(combine(lanes));
         for (lc, ec) in lb.chunks(64).zip(eb.chunks_mut(64)) {
             for (ei, &l) in ec.iter_mut().zip(lc) {
-                *ei = exp(l - max);
+                *ei = exp_nonpos(l - max);
             }
             add_to_lanes(&mut lanes, ec);
         }

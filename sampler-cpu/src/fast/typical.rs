@@ -132,7 +132,7 @@ fn typical_full_body(
     let mut e = [0.0f32; 64];
     for chunk in logits.chunks(64) {
         for (ei, &l) in e.iter_mut().zip(chunk) {
-            *ei = numerics::exp(l - max);
+            *ei = numerics::exp_nonpos(l - max);
         }
         for (&ei, &l) in e.iter().zip(chunk) {
             let x = l - max;
