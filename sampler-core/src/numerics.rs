@@ -237,26 +237,43 @@ fn exp_entropy_sums_avx2(row: &[f32], max: f32) -> (f64, f64) {
 
 #[inline(always)]
 fn exp_entropy_sums_body(row: &[f32], max: f32) -> (f64, f64) {
+    exp_entropy_sums_visit(row, max, |_, _| {})
+}
+
+/// [`exp_entropy_sums`]' pass (the same bits), calling `visit(chunk, e)`
+/// on each chunk of the row in order (64 logits, the last one shorter) with
+/// its exponentials, so that a kernel can take more from the same pass.
+/// Inlined into each caller, so that it vectorises for the caller's
+/// instruction set (the caller dispatches, as [`exp_entropy_sums`] does).
+#[inline(always)]
+pub fn exp_entropy_sums_visit(
+    row: &[f32],
+    max: f32,
+    mut visit: impl FnMut(&[f32], &[f32]),
+) -> (f64, f64) {
     let mut lanes_e = [0.0f64; LANES];
     let mut lanes_t = [0.0f64; LANES];
     let mut e = [0.0f32; 64];
     let mut t = [0.0f64; 64];
     for chunk in row.chunks(64) {
         let n = chunk.len();
-        for ((ei, ti), &l) in e.iter_mut().zip(t.iter_mut()).zip(chunk) {
-            let x = l - max;
-            let v = exp_nonpos(x);
-            *ei = v;
+        // Two loops, so that the exponentials vectorise at the f32 width
+        // (in one loop with the f64 products they ran at half of it).
+        for (ei, &l) in e.iter_mut().zip(chunk) {
+            *ei = exp_nonpos(l - max);
+        }
+        for ((ti, &v), &l) in t.iter_mut().zip(&e).zip(chunk) {
             // Adding 0.0 leaves a lane as skipping it would (a lane is
             // never -0.0 before: it starts at +0.0).
             *ti = if v > 0.0 {
-                f64::from(v) * f64::from(x)
+                f64::from(v) * f64::from(l - max)
             } else {
                 0.0
             };
         }
         add_to_lanes(&mut lanes_e, &e[..n]);
         add_f64_to_lanes(&mut lanes_t, &t[..n]);
+        visit(chunk, &e[..n]);
     }
     (combine(lanes_e), combine(lanes_t))
 }

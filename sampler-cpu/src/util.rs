@@ -79,5 +79,12 @@ pub(crate) fn saturate(v: f32, orig: f32) -> f32 {
 /// `max`: the largest logit, finite.
 pub(crate) fn log_norm_entropy(logits: &[f32], max: f32) -> (f64, f64) {
     let (sum, t) = sampler_core::numerics::exp_entropy_sums(logits, max);
-    (sum, sum.ln() - t / sum)
+    (sum, entropy_from_sums(sum, t))
+}
+
+/// `H = ln S − t / S` from `numerics::exp_entropy_sums`' `(S, t)`, as
+/// [`log_norm_entropy`] computes it.
+#[inline]
+pub(crate) fn entropy_from_sums(sum: f64, t: f64) -> f64 {
+    sum.ln() - t / sum
 }

@@ -1192,14 +1192,10 @@ fn lead_tail_token(
                 return None;
             }
             // The set's (score) order for the normaliser, ids for the walk.
-            s.by_id.clear();
-            s.by_id
-                .extend(set.ids.iter().copied().zip(set.logits.iter().copied()));
-            s.by_id.sort_unstable_by_key(|&(id, _)| id);
             let u = tail_uniform(chain, tail);
             Some(temp_dist_token(
                 &set.logits,
-                s.by_id.iter().copied(),
+                set.by_id.iter().copied(),
                 tail.t,
                 u,
             ))

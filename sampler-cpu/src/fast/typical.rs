@@ -8,33 +8,49 @@
 //!
 //! The score is a distance from `x* = ln S − H` in `x`, so the kept set is
 //! the tokens whose `x` lies nearest `x*`. One pass computes `S` and `H`
-//! exactly as the stage does (`util::log_norm_entropy`), a second a
-//! histogram of the mass `Σ e` and the count per 1/16-nat band of `x`. Bands enter in the order of the distance at which they lie
+//! exactly as the stage does (`util::log_norm_entropy`'s bits) and, from
+//! the same exponentials, the mass `Σ e` and the count per 1/16-nat band
+//! of `x`. Bands enter in the order of the distance at which they lie
 //! wholly within `[x* − D, x* + D]`; the first `D` whose whole bands hold
 //! more than `p + 1e-4` of the mass (and `min_keep` tokens) bounds the kept
-//! set. One pass gathers the tokens within `D + 1/16` of `x*`, which are
-//! sorted by their exact (score, canonical) key and walked with the stage's
-//! f32 running sum. The result is used only when the walk ends on a token
-//! whose exact score lies below every token left out (all of them are
-//! farther than `D + 1/16` in f32, so their score exceeds it but for the
-//! rounding of `x − x*`, far below 1/16); otherwise the stage runs.
+//! set. One pass
+//! gathers the tokens within `D + 1/16` of `x*` (a vectorised test per
+//! block), which are counting-sorted by score into 1/64-nat buckets and
+//! walked with the stage's f32 running sum in their exact (score,
+//! canonical) order, each bucket sorted only when the walk reaches it. The
+//! result is used only when the walk ends on a token whose exact score lies
+//! below every token left out (all of them are farther than `D + 1/16` in
+//! f32, so their score exceeds it but for the rounding of `x − x*`, far
+//! below 1/16); otherwise the stage runs.
 
 use sampler_core::TokenId;
 
-use super::scan::{desc_key, max_checked};
+use super::scan::{as_block, blocks, desc_key, key_id, lane_mask, max_checked, set_bits};
+use super::simd::LANES;
 
 /// Bands per nat of `x`.
 const PER_NAT: f32 = 16.0;
 /// Bands: `x` from 0 down to −64 nats; deeper tokens share the last band.
 const BANDS: usize = 1024;
+/// Score buckets per nat of the walk's order (by distance from the center).
+const SCORE_PER_NAT: f64 = 64.0;
 
 /// Reused buffers of the typical kernel.
 #[derive(Debug, Default)]
 pub(crate) struct TypicalScratch {
-    mass: Vec<f64>,
+    /// Tokens and their mass `Σ e` per band (the last slot: `-inf`, not
+    /// counted), in four tables while they are summed.
     count: Vec<u32>,
-    /// `(score bits, desc_key, x bits)` of the gathered tokens.
+    mass: Vec<f64>,
+    /// `(score bits, desc_key, p bits)` of the gathered tokens, in id
+    /// order, and their `x = l − max`.
     keys: Vec<(u64, u64, u32)>,
+    xs: Vec<f32>,
+    /// The same, by score bucket (each sorted when the walk reaches it).
+    sorted: Vec<(u64, u64, u32)>,
+    /// Score bucket starts in `sorted`, and the next free slot of each.
+    starts: Vec<u32>,
+    next: Vec<u32>,
 }
 
 /// The kept tokens (score order) with their logits and probabilities.
@@ -43,12 +59,26 @@ pub(crate) struct TypicalSet {
     pub ids: Vec<TokenId>,
     pub logits: Vec<f32>,
     pub probs: Vec<f32>,
+    /// The same tokens in ascending id: `(id, logit)`.
+    pub by_id: Vec<(TokenId, f32)>,
 }
 
 #[inline]
 fn band(x: f32) -> usize {
     // `x <= 0`; NaN cannot reach here (the row is validated first).
     ((-x * PER_NAT) as usize).min(BANDS - 1)
+}
+
+/// [`band`] of a finite or `-inf` `x <= 0`, `BANDS` for `-inf`, in
+/// operations that vectorise (a truncating conversion and selects).
+#[inline(always)]
+fn band_or_masked(x: f32) -> u16 {
+    let b = (-x * PER_NAT).min((BANDS - 1) as f32) as i32 as u16;
+    if x > f32::NEG_INFINITY {
+        b
+    } else {
+        BANDS as u16
+    }
 }
 
 /// The typical set of a raw row into `out`. `false`: not decided here (a
@@ -121,28 +151,45 @@ fn typical_full_body(
     if max == f32::NEG_INFINITY || logits.len() > u32::MAX as usize {
         return false;
     }
-    s.mass.clear();
-    s.mass.resize(BANDS, 0.0);
+    // The stage's sums (`util::log_norm_entropy`'s bits) and, in the same
+    // pass, the tokens per band (`-inf` in an extra slot, not counted).
+    // Four tables, position `i` added to table `i % 4`, so that runs of
+    // one band (a row's deep tail) do not wait on their own additions.
+    const TABLES: usize = 4;
+    const SLOTS: usize = BANDS + 1;
     s.count.clear();
-    s.count.resize(BANDS, 0);
-    // The stage's sums (`util::log_norm_entropy`), then the bands: each
-    // chunk's exponentials first (that loop vectorises), then the scatter.
-    let (sum, entropy) = crate::util::log_norm_entropy(logits, max);
-    let ln_sum = sum.ln();
-    let mut e = [0.0f32; 64];
-    for chunk in logits.chunks(64) {
-        for (ei, &l) in e.iter_mut().zip(chunk) {
-            *ei = numerics::exp_nonpos(l - max);
+    s.count.resize(TABLES * SLOTS, 0);
+    s.mass.clear();
+    s.mass.resize(TABLES * SLOTS, 0.0);
+    let (count, band_mass) = (&mut s.count, &mut s.mass);
+    let (sum, t) = numerics::exp_entropy_sums_visit(logits, max, |chunk, e| {
+        let mut bands = [0u16; 64];
+        for (b, &l) in bands.iter_mut().zip(chunk) {
+            *b = band_or_masked(l - max);
         }
-        for (&ei, &l) in e.iter().zip(chunk) {
-            let x = l - max;
-            if x > f32::NEG_INFINITY {
-                let b = band(x);
-                s.mass[b] += f64::from(ei);
-                s.count[b] += 1;
+        for (quad, eq) in bands[..chunk.len()].chunks(TABLES).zip(e.chunks(TABLES)) {
+            for (table, (&b, &ei)) in quad.iter().zip(eq).enumerate() {
+                let slot = table * SLOTS + usize::from(b);
+                count[slot] += 1;
+                band_mass[slot] += f64::from(ei);
             }
         }
+    });
+    let (first, rest) = s.count.split_at_mut(SLOTS);
+    for table in rest.chunks_exact(SLOTS) {
+        for (c, &d) in first.iter_mut().zip(table) {
+            *c += d;
+        }
     }
+    let (first, rest) = s.mass.split_at_mut(SLOTS);
+    for table in rest.chunks_exact(SLOTS) {
+        for (m, &d) in first.iter_mut().zip(table) {
+            *m += d;
+        }
+    }
+    let (count, band_mass) = (&s.count[..SLOTS], &s.mass[..SLOTS]);
+    let entropy = crate::util::entropy_from_sums(sum, t);
+    let ln_sum = sum.ln();
     let inv = 1.0 / sum;
     let center = (ln_sum - entropy) as f32;
     // Band b holds x in (−(b+1)/16, −b/16] (the last one everything below);
@@ -161,7 +208,7 @@ fn typical_full_body(
     let mid = band(center.min(0.0));
     let (mut up, mut down) = (mid as isize, mid + 1);
     let target = (f64::from(p) + 1e-4) * sum;
-    let (mut mass, mut count) = (0.0f64, 0usize);
+    let (mut mass, mut kept) = (0.0f64, 0usize);
     let mut reach = f32::NAN;
     loop {
         let take_up = match (up >= 0, down < BANDS) {
@@ -177,9 +224,9 @@ fn typical_full_body(
             down += 1;
             down - 1
         };
-        mass += s.mass[b];
-        count += s.count[b] as usize;
-        if mass > target && count >= min_keep {
+        mass += band_mass[b];
+        kept += count[b] as usize;
+        if mass > target && kept >= min_keep {
             reach = whole_at(b);
             break;
         }
@@ -187,26 +234,73 @@ fn typical_full_body(
     if !reach.is_finite() {
         return false;
     }
-    // Everything within `reach + 1/16` of the center, by exact key.
+    // Everything within `reach + 1/16` of the center, by exact key: a
+    // vectorised test per block, the tokens that pass one by one.
     let bound = reach + 1.0 / PER_NAT;
+    let near = |l: f32| ((l - max) - center).abs() <= bound;
     s.keys.clear();
-    for (i, &l) in logits.iter().enumerate() {
+    s.xs.clear();
+    let mut push = |i: usize| {
+        let l = logits[i];
         let x = l - max;
-        if (x - center).abs() <= bound {
-            let score = (ln_sum - f64::from(x) - entropy).abs();
-            s.keys
-                .push((score.to_bits(), desc_key(l, i as TokenId), x.to_bits()));
+        let score = (ln_sum - f64::from(x) - entropy).abs();
+        s.keys.push((score.to_bits(), desc_key(l, i as TokenId), 0));
+        s.xs.push(x);
+    };
+    let (full, rest) = blocks(logits);
+    for (k, block) in full.enumerate() {
+        for j in set_bits(lane_mask(as_block(block), near)) {
+            push(k * LANES + j);
         }
     }
-    s.keys.sort_unstable();
-    let prob = |x: f32| (f64::from(numerics::exp(x)) * inv) as f32;
+    for (i, &l) in logits.iter().enumerate().skip(rest) {
+        if near(l) {
+            push(i);
+        }
+    }
+    // Their probabilities, `(exp(x) · (1/S)) as f32` (a loop that
+    // vectorises).
+    for x in &mut s.xs {
+        *x = (f64::from(numerics::exp_nonpos(*x)) * inv) as f32;
+    }
+    for (k, &p) in s.keys.iter_mut().zip(&s.xs) {
+        k.2 = p.to_bits();
+    }
+    // The walk's order, (score, canonical): counting-sorted by score bucket
+    // (non-decreasing in the score), each bucket sorted when the walk gets
+    // there, so nothing past the crossing bucket is sorted.
+    let buckets = ((f64::from(bound) + 1.0) * SCORE_PER_NAT) as usize + 2;
+    let bucket =
+        |score_bits: u64| ((f64::from_bits(score_bits) * SCORE_PER_NAT) as usize).min(buckets - 1);
+    s.starts.clear();
+    s.starts.resize(buckets + 1, 0);
+    for k in &s.keys {
+        s.starts[bucket(k.0) + 1] += 1;
+    }
+    for b in 0..buckets {
+        s.starts[b + 1] += s.starts[b];
+    }
+    s.next.clear();
+    s.next.extend_from_slice(&s.starts[..buckets]);
+    s.sorted.clear();
+    s.sorted.resize(s.keys.len(), (0, 0, 0));
+    for &k in &s.keys {
+        let slot = &mut s.next[bucket(k.0)];
+        s.sorted[*slot as usize] = k;
+        *slot += 1;
+    }
     let mut cum = 0.0f32;
     let mut keep = None;
-    for (i, k) in s.keys.iter().enumerate() {
-        cum += prob(f32::from_bits(k.2));
-        if cum > p && (min_keep == 0 || i + 1 >= min_keep) {
-            keep = Some(i + 1);
-            break;
+    'walk: for b in 0..buckets {
+        let (lo, hi) = (s.starts[b] as usize, s.starts[b + 1] as usize);
+        let slice = &mut s.sorted[lo..hi];
+        slice.sort_unstable();
+        for (i, k) in (lo..).zip(slice.iter()) {
+            cum += f32::from_bits(k.2);
+            if cum > p && (min_keep == 0 || i + 1 >= min_keep) {
+                keep = Some(i + 1);
+                break 'walk;
+            }
         }
     }
     let Some(keep) = keep else {
@@ -215,20 +309,28 @@ fn typical_full_body(
     // Every token left out is farther than `bound` from the center in f32;
     // its exact score is above `bound` less the rounding of `x − center`
     // (relative 2^-24 of the operands) and of the f64 score.
-    let last = f64::from_bits(s.keys[keep - 1].0);
+    let last_score = f64::from_bits(s.sorted[keep - 1].0);
     let slack = 1e-3 + 4.0 * f64::from(f32::EPSILON) * (f64::from(center.abs()) + 64.0);
-    if !(last < f64::from(bound) - slack) {
+    if !(last_score < f64::from(bound) - slack) {
         return false;
     }
     out.ids.clear();
     out.logits.clear();
     out.probs.clear();
-    for k in &s.keys[..keep] {
-        let x = f32::from_bits(k.2);
-        let id = super::scan::key_id(k.1);
+    for k in &s.sorted[..keep] {
+        let id = key_id(k.1);
         out.ids.push(id);
         out.logits.push(logits[id as usize]);
-        out.probs.push(prob(x));
+        out.probs.push(f32::from_bits(k.2));
     }
+    // The kept tokens are the gathered ones at or before the last in the
+    // walk's order; the gathered list is in id order.
+    let last = s.sorted[keep - 1];
+    out.by_id.clear();
+    out.by_id
+        .extend(s.keys.iter().filter(|&&k| k <= last).map(|k| {
+            let id = key_id(k.1);
+            (id, logits[id as usize])
+        }));
     true
 }
