@@ -502,7 +502,7 @@ fn large_zipf_rows_match_reference() {
     }
 }
 
-/// Mirostat v1 with targets that keep a quarter of the row or more (and the
+/// Mirostat v1 with targets that keep hundreds of tokens, a quarter of the row or more (and the
 /// whole row): the fast path gathers those sets unsorted and proves the
 /// draw and its probability from their sum in id order; the tokens and the
 /// `mu` after every step are the reference's.
