@@ -904,15 +904,25 @@ fn mirostat_token(
     }));
     let keep = crate::stages::mirostat::keep_count(&s.current, m, mu, vocab, vocab);
     // `keep` follows `mu` from step to step: the buffers take the largest
-    // set this path decides at once, so that they never grow per token.
-    s.current.reserve(vocab);
-    s.by_id.reserve(vocab / 4);
-    s.keys.reserve(vocab);
-    s.copy.reserve(vocab);
+    // set this path decides at once, so that they never grow per token
+    // (emptied first: a reserve counts from the length, which the previous
+    // token's set left, so it grew them whenever a larger set came before).
+    for buffer in [&mut s.keys, &mut s.copy] {
+        buffer.clear();
+        buffer.reserve(vocab);
+    }
+    for buffer in [&mut s.current, &mut s.sel] {
+        buffer.clear();
+        buffer.reserve(vocab);
+    }
+    s.by_id.clear();
+    s.by_id.reserve(MIROSTAT_UNSORTED_FROM);
+    s.ids.clear();
     s.ids.reserve(vocab);
+    s.prefix.clear();
     s.prefix.reserve(vocab.div_ceil(crate::cdf::BLOCK));
+    s.blocks.clear();
     s.blocks.reserve(vocab.div_ceil(simd::BLOCK));
-    s.sel.reserve(vocab);
     let u = stage_uniform(chain, at);
     if keep >= vocab {
         // The stage keeps the row in its order (id order): the whole-row
