@@ -678,7 +678,9 @@ fn mirostat_v2_token(
     }
     s.ids.clear();
     s.ids.reserve(vocab);
+    s.prefix.clear();
     s.prefix.reserve(vocab.div_ceil(crate::cdf::BLOCK));
+    s.blocks.clear();
     s.blocks.reserve(vocab.div_ceil(simd::BLOCK));
     let (max, inv, sure) = mirostat_v2_candidates(logits, mu, s)?;
     // The row's first token (kept when the test drops every token).
