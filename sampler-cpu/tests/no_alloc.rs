@@ -93,7 +93,7 @@ fn fused_chains_allocate_nothing_per_token() {
             temp.clone(),
             StageSpec::Dist,
         ],
-        // The whole-row tail, epsilon / eta, Mirostat v1 and v2.
+        // The whole-row tail, epsilon / eta, Mirostat v1 and v2, typical.
         vec![temp.clone(), StageSpec::Dist],
         vec![StageSpec::Dist],
         vec![
@@ -117,6 +117,14 @@ fn fused_chains_allocate_nothing_per_token() {
             m: 100,
         }],
         vec![StageSpec::MirostatV2 { tau: 5.0, eta: 0.1 }],
+        vec![
+            StageSpec::Typical {
+                p: 0.95,
+                min_keep: 1,
+            },
+            temp.clone(),
+            StageSpec::Dist,
+        ],
     ];
     let vocab = 32_000;
     let rows = rows(vocab, 4);
