@@ -135,7 +135,7 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
         fp,
         last_n,
         tau_eta,
-        0u8..31,
+        0u8..33,
     )
         .prop_map(
             |(k, p, mp, t, mk, rep, freq, pres, last_n, (tau, eta), which)| match which {
@@ -326,6 +326,15 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
                     temp(t),
                     StageSpec::Dist,
                 ],
+                // `top_n_sigma` masks (the set keeps its size): the fused
+                // tail sums the kept tokens in their positions' lanes. `n`
+                // from 0.01 (almost only the maximum) to 3.
+                31 => vec![
+                    StageSpec::TopNSigma { n: 0.01 + mp * 3.0 },
+                    temp(t),
+                    StageSpec::Dist,
+                ],
+                32 => vec![StageSpec::TopNSigma { n: 1.0 }, StageSpec::Dist],
                 _ => vec![temp(t), StageSpec::TopK { k }, StageSpec::Dist],
             },
         )
@@ -458,6 +467,8 @@ fn large_zipf_rows_match_reference() {
             temp(0.8),
             StageSpec::Dist,
         ],
+        vec![StageSpec::TopNSigma { n: 1.0 }, temp(0.8), StageSpec::Dist],
+        vec![StageSpec::TopNSigma { n: 3.0 }, StageSpec::Dist],
         vec![
             StageSpec::Epsilon {
                 epsilon: 3e-4,

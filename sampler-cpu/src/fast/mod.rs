@@ -24,8 +24,9 @@
 //! | `penalties` (never raising a logit) then `top_k(k)` | with a `[temperature] -> dist` tail: selection of the tokens outside the history down to a threshold `k` of them reach (raised by the history tokens above it), the history's tokens penalised and added where they still reach it, the `k` best keys, the fused tail; otherwise selection of `k + last_n` and the penalties stage on it | the token; otherwise `k + last_n`, id order |
 //! | `min_p(p)`, `p <= 1` | every block's maximum, the blocks that reach `max + ln p` read again | tokens `>= max + ln p`, id order |
 //! | `top_p(p)` | max; exp + sum with mass estimates per depth; gather the head down to the estimate's depth (a wide deep tier narrowed by band counts first); bucket it, sort only up to the cut | nucleus, sorted |
-//! | `typical(p)` | max; one pass for the stage's `S` and entropy with a histogram of mass per 1/16-nat band of `l - max`; bands taken by their distance from `ln S - H` until they hold `p + 1e-4`; the tokens within that distance (plus a band) gathered, sorted by exact key, walked with the stage's f32 sum (checked to end before any token left out) | the kept tokens, score order, the row's probabilities |
+//! | `typical(p)` | max; one pass for the stage's `S` and entropy with, from the same exponentials, the mass and count per 1/16-nat band of `l - max`; bands taken by their distance from `ln S - H` until they hold `p + 1e-4`; the tokens within that distance gathered (a vectorised test per block), counting-sorted by score into 1/64-nat buckets, each sorted when the walk (the stage's f32 running sum) reaches it; accepted when the walk ends inside | the kept tokens in score order with their probabilities, and in id order for a fused tail |
 //! | `epsilon` / `eta` | max; exp + sum (`eta`: the entropy pass, which gives the sum too); the `min_keep`-th logit by selection; tokens within 1e-3 nats of the cut gathered by `min_p`'s block scan, tested with the stage's test | the kept tokens, id order, the row's probabilities |
+//! | `top_n_sigma(n)` with a `[temperature] -> dist` tail | every block's maximum (and the row's validation); the stage's threshold passes (count, sum and maximum of the finite logits, then the squared deviations); the tokens at or above its cut logit gathered by the blocks that reach it; the tail sums them in their positions' lanes (the masked tokens add `+0.0`) and walks them | the token |
 //! | dynamic temperature then `dist` (the whole chain) | max; the stage's entropy pass and finite count give its temperature; the fused tail with it over the row (the argmax rule runs the stage) | the token |
 //! | `[temperature] -> dist` (the whole chain) | a validating max pass, the fused tail over the row (it is in id order: the exp-sum pass records block sums, and the walk starts at the block that holds `u·S`, `crate::cdf`) | the token |
 //! | `mirostat` (v1; its `mu` read from the stage), the chain's last active stage | max; exp + sum; the `m` best by `top_k`'s selection for the estimate; the `k` best by the same selection (256 or more: gathered in id order, unsorted, the draw and its probability proved from their sum in id order; the whole row: the whole-row draw); the stage's draw, the token and its probability handed to the stage ([`Sampler::record_selection`]) | the token |
@@ -69,7 +70,8 @@ use sampler_core::{
 };
 
 use self::scan::{
-    desc_key, key_id, max_checked, min_p_ids, top_k_ids_in_id_order, top_k_keys, top_k_keys_outside,
+    Filter, candidate_blocks, desc_key, ids_at_least, key_id, max_checked, min_p_ids,
+    top_k_ids_in_id_order, top_k_keys, top_k_keys_outside,
 };
 use self::tail::{
     temp_dist_draw, temp_dist_draw_in_id_order, temp_dist_tail, temp_dist_token,
@@ -102,6 +104,8 @@ enum Lead {
     MirostatV2 { at: usize, mu: f32 },
     /// `mirostat` (v1) at stage `at`: `m` for its estimate, `mu` now.
     Mirostat { at: usize, m: usize, mu: f32 },
+    /// `top_n_sigma(n)` at stage `at`, `n > 0`.
+    TopNSigma { at: usize, n: f32 },
     /// `[temperature] -> dist` over the whole row.
     Dist { tail: tail::TempDist },
     /// Dynamic temperature (`range > 0`), then `dist` at `dist_at`, over the
@@ -181,6 +185,7 @@ fn lead_from(stages: &[Box<dyn Sampler>], start: usize) -> Option<Lead> {
             .filter(|mu| mu.is_finite())
             .map(|mu| Lead::MirostatV2 { at, mu }),
         StageSpec::Typical { p, min_keep } if p < 1.0 => Some(Lead::Typical { at, p, min_keep }),
+        StageSpec::TopNSigma { n } if n > 0.0 => Some(Lead::TopNSigma { at, n }),
         StageSpec::Epsilon { epsilon, min_keep } if epsilon > 0.0 => Some(Lead::Cut {
             at,
             eta: false,
@@ -483,8 +488,9 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
         // Decided whole by `mirostat_token` when sampling; `apply_row`
         // (the candidates, no draw accepted) runs the stage itself.
         Lead::Mirostat { .. } => Survivors::Reference,
-        // The whole row is the set: nothing to narrow for `apply_row`.
-        Lead::Dist { .. } | Lead::DynDist { .. } => Survivors::Reference,
+        // The whole row is the set: nothing to narrow for `apply_row`
+        // (`top_n_sigma` keeps the row's size, its cut logits set to `-inf`).
+        Lead::Dist { .. } | Lead::DynDist { .. } | Lead::TopNSigma { .. } => Survivors::Reference,
         Lead::Typical { at, p, min_keep } => {
             let set = &mut s.typical_set;
             if !typical_full(logits, p, min_keep, &mut s.sel, &mut s.typical, set) {
@@ -1228,6 +1234,23 @@ fn lead_tail_token(
             let (max, _) = cut_ids(logits, eta, epsilon, min_keep, s)?;
             Some(kept_ids_tail_token(logits, max, chain, tail, s))
         }
+        Lead::TopNSigma { n, .. } => {
+            // The stage's threshold and cut logit on the raw row; the kept
+            // tokens in id order, read again only in the blocks that reach it.
+            let (_, max) =
+                candidate_blocks(logits, Filter::TopK(1), &mut s.blocks, &mut s.sel).ok()?;
+            if max == f32::NEG_INFINITY || logits.len() <= 1 {
+                return None;
+            }
+            let cut = crate::stages::top_n_sigma::cut_logit(logits, n)?;
+            ids_at_least(logits, cut, &s.sel, &mut s.blocks, &mut s.ids);
+            s.current.clear();
+            s.current.extend(s.ids.iter().map(|&i| logits[i as usize]));
+            let u = tail_uniform(chain, tail);
+            Some(tail::temp_dist_token_masked_row(
+                &s.ids, &s.current, max, tail.t, u,
+            ))
+        }
         Lead::Greedy
         | Lead::PenaltiesTopK { .. }
         | Lead::MirostatV2 { .. }
@@ -1261,7 +1284,8 @@ fn run_lead(
     | Lead::MinP { at, .. }
     | Lead::TopP { at, .. }
     | Lead::Typical { at, .. }
-    | Lead::Cut { at, .. } = lead
+    | Lead::Cut { at, .. }
+    | Lead::TopNSigma { at, .. } = lead
         && let Some(tail) = temp_dist_tail(chain.stages(), at + 1)
         && let Some(token) = with_scratch(|s| lead_tail_token(logits, lead, chain, tail, s))
     {
@@ -1508,6 +1532,15 @@ mod tests {
             };
             let out = with_scratch(|s| row_tail_token(&logits, &chain, tail, s));
             assert!(matches!(out, Some(Ok(_))), "{tail:?} fell back");
+        }
+        // `top_n_sigma` then the tail: decided by its fused tail.
+        for n in [0.5, 1.0, 3.0] {
+            let spec = ChainSpec::new(vec![StageSpec::TopNSigma { n }, StageSpec::Dist], Some(1));
+            let chain = crate::build_chain(&spec).unwrap();
+            let lead = lead(chain.stages()).unwrap();
+            let tail = temp_dist_tail(chain.stages(), 1).unwrap();
+            let out = with_scratch(|s| lead_tail_token(&logits, lead, &chain, tail, s));
+            assert!(matches!(out, Some(Ok(_))), "top_n_sigma({n}) fell back");
         }
         // Dynamic temperature then `dist`: its temperature from the row.
         let spec = ChainSpec::new(

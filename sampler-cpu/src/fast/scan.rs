@@ -421,6 +421,22 @@ pub(crate) fn min_p_ids(
     Ok(max)
 }
 
+/// The ids of the row's logits `>= thr`, ascending, into `out`: only the
+/// blocks whose maximum reaches `thr` are read again (`maxima`: every
+/// block's maximum, as [`candidate_blocks`] leaves them in its `buf`).
+pub(crate) fn ids_at_least(
+    row: &[f32],
+    thr: f32,
+    maxima: &[f32],
+    blocks: &mut Vec<(usize, f32)>,
+    out: &mut Vec<TokenId>,
+) {
+    blocks.clear();
+    for_each_reaching(maxima, thr, |b, m| blocks.push((b, m)));
+    out.clear();
+    for_each_at_least(row, blocks, thr, |i| out.push(i as TokenId));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

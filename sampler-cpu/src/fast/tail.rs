@@ -173,6 +173,45 @@ pub(crate) fn temp_dist_token_in_id_order(
     temp_dist_draw_in_id_order(ids, logits, known_max, t, u, prefix).map(|(token, _, _)| token)
 }
 
+/// `[temperature] -> dist` over a whole row whose logits are `-inf` but at
+/// the tokens `ids` (ascending; `logits`: theirs; `max`: the row's largest
+/// logit), as a stage that masks leaves it (`top_n_sigma`), without reading
+/// the masked tokens: `dist`'s normaliser sums the row in the lanes of
+/// `numerics::sum_f64` by position (token `i` in lane `i % LANES`), where a
+/// masked token adds `+0.0`, which leaves a lane as it is, so each kept
+/// token is added in its position's lane, in id order: the same bits; the
+/// walk in id order over the kept tokens (a masked one never moves it).
+///
+/// # Errors
+/// As [`temp_dist_token`].
+pub(crate) fn temp_dist_token_masked_row(
+    ids: &[TokenId],
+    logits: &[f32],
+    max: f32,
+    t: Option<f32>,
+    u: f64,
+) -> Result<TokenId, SampleError> {
+    use sampler_core::numerics::{LANES, combine};
+    debug_assert!(ids.len() == logits.len() && ids.is_sorted());
+    let t = t.filter(|&t| t != 1.0);
+    let max = scaled(max, t);
+    let mut lanes = [0.0f64; LANES];
+    for (&id, &l) in ids.iter().zip(logits) {
+        lanes[id as usize % LANES] += f64::from(e_of(l, t, max));
+    }
+    let sum = combine(lanes);
+    if max == f32::NEG_INFINITY || max.is_nan() || !(sum > 0.0) {
+        return Err(SampleError::AllMasked);
+    }
+    walk(
+        ids.iter().copied().zip(logits.iter().copied()),
+        t,
+        max,
+        u * sum,
+    )
+    .ok_or(SampleError::AllMasked)
+}
+
 /// `dist_select`'s token and its probability `(e · (1/S)) as f32` for a set
 /// whose reference order is another one (a sorted set), given here in
 /// ascending id (`ids`, `logits`; `max` is its largest logit), when both are
@@ -445,6 +484,52 @@ mod tests {
         *x ^= *x >> 17;
         *x ^= *x << 5;
         *x
+    }
+
+    /// The masked-row draw (kept tokens only) gives the whole row's draw
+    /// with `-inf` at the masked tokens, also where `u·S` lands on a
+    /// boundary between two kept tokens, so that the last bit of `S`
+    /// decides (a normaliser summed in other lanes fails here).
+    #[test]
+    fn masked_row_draw_is_the_whole_rows() {
+        let mut x = 0x2545_f491u32;
+        let mut boundaries = 0;
+        for len in [9usize, 64, 333, 4099] {
+            let row: Vec<f32> = (0..len)
+                .map(|_| {
+                    let r = xorshift(&mut x);
+                    if r % 10 < 6 {
+                        f32::NEG_INFINITY
+                    } else {
+                        (r % 20_000) as f32 / 1000.0 - 10.0
+                    }
+                })
+                .collect();
+            let ids: Vec<TokenId> = (0..len as TokenId)
+                .filter(|&i| row[i as usize] > f32::NEG_INFINITY)
+                .collect();
+            let kept: Vec<f32> = ids.iter().map(|&i| row[i as usize]).collect();
+            let max = kept.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            for t in [None, Some(0.7f32)] {
+                let smax = scaled(max, t);
+                let e: Vec<f32> = row.iter().map(|&l| e_of(l, t, smax)).collect();
+                let sum = sampler_core::numerics::sum_f64(e.iter().copied());
+                // `u` at every kept token's running sum, and between.
+                let mut cum = 0.0f64;
+                let mut us = vec![0.0, 0.5, 1.0 - f64::EPSILON];
+                for &i in &ids {
+                    cum += f64::from(e[i as usize]);
+                    us.push(cum / sum);
+                }
+                for u in us {
+                    let want = temp_dist_token_in_id_order(None, &row, None, t, u, &mut Vec::new());
+                    let got = temp_dist_token_masked_row(&ids, &kept, max, t, u);
+                    assert_eq!(got, want, "len {len} t {t:?} u {u}");
+                    boundaries += 1;
+                }
+            }
+        }
+        assert!(boundaries > 1000);
     }
 
     /// Rows that stress the certificate: ordinary, a few large values over

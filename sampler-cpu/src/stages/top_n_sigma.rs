@@ -31,19 +31,10 @@ impl Sampler for TopNSigma {
         if self.n.is_nan() || self.n <= 0.0 || row.len() <= 1 {
             return Ok(());
         }
-        let Some(threshold) = threshold(row.logits(), self.n) else {
+        let Some(c) = cut_logit(row.logits(), self.n) else {
             return Ok(());
         };
-        // `f64(l) < threshold` <=> `l < c` for `c` the least f32 `>= threshold`
-        // (every f32 below `c` is below the threshold): f32 compares that
-        // vectorise.
-        let c = threshold as f32;
-        let c = if f64::from(c) < threshold {
-            c.next_up()
-        } else {
-            c
-        };
-        if threshold.is_nan() || !row.logits().iter().fold(false, |any, &l| any | (l < c)) {
+        if !row.logits().iter().fold(false, |any, &l| any | (l < c)) {
             return Ok(());
         }
         for l in row.logits_mut() {
@@ -54,6 +45,24 @@ impl Sampler for TopNSigma {
     fn box_clone(&self) -> Box<dyn Sampler> {
         Box::new(*self)
     }
+}
+
+/// The stage's cut on `logits` (`n > 0`): a logit is masked when it is
+/// below the returned f32, the least f32 at or above the threshold
+/// `max - n·std` (f64), so that `f64(l) < threshold` <=> `l < c` and the
+/// test is an f32 compare that vectorises. `None` when the stage leaves the
+/// set as it is: no finite logit, or a NaN threshold.
+pub(crate) fn cut_logit(logits: &[f32], n: f32) -> Option<f32> {
+    let threshold = threshold(logits, n)?;
+    if threshold.is_nan() {
+        return None;
+    }
+    let c = threshold as f32;
+    Some(if f64::from(c) < threshold {
+        c.next_up()
+    } else {
+        c
+    })
 }
 
 /// `max - n·std` over the finite logits (`None` without one), with the
