@@ -135,7 +135,7 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
         fp,
         last_n,
         tau_eta,
-        0u8..33,
+        0u8..34,
     )
         .prop_map(
             |(k, p, mp, t, mk, rep, freq, pres, last_n, (tau, eta), which)| match which {
@@ -335,6 +335,16 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
                     StageSpec::Dist,
                 ],
                 32 => vec![StageSpec::TopNSigma { n: 1.0 }, StageSpec::Dist],
+                // Before another kernel: it edits the row in place
+                // (`apply_full_row`), then `top_k`'s kernel runs.
+                33 => vec![
+                    StageSpec::TopNSigma {
+                        n: 0.01 + mp * 3.0,
+                    },
+                    StageSpec::TopK { k },
+                    temp(t),
+                    StageSpec::Dist,
+                ],
                 _ => vec![temp(t), StageSpec::TopK { k }, StageSpec::Dist],
             },
         )

@@ -104,7 +104,8 @@ enum Lead {
     MirostatV2 { at: usize, mu: f32 },
     /// `mirostat` (v1) at stage `at`: `m` for its estimate, `mu` now.
     Mirostat { at: usize, m: usize, mu: f32 },
-    /// `top_n_sigma(n)` at stage `at`, `n > 0`.
+    /// `top_n_sigma(n)` at stage `at`, `n > 0`, then a `[temperature] ->
+    /// dist` tail.
     TopNSigma { at: usize, n: f32 },
     /// `[temperature] -> dist` over the whole row.
     Dist { tail: tail::TempDist },
@@ -185,7 +186,11 @@ fn lead_from(stages: &[Box<dyn Sampler>], start: usize) -> Option<Lead> {
             .filter(|mu| mu.is_finite())
             .map(|mu| Lead::MirostatV2 { at, mu }),
         StageSpec::Typical { p, min_keep } if p < 1.0 => Some(Lead::Typical { at, p, min_keep }),
-        StageSpec::TopNSigma { n } if n > 0.0 => Some(Lead::TopNSigma { at, n }),
+        // Decided with its tail; before anything else it edits the row
+        // (`Sampler::apply_full_row`) and the next stage's kernel runs.
+        StageSpec::TopNSigma { n } if n > 0.0 && temp_dist_tail(stages, at + 1).is_some() => {
+            Some(Lead::TopNSigma { at, n })
+        }
         StageSpec::Epsilon { epsilon, min_keep } if epsilon > 0.0 => Some(Lead::Cut {
             at,
             eta: false,
@@ -583,9 +588,9 @@ fn mirostat_v2_candidates(logits: &[f32], mu: f32, s: &mut Scratch) -> Option<(f
         return None;
     }
     let sum = sampler_core::numerics::exp_sum(logits, max);
+    let margin = 1e-3 + 8.0 * f64::from(max.abs() * f32::EPSILON);
     // Nothing but the first token when even p = 1 is too surprising
     // (mu < 0).
-    let margin = 1e-3 + 8.0 * f64::from(max.abs() * f32::EPSILON);
     let (ln_cut, sure) = if mirostat_v2_keeps(1.0, mu) {
         let (mut lo, mut hi) = (0u32, 1.0f32.to_bits());
         while hi - lo > 1 {

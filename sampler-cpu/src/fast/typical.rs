@@ -13,15 +13,14 @@
 //! of `x`. Bands enter in the order of the distance at which they lie
 //! wholly within `[x* − D, x* + D]`; the first `D` whose whole bands hold
 //! more than `p + 1e-4` of the mass (and `min_keep` tokens) bounds the kept
-//! set. One pass
-//! gathers the tokens within `D + 1/16` of `x*` (a vectorised test per
-//! block), which are counting-sorted by score into 1/64-nat buckets and
-//! walked with the stage's f32 running sum in their exact (score,
-//! canonical) order, each bucket sorted only when the walk reaches it. The
-//! result is used only when the walk ends on a token whose exact score lies
-//! below every token left out (all of them are farther than `D + 1/16` in
-//! f32, so their score exceeds it but for the rounding of `x − x*`, far
-//! below 1/16); otherwise the stage runs.
+//! set. One pass gathers the tokens within `D + 1/16` of `x*` (a vectorised
+//! test per block), which are counting-sorted by score into 1/64-nat
+//! buckets and walked with the stage's f32 running sum in their exact
+//! (score, canonical) order, each bucket sorted only when the walk reaches
+//! it. The result is used only when the walk ends on a token whose exact
+//! score lies below every token left out (all of them are farther than
+//! `D + 1/16` in f32, so their score exceeds it but for the rounding of
+//! `x − x*`, far below 1/16); otherwise the stage runs.
 
 use sampler_core::TokenId;
 

@@ -28,22 +28,42 @@ impl Sampler for TopNSigma {
         Some(StageSpec::TopNSigma { n: self.n })
     }
     fn apply(&mut self, row: &mut Candidates, _ctx: &StageContext) -> Result<(), SampleError> {
-        if self.n.is_nan() || self.n <= 0.0 || row.len() <= 1 {
-            return Ok(());
-        }
-        let Some(c) = cut_logit(row.logits(), self.n) else {
-            return Ok(());
-        };
-        if !row.logits().iter().fold(false, |any, &l| any | (l < c)) {
-            return Ok(());
-        }
-        for l in row.logits_mut() {
-            *l = if *l < c { f32::NEG_INFINITY } else { *l };
+        // The set's flags stay as they are when nothing is masked.
+        if let Some(c) = cut_to_apply(row.logits(), self.n) {
+            mask_below(row.logits_mut(), c);
         }
         Ok(())
     }
+    fn apply_full_row(
+        &mut self,
+        logits: &mut [f32],
+        _ctx: &StageContext,
+    ) -> Option<Result<(), SampleError>> {
+        if let Some(c) = cut_to_apply(logits, self.n) {
+            mask_below(logits, c);
+        }
+        Some(Ok(()))
+    }
     fn box_clone(&self) -> Box<dyn Sampler> {
         Box::new(*self)
+    }
+}
+
+/// The cut the stage applies to a set's logits, `None` when it leaves the
+/// set as it is: `n` not positive, one candidate or fewer, no cut
+/// ([`cut_logit`]), or no logit below it.
+fn cut_to_apply(logits: &[f32], n: f32) -> Option<f32> {
+    if n.is_nan() || n <= 0.0 || logits.len() <= 1 {
+        return None;
+    }
+    let c = cut_logit(logits, n)?;
+    logits.iter().fold(false, |any, &l| any | (l < c)).then_some(c)
+}
+
+/// Every logit below `c` to `-inf` (size and order kept).
+fn mask_below(logits: &mut [f32], c: f32) {
+    for l in logits {
+        *l = if *l < c { f32::NEG_INFINITY } else { *l };
     }
 }
 
