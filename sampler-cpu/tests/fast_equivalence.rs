@@ -338,9 +338,7 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
                 // Before another kernel: it edits the row in place
                 // (`apply_full_row`), then `top_k`'s kernel runs.
                 33 => vec![
-                    StageSpec::TopNSigma {
-                        n: 0.01 + mp * 3.0,
-                    },
+                    StageSpec::TopNSigma { n: 0.01 + mp * 3.0 },
                     StageSpec::TopK { k },
                     temp(t),
                     StageSpec::Dist,
