@@ -261,6 +261,27 @@ struct Scratch {
     copy: Vec<u64>,
 }
 
+impl Scratch {
+    /// Empty the buffers that a kept set of up to the whole row passes
+    /// through (`current`, `sel`, `ids`, `prefix`, `blocks`) and give them
+    /// room for it at once, so that a set whose size follows the chain's
+    /// state from step to step never grows them per token. Emptied first: a
+    /// reserve counts from the length, which the previous token's set left,
+    /// so it grew them whenever a larger set had come before.
+    fn room_for_row_sets(&mut self, vocab: usize) {
+        for buffer in [&mut self.current, &mut self.sel] {
+            buffer.clear();
+            buffer.reserve(vocab);
+        }
+        self.ids.clear();
+        self.ids.reserve(vocab);
+        self.prefix.clear();
+        self.prefix.reserve(vocab.div_ceil(crate::cdf::BLOCK));
+        self.blocks.clear();
+        self.blocks.reserve(vocab.div_ceil(simd::BLOCK));
+    }
+}
+
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
@@ -680,19 +701,8 @@ fn mirostat_v2_token(
     mu: f32,
     s: &mut Scratch,
 ) -> Option<(TokenId, f32)> {
-    // The kept set follows `mu` from step to step: the buffers take the
-    // largest set at once, so that they never grow per token.
-    let vocab = logits.len();
-    for buffer in [&mut s.current, &mut s.sel] {
-        buffer.clear();
-        buffer.reserve(vocab);
-    }
-    s.ids.clear();
-    s.ids.reserve(vocab);
-    s.prefix.clear();
-    s.prefix.reserve(vocab.div_ceil(crate::cdf::BLOCK));
-    s.blocks.clear();
-    s.blocks.reserve(vocab.div_ceil(simd::BLOCK));
+    // The kept set follows `mu` from step to step.
+    s.room_for_row_sets(logits.len());
     let (max, inv, sure) = mirostat_v2_candidates(logits, mu, s)?;
     // The row's first token (kept when the test drops every token).
     let first = *s.ids.iter().find(|&&i| logits[i as usize] == max)?;
@@ -916,26 +926,14 @@ fn mirostat_token(
         (f64::from(e) * inv) as f32
     }));
     let keep = crate::stages::mirostat::keep_count(&s.current, m, mu, vocab, vocab);
-    // `keep` follows `mu` from step to step: the buffers take the largest
-    // set this path decides at once, so that they never grow per token
-    // (emptied first: a reserve counts from the length, which the previous
-    // token's set left, so it grew them whenever a larger set came before).
+    // `keep` follows `mu` from step to step.
+    s.room_for_row_sets(vocab);
     for buffer in [&mut s.keys, &mut s.copy] {
-        buffer.clear();
-        buffer.reserve(vocab);
-    }
-    for buffer in [&mut s.current, &mut s.sel] {
         buffer.clear();
         buffer.reserve(vocab);
     }
     s.by_id.clear();
     s.by_id.reserve(MIROSTAT_UNSORTED_FROM);
-    s.ids.clear();
-    s.ids.reserve(vocab);
-    s.prefix.clear();
-    s.prefix.reserve(vocab.div_ceil(crate::cdf::BLOCK));
-    s.blocks.clear();
-    s.blocks.reserve(vocab.div_ceil(simd::BLOCK));
     let u = stage_uniform(chain, at);
     if keep >= vocab {
         // The stage keeps the row in its order (id order): the whole-row
