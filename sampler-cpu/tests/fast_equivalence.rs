@@ -135,7 +135,7 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
         fp,
         last_n,
         tau_eta,
-        0u8..34,
+        0u8..36,
     )
         .prop_map(
             |(k, p, mp, t, mk, rep, freq, pres, last_n, (tau, eta), which)| match which {
@@ -343,6 +343,25 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
                     temp(t),
                     StageSpec::Dist,
                 ],
+                // `xtc` with its tail: decided without a `Candidates` (the
+                // row copied without the removed top choices).
+                34 => vec![
+                    StageSpec::Xtc {
+                        probability: 1.0,
+                        threshold: mp * 0.3,
+                        min_keep: mk,
+                    },
+                    temp(t),
+                    StageSpec::Dist,
+                ],
+                35 => vec![
+                    StageSpec::Xtc {
+                        probability: 0.5,
+                        threshold: 0.1,
+                        min_keep: 1,
+                    },
+                    StageSpec::Dist,
+                ],
                 _ => vec![temp(t), StageSpec::TopK { k }, StageSpec::Dist],
             },
         )
@@ -477,6 +496,23 @@ fn large_zipf_rows_match_reference() {
         ],
         vec![StageSpec::TopNSigma { n: 1.0 }, temp(0.8), StageSpec::Dist],
         vec![StageSpec::TopNSigma { n: 3.0 }, StageSpec::Dist],
+        vec![
+            StageSpec::Xtc {
+                probability: 1.0,
+                threshold: 0.05,
+                min_keep: 1,
+            },
+            temp(0.8),
+            StageSpec::Dist,
+        ],
+        vec![
+            StageSpec::Xtc {
+                probability: 0.5,
+                threshold: 0.0,
+                min_keep: 1,
+            },
+            StageSpec::Dist,
+        ],
         vec![
             StageSpec::Epsilon {
                 epsilon: 3e-4,

@@ -93,7 +93,7 @@ fn fused_chains_allocate_nothing_per_token() {
             temp.clone(),
             StageSpec::Dist,
         ],
-        // The whole-row tail, epsilon / eta, Mirostat v1 and v2, typical.
+        // The whole-row tail, epsilon / eta, Mirostat v1 and v2, xtc, typical.
         vec![temp.clone(), StageSpec::Dist],
         vec![StageSpec::Dist],
         vec![
@@ -117,6 +117,15 @@ fn fused_chains_allocate_nothing_per_token() {
             m: 100,
         }],
         vec![StageSpec::MirostatV2 { tau: 5.0, eta: 0.1 }],
+        vec![
+            StageSpec::Xtc {
+                probability: 0.5,
+                threshold: 0.05,
+                min_keep: 1,
+            },
+            temp.clone(),
+            StageSpec::Dist,
+        ],
         vec![
             StageSpec::Typical {
                 p: 0.95,

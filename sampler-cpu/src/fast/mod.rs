@@ -27,6 +27,7 @@
 //! | `typical(p)` | max; one pass for the stage's `S` and entropy with, from the same exponentials, the mass and count per 1/16-nat band of `l - max`; bands taken by their distance from `ln S - H` until they hold `p + 1e-4`; the tokens within that distance gathered (a vectorised test per block), counting-sorted by score into 1/64-nat buckets, each sorted when the walk (the stage's f32 running sum) reaches it; accepted when the walk ends inside | the kept tokens in score order with their probabilities, and in id order for a fused tail |
 //! | `epsilon` / `eta` | max; exp + sum (`eta`: the entropy pass, which gives the sum too); the `min_keep`-th logit by selection; tokens within 1e-3 nats of the cut gathered by `min_p`'s block scan, tested with the stage's test | the kept tokens, id order, the row's probabilities |
 //! | `top_n_sigma(n)` with a `[temperature] -> dist` tail | every block's maximum (and the row's validation); the stage's threshold passes (count, sum and maximum of the finite logits, then the squared deviations); the tokens at or above its cut logit gathered by the blocks that reach it; the tail sums them in their positions' lanes (the masked tokens add `+0.0`) and walks them | the token |
+//! | `xtc` with a `[temperature] -> dist` tail | not acting this step (its uniform above `probability`): the tail over the row; acting: max; exp + sum; the tokens within 1e-3 nats of `ln(threshold · S)` gathered by `min_p`'s block scan and tested with the stage's test; when it removes its top choices but the least probable, the row copied without them and the tail over the copy (the set it leaves: id order, compacted), the drawn position mapped back to its token | the token |
 //! | dynamic temperature then `dist` (the whole chain) | max; the stage's entropy pass and finite count give its temperature; the fused tail with it over the row (the argmax rule runs the stage) | the token |
 //! | `[temperature] -> dist` (the whole chain) | a validating max pass, the fused tail over the row (it is in id order: the exp-sum pass records block sums, and the walk starts at the block that holds `u·S`, `crate::cdf`) | the token |
 //! | `mirostat` (v1; its `mu` read from the stage), the chain's last active stage | max; exp + sum; the `m` best by `top_k`'s selection for the estimate; the `k` best by the same selection (256 or more: gathered in id order, unsorted, the draw and its probability proved from their sum in id order; the whole row: the whole-row draw); the stage's draw, the token and its probability handed to the stage ([`Sampler::record_selection`]) | the token |
@@ -104,6 +105,14 @@ enum Lead {
     MirostatV2 { at: usize, mu: f32 },
     /// `mirostat` (v1) at stage `at`: `m` for its estimate, `mu` now.
     Mirostat { at: usize, m: usize, mu: f32 },
+    /// `xtc` at stage `at` (active: `probability > 0`, `threshold <= 0.5`),
+    /// then a `[temperature] -> dist` tail.
+    Xtc {
+        at: usize,
+        probability: f32,
+        threshold: f32,
+        min_keep: usize,
+    },
     /// `top_n_sigma(n)` at stage `at`, `n > 0`, then a `[temperature] ->
     /// dist` tail.
     TopNSigma { at: usize, n: f32 },
@@ -186,6 +195,20 @@ fn lead_from(stages: &[Box<dyn Sampler>], start: usize) -> Option<Lead> {
             .filter(|mu| mu.is_finite())
             .map(|mu| Lead::MirostatV2 { at, mu }),
         StageSpec::Typical { p, min_keep } if p < 1.0 => Some(Lead::Typical { at, p, min_keep }),
+        // Decided with its tail (it removes candidates: anything else runs
+        // the reference).
+        StageSpec::Xtc {
+            probability,
+            threshold,
+            min_keep,
+        } if probability > 0.0 && threshold <= 0.5 && temp_dist_tail(stages, at + 1).is_some() => {
+            Some(Lead::Xtc {
+                at,
+                probability,
+                threshold,
+                min_keep,
+            })
+        }
         // Decided with its tail; before anything else it edits the row
         // (`Sampler::apply_full_row`) and the next stage's kernel runs.
         StageSpec::TopNSigma { n } if n > 0.0 && temp_dist_tail(stages, at + 1).is_some() => {
@@ -259,6 +282,8 @@ struct Scratch {
     edited: Vec<f32>,
     /// A copy of keys for a selection that must leave them in order.
     copy: Vec<u64>,
+    /// A row without some of its tokens (`xtc`'s top choices).
+    compact: Vec<f32>,
 }
 
 impl Scratch {
@@ -516,7 +541,10 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
         Lead::Mirostat { .. } => Survivors::Reference,
         // The whole row is the set: nothing to narrow for `apply_row`
         // (`top_n_sigma` keeps the row's size, its cut logits set to `-inf`).
-        Lead::Dist { .. } | Lead::DynDist { .. } | Lead::TopNSigma { .. } => Survivors::Reference,
+        // `xtc` is decided with its tail only.
+        Lead::Dist { .. } | Lead::DynDist { .. } | Lead::TopNSigma { .. } | Lead::Xtc { .. } => {
+            Survivors::Reference
+        }
         Lead::Typical { at, p, min_keep } => {
             let set = &mut s.typical_set;
             if !typical_full(logits, p, min_keep, &mut s.sel, &mut s.typical, set) {
@@ -879,6 +907,85 @@ fn dynamic_row_t(
     Some((t != 1.0).then_some(t))
 }
 
+/// `xtc` (its `probability`, `threshold`, `min_keep`) at stage `at` on a
+/// raw row, then its `[temperature] -> dist` tail, without a `Candidates`:
+/// when the stage does not act this step (its uniform above
+/// `probability`, fewer than two tokens) the tail runs over the row; when
+/// it acts, an exp-sum pass gives the stage's softmax (the f64 lane sum in
+/// id order, `p = (e · (1/S)) as f32`), the tokens within 1e-3 nats below
+/// `ln(threshold · S)` are gathered by `min_p`'s block scan and tested with
+/// the stage's test (`p >= threshold`, `p > 0`: every top choice is among
+/// them), and when the stage removes its top choices but the least
+/// probable (two or more of them, `min_keep` left) the row is copied
+/// without them and the tail runs over the copy, which is the set the stage
+/// leaves (id order, compacted: the normaliser's lanes by its positions);
+/// the drawn position is mapped back to its token. `None`: not decided here
+/// (a bad or all-`-inf` row).
+fn xtc_tail_token(
+    logits: &[f32],
+    chain: &Chain,
+    at: usize,
+    (probability, threshold, min_keep): (f32, f32, usize),
+    tail: tail::TempDist,
+    s: &mut Scratch,
+) -> Option<Result<TokenId, SampleError>> {
+    let max = max_checked(logits, &mut s.sel).ok()?;
+    if max == f32::NEG_INFINITY {
+        return None;
+    }
+    let u = tail_uniform(chain, tail);
+    let whole_row = |s: &mut Scratch| {
+        temp_dist_token_in_id_order(None, logits, Some(max), tail.t, u, &mut s.prefix)
+    };
+    let chance = stage_uniform(chain, at) as f32;
+    if logits.len() < 2 || probability.is_nan() || chance > probability {
+        return Some(whole_row(s));
+    }
+    let sum = sampler_core::numerics::exp_sum(logits, max);
+    let inv = 1.0 / sum;
+    let margin = 1e-3 + 8.0 * f64::from(max.abs() * f32::EPSILON);
+    let ln_p = ((f64::from(threshold) * sum).ln() - margin).min(0.0) as f32;
+    min_p_ids(logits, ln_p, &mut s.blocks, &mut s.sel, &mut s.ids).ok()?;
+    s.ids.retain(|&i| {
+        let p = cut_prob(logits[i as usize], max, inv);
+        p >= threshold && p > 0.0
+    });
+    // The least probable top choice stays: the last in the canonical order.
+    let Some(&last) = s
+        .ids
+        .iter()
+        .max_by_key(|&&i| desc_key(logits[i as usize], i))
+    else {
+        return Some(whole_row(s));
+    };
+    let count = s.ids.len();
+    if count < 2 || logits.len() - (count - 1) < min_keep {
+        return Some(whole_row(s));
+    }
+    s.ids.retain(|&i| i != last);
+    // The row without the removed tokens (ascending ids), then the tail.
+    s.compact.clear();
+    let mut from = 0usize;
+    for &r in &s.ids {
+        s.compact.extend_from_slice(&logits[from..r as usize]);
+        from = r as usize + 1;
+    }
+    s.compact.extend_from_slice(&logits[from..]);
+    let drawn = temp_dist_token_in_id_order(None, &s.compact, None, tail.t, u, &mut s.prefix);
+    Some(drawn.map(|j| {
+        // Position `j` of the copy: the removed tokens before it shift it.
+        let mut id = j;
+        for &r in &s.ids {
+            if r <= id {
+                id += 1;
+            } else {
+                break;
+            }
+        }
+        id
+    }))
+}
+
 /// The kept-set size from which [`mirostat_token`] gathers the set in id
 /// order and proves its draw from that order's sum, instead of selecting
 /// and sorting it (a quarter of the row before: on the benchmark's Zipf
@@ -1237,6 +1344,19 @@ fn lead_tail_token(
             let (max, _) = cut_ids(logits, eta, epsilon, min_keep, s)?;
             Some(kept_ids_tail_token(logits, max, chain, tail, s))
         }
+        Lead::Xtc {
+            at,
+            probability,
+            threshold,
+            min_keep,
+        } => xtc_tail_token(
+            logits,
+            chain,
+            at,
+            (probability, threshold, min_keep),
+            tail,
+            s,
+        ),
         Lead::TopNSigma { n, .. } => {
             // The stage's threshold and cut logit on the raw row; the kept
             // tokens in id order, read again only in the blocks that reach it.
@@ -1288,7 +1408,8 @@ fn run_lead(
     | Lead::TopP { at, .. }
     | Lead::Typical { at, .. }
     | Lead::Cut { at, .. }
-    | Lead::TopNSigma { at, .. } = lead
+    | Lead::TopNSigma { at, .. }
+    | Lead::Xtc { at, .. } = lead
         && let Some(tail) = temp_dist_tail(chain.stages(), at + 1)
         && let Some(token) = with_scratch(|s| lead_tail_token(logits, lead, chain, tail, s))
     {
@@ -1536,14 +1657,25 @@ mod tests {
             let out = with_scratch(|s| row_tail_token(&logits, &chain, tail, s));
             assert!(matches!(out, Some(Ok(_))), "{tail:?} fell back");
         }
-        // `top_n_sigma` then the tail: decided by its fused tail.
-        for n in [0.5, 1.0, 3.0] {
-            let spec = ChainSpec::new(vec![StageSpec::TopNSigma { n }, StageSpec::Dist], Some(1));
+        // `top_n_sigma` and `xtc`, then the tail: decided by their fused tail.
+        let xtc = |threshold| StageSpec::Xtc {
+            probability: 1.0,
+            threshold,
+            min_keep: 1,
+        };
+        for first in [
+            StageSpec::TopNSigma { n: 0.5 },
+            StageSpec::TopNSigma { n: 3.0 },
+            xtc(0.0),
+            xtc(0.01),
+            xtc(0.5),
+        ] {
+            let spec = ChainSpec::new(vec![first, StageSpec::Dist], Some(1));
             let chain = crate::build_chain(&spec).unwrap();
             let lead = lead(chain.stages()).unwrap();
             let tail = temp_dist_tail(chain.stages(), 1).unwrap();
             let out = with_scratch(|s| lead_tail_token(&logits, lead, &chain, tail, s));
-            assert!(matches!(out, Some(Ok(_))), "top_n_sigma({n}) fell back");
+            assert!(matches!(out, Some(Ok(_))), "{lead:?} fell back");
         }
         // Dynamic temperature then `dist`: its temperature from the row.
         let spec = ChainSpec::new(
