@@ -1089,10 +1089,13 @@ fn mirostat_token(
 ///
 /// Exactly [`Chain::sample`] on `Candidates::from_logits(logits)` (same
 /// token, same errors, same chain state afterwards), but when the chain's
-/// first active stage is `greedy`, `top_k`, `penalties` + `top_k`, `min_p`,
-/// `top_p`, `mirostat` or `mirostat_v2`, the full-vocabulary candidate set is never
-/// built: a pass or three over the row keep only that stage's survivors
-/// (see the module docs).
+/// first active stage has a kernel (`greedy`, `top_k`, `penalties` +
+/// `top_k`, `min_p`, `top_p`, `typical`, `epsilon`, `eta`, `mirostat`,
+/// `mirostat_v2`, and with a `[temperature] -> dist` tail `top_n_sigma`,
+/// `xtc`, dynamic temperature or the tail alone; stages that only edit
+/// logits run on a copy of the row first), the full-vocabulary candidate
+/// set is never built: a few passes over the row keep only that stage's
+/// survivors (see the module docs).
 ///
 /// # Errors
 /// As [`Chain::sample`]: [`SampleError::NoSelectingStage`],
