@@ -287,6 +287,14 @@ struct Scratch {
 }
 
 impl Scratch {
+    /// The logits of the tokens in `ids` (a kept set, in its order) into
+    /// `current`.
+    fn kept_logits(&mut self, logits: &[f32]) {
+        self.current.clear();
+        self.current
+            .extend(self.ids.iter().map(|&i| logits[i as usize]));
+    }
+
     /// Empty the buffers that a kept set of up to the whole row passes
     /// through (`current`, `sel`, `ids`, `prefix`, `blocks`) and give them
     /// room for it at once, so that a set whose size follows the chain's
@@ -750,8 +758,7 @@ fn mirostat_v2_token(
     } else if highest_dropped >= lowest_kept {
         return None;
     }
-    s.current.clear();
-    s.current.extend(s.ids.iter().map(|&i| logits[i as usize]));
+    s.kept_logits(logits);
     let u = stage_uniform(chain, at);
     tail::draw_with_reordered_sum(&s.ids, &s.current, max, u, &mut s.prefix)
 }
@@ -1067,8 +1074,7 @@ fn mirostat_token(
             &mut s.ids,
         )
         .ok()?;
-        s.current.clear();
-        s.current.extend(s.ids.iter().map(|&i| logits[i as usize]));
+        s.kept_logits(logits);
         return tail::draw_with_reordered_sum(&s.ids, &s.current, max, u, &mut s.prefix).map(Ok);
     }
     top_k_keys(logits, keep, &mut s.blocks, &mut s.sel, &mut s.keys).ok()?;
@@ -1264,8 +1270,7 @@ fn kept_ids_tail_token(
     tail: tail::TempDist,
     s: &mut Scratch,
 ) -> Result<TokenId, SampleError> {
-    s.current.clear();
-    s.current.extend(s.ids.iter().map(|&i| logits[i as usize]));
+    s.kept_logits(logits);
     let u = tail_uniform(chain, tail);
     temp_dist_token_in_id_order(
         Some(&s.ids),
@@ -1370,8 +1375,7 @@ fn lead_tail_token(
             }
             let cut = crate::stages::top_n_sigma::cut_logit(logits, n)?;
             ids_at_least(logits, cut, &s.sel, &mut s.blocks, &mut s.ids);
-            s.current.clear();
-            s.current.extend(s.ids.iter().map(|&i| logits[i as usize]));
+            s.kept_logits(logits);
             let u = tail_uniform(chain, tail);
             Some(tail::temp_dist_token_masked_row(
                 &s.ids, &s.current, max, tail.t, u,
