@@ -871,14 +871,30 @@ fn wgpu_full_row_cuts_split_over_workgroups_draw_the_same_tokens() {
         nan[n - 3] = f32::NAN;
         let mut inf = row(1, n, &mut rng);
         inf[n / 2] = f32::INFINITY;
+        // The crossing bin one run of ties at `-1` spread over the row
+        // (every segment holds some), which `p` keeps only in part: 500
+        // (gathered), and 1500 (more than `NUC_GATHER`: resolved over the
+        // row); the maximum last, the rest too deep to weigh.
+        for ties in [500usize, 1500] {
+            let mut r = vec![-40.0f32; n];
+            for k in 0..ties {
+                r[k * (n - 1) / ties] = -1.0;
+            }
+            r[n - 1] = 0.0;
+            rows.push(r);
+        }
         rows.extend([nan, inf, vec![f32::NEG_INFINITY; n]]);
         let b = rows.len();
         let t = upload(&rows, &device);
-        let ps: Vec<f32> = (0..b)
+        let mut ps: Vec<f32> = (0..b)
             .map(|r| [0.9f32, 0.5, 0.99, 0.0, f32::INFINITY][r % 5])
             .collect();
+        // Half the ties' mass: some kept, the rest not.
+        ps[6] = 0.5;
+        ps[7] = 0.5;
         let log_p: Vec<f32> = (0..b).map(|r| [0.05f32, 0.2, 1e-4][r % 3].ln()).collect();
-        let temps: Vec<f32> = (0..b).map(|r| [0.7f32, 1.0, 1.4, 1e-6][r % 4]).collect();
+        let mut temps: Vec<f32> = (0..b).map(|r| [0.7f32, 1.0, 1.4, 1e-6][r % 4]).collect();
+        temps[7] = 1.0;
         let mut us: Vec<f32> = (0..b).map(|_| rng.random_range(0.0f32..1.0)).collect();
         // u = 0: the target is the sum before the drawn chunk itself.
         us[0] = 0.0;
@@ -935,7 +951,7 @@ fn wgpu_full_row_cuts_split_over_workgroups_draw_the_same_tokens() {
             }
         }
     }
-    assert_eq!(compared, 2 * 3 * 4 * 9);
+    assert_eq!(compared, 2 * 3 * 4 * 11);
 }
 
 /// Builds without a cubecl backend have no kernels module: the stages run

@@ -466,11 +466,13 @@ pub fn min_p(
 /// of them, as greedy): `argmax_part_rows` (each segment's maximum and
 /// validation), then for `top_p` `top_p_histogram_part_rows` (each
 /// segment's mass histogram added into the row's in exact 64-bit fixed
-/// point), for `min_p` and `All` `kept_sums_part_rows` (each segment's
-/// kept `dist` weight); the kernel of one workgroup a row merges them
-/// (`top_p` reads the row once more; `min_p` and `All` find the segment
-/// holding `u·W` and read it alone): 3 launches instead of 1, the same
-/// tokens and codes. `None` off the cubecl devices.
+/// point) and `top_p_kept_part_rows` (each segment's kept `dist` weight
+/// above the crossing bin, the crossing bin's logits gathered), for
+/// `min_p` and `All` `kept_sums_part_rows` (each segment's kept `dist`
+/// weight); the kernel of one workgroup a row merges them, finds the
+/// segment holding `u·W` and reads it alone: 4 launches for `top_p` and 3
+/// for the others instead of 1, the same tokens and codes. `None` off the
+/// cubecl devices.
 pub fn cut_dist_full(
     logits: &Tensor<2>,
     cut: FullCut<'_>,

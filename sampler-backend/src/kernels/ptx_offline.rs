@@ -19,10 +19,10 @@ use cubecl_llvm::nvptx::ptx_version::PtxVersion;
 use cubecl_llvm::{LlvmTarget, PlironArtifact, PlironCompiler, PlironOptions};
 
 use super::cube::{
-    CODES_GIVEN, CODES_NONE, CODES_OWN, HIST_WORDS, argmax_merge_rows, argmax_part_rows,
+    CODES_GIVEN, CODES_NONE, CODES_OWN, ROW_WORDS, argmax_merge_rows, argmax_part_rows,
     argmax_rows, dist_rows, first_bad_rows, kept_sums_part_rows, min_p_dist_full_rows, min_p_rows,
     temperature_rows, token_codes_rows, top_p_dist_full_rows, top_p_full_rows,
-    top_p_histogram_part_rows, top_p_rows, topk_rows,
+    top_p_histogram_part_rows, top_p_kept_part_rows, top_p_rows, topk_rows,
 };
 use super::launch::{FULL_ROW_UNITS, UNITS};
 use super::offline::kernel;
@@ -92,7 +92,7 @@ fn split_greedy_segments_compile() {
     for lanes in [4usize, 1] {
         // Greedy's (nothing to zero) and the split full-row top_p's (the
         // rows' histograms zeroed).
-        for clear in [0u32, HIST_WORDS] {
+        for clear in [0u32, ROW_WORDS] {
             let k = kernel!(
                 argmax_part_rows::ArgmaxPartRows::new,
                 UNITS,
@@ -121,6 +121,22 @@ fn split_greedy_segments_compile() {
             h,
             UNITS,
         );
+        for has_t in [false, true] {
+            let k = kernel!(
+                top_p_kept_part_rows::TopPKeptPartRows::new,
+                UNITS,
+                [b b b b b b b b b],
+                [s s s],
+                lanes,
+                UNITS as usize,
+                has_t
+            );
+            check(
+                &format!("top_p_kept_part_rows ({lanes} lanes, t {has_t})"),
+                k,
+                UNITS,
+            );
+        }
         for (has_t, keep_all) in [(true, false), (true, true), (false, true)] {
             let s = kernel!(
                 kept_sums_part_rows::KeptSumsPartRows::new,
@@ -208,8 +224,8 @@ fn selecting_kernels_compile_for_every_status_mode() {
             let t = kernel!(
                 top_p_dist_full_rows::TopPDistFullRows::new,
                 UNITS,
-                [b b b b b b b b b b b],
-                [s s s s s],
+                [b b b b b b b b b b b b b],
+                [s s s s s s],
                 lanes,
                 UNITS as usize,
                 has_t,

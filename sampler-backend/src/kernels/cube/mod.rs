@@ -9,9 +9,10 @@
 //! Every kernel runs one workgroup (cube) per row (`CUBE_POS_X`), its
 //! threads (`UNIT_POS` of `CUBE_DIM`) striding over the row, except greedy
 //! and the full-row cuts at small batches, whose rows are split over
-//! several workgroups (`argmax_part_rows`, and for `top_p`
-//! `top_p_histogram_part_rows`, grid `(segments, B)`) before a kernel of
-//! one workgroup a row merges them.
+//! several workgroups (`argmax_part_rows`, then `kept_sums_part_rows`, or
+//! for `top_p` `top_p_histogram_part_rows` and `top_p_kept_part_rows`,
+//! grid `(segments, B)`) before a kernel of one workgroup a row merges
+//! them.
 
 // `(a + b - 1) / b` inside `#[cube]` functions: cubecl's frontend has no
 // `div_ceil` for runtime values; and a position counted beside an unrolled
@@ -35,8 +36,8 @@ pub(crate) use argmax::{argmax_merge_rows, argmax_part_rows, argmax_rows};
 pub(crate) use common::LOADS_IN_FLIGHT;
 pub(crate) use common::{CODES_GIVEN, CODES_NONE, CODES_OWN};
 pub(crate) use cut_dist::{
-    HIST_WORDS, kept_sums_part_rows, min_p_dist_full_rows, top_p_dist_full_rows,
-    top_p_histogram_part_rows,
+    HIST_WORDS, ROW_WORDS, kept_sums_part_rows, min_p_dist_full_rows, top_p_dist_full_rows,
+    top_p_histogram_part_rows, top_p_kept_part_rows,
 };
 pub(crate) use first_bad::first_bad_rows;
 pub(crate) use min_p::min_p_rows;

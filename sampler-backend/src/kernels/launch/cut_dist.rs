@@ -9,10 +9,10 @@ use burn_tensor::{DType, Int, Tensor};
 use super::argmax::segment_heads;
 use super::{int_tensor, output, per_row, resolve_float, resolve_optional, row_lanes, units};
 use crate::kernels::cube::{
-    HIST_WORDS, kept_sums_part_rows, min_p_dist_full_rows, top_p_dist_full_rows,
-    top_p_histogram_part_rows,
+    HIST_WORDS, ROW_WORDS, kept_sums_part_rows, min_p_dist_full_rows, top_p_dist_full_rows,
+    top_p_histogram_part_rows, top_p_kept_part_rows,
 };
-use crate::kernels::{FullCut, TokenCodes};
+use crate::kernels::{FullCut, NUC_GATHER, TokenCodes};
 
 /// [`crate::kernels::cut_dist_full_split`] on rows it takes (`segments`:
 /// the device's choice when `None`).
@@ -54,16 +54,27 @@ pub(crate) fn cut_dist_full(
     let segments = segments
         .unwrap_or_else(|| super::segments(&l, b, n))
         .min(units as usize);
-    let split = segments > 1 && b <= l.client.properties().hardware.max_cube_count.1 as usize;
+    // (The split `top_p` finds its crossing bin with 32 threads a group.)
+    let split = segments > 1
+        && units >= 32
+        && b <= l.client.properties().hardware.max_cube_count.1 as usize;
     let segments = if split { segments } else { 1 };
     // Segments of whole vectors.
     let seg = (n / lanes).div_ceil(segments);
     let parts = b * segments;
     let hist_words = if split && !min_p {
-        b * HIST_WORDS as usize
+        b * ROW_WORDS as usize
     } else {
         1
     };
+    // The split `top_p`'s gathered crossing logits (`(bits, position)`,
+    // `NUC_GATHER` a row) and its segments' kept sums (`(hi, lo)`).
+    let gather_words = if split && !min_p {
+        b * 2 * NUC_GATHER as usize
+    } else {
+        1
+    };
+    let top_p_sums_words = if split && !min_p { 2 * parts } else { 1 };
     // The segments' read 1, the rows' histograms (`top_p`) and the
     // segments' kept sums (`min_p`), split; unsplit, the kernels never read
     // them, and the keys' buffer (`b` words, bound read-only as well)
@@ -76,11 +87,13 @@ pub(crate) fn cut_dist_full(
         }
     };
     let hist = words(hist_words);
+    let gather = words(gather_words);
+    let top_p_sums = words(top_p_sums_words);
     let sums_words = if split && min_p { parts } else { 1 };
     let (sums_hi, sums_lo) = (words(sums_words), words(sums_words));
     // Read 1 over the segments (zeroing `top_p`'s histograms).
     let (key, pos, pbad) = if split {
-        let zeroed = (!min_p).then_some((&hist, HIST_WORDS));
+        let zeroed = (!min_p).then_some((&hist, ROW_WORDS));
         segment_heads(&l, b, n, segments, lanes, units, zeroed)
     } else {
         (words(parts), words(parts), words(parts))
@@ -129,6 +142,28 @@ pub(crate) fn cut_dist_full(
                     lanes as u32,
                     units as usize,
                 );
+                // Read 3 over the segments: their kept sums, the crossing
+                // bin's logits gathered.
+                top_p_kept_part_rows::launch_unchecked(
+                    &l.client,
+                    grid(),
+                    CubeDim::new_1d(units),
+                    lanes,
+                    BufferArg::from_raw_parts(l.handle.clone(), b * n),
+                    BufferArg::from_raw_parts(param.handle.clone(), b),
+                    BufferArg::from_raw_parts(t_handle.clone(), b),
+                    BufferArg::from_raw_parts(key.handle.clone(), parts),
+                    BufferArg::from_raw_parts(pos.handle.clone(), parts),
+                    BufferArg::from_raw_parts(pbad.handle.clone(), parts),
+                    BufferArg::from_raw_parts(hist.handle.clone(), hist_words),
+                    BufferArg::from_raw_parts(gather.handle.clone(), gather_words),
+                    BufferArg::from_raw_parts(top_p_sums.handle.clone(), top_p_sums_words),
+                    n as u32,
+                    seg as u32,
+                    lanes as u32,
+                    units as usize,
+                    t.is_some(),
+                );
             }
         }
         // Each workgroup of the second pass merges its row's read 1 (12
@@ -144,6 +179,15 @@ pub(crate) fn cut_dist_full(
             second,
             4 * b * n + 12 * parts * segments + 16 * b + second_extra,
         );
+        if !min_p {
+            // Each workgroup: the merged read 1, 512 bytes of the row's
+            // histogram (the group sums, one group's bins), its segment;
+            // the gathered logits written (at most 8 KB a row).
+            crate::launches::declare_read(
+                "top_p_kept_part_rows",
+                4 * b * n + 12 * parts * segments + 12 * b + 512 * parts,
+            );
+        }
     }
     let (cubes, dim) = per_row(b, units);
     // SAFETY: every index the kernels form is inside their buffers (row
@@ -213,11 +257,14 @@ pub(crate) fn cut_dist_full(
                 p1,
                 p2,
                 BufferArg::from_raw_parts(hist.handle.clone(), hist_words),
+                BufferArg::from_raw_parts(gather.handle.clone(), gather_words),
+                BufferArg::from_raw_parts(top_p_sums.handle.clone(), top_p_sums_words),
                 n as u32,
                 lanes as u32,
                 none,
                 greedy_below,
                 segments as u32,
+                seg as u32,
                 units as usize,
                 t.is_some(),
                 mode,
@@ -227,19 +274,19 @@ pub(crate) fn cut_dist_full(
     }
     // Passes over the whole row in this kernel: unsplit, top_p's max,
     // histogram and chunk passes, min_p's max and chunk passes; split,
-    // top_p's chunk pass, min_p none. Then the drawn chunk (a thread's
-    // contiguous chunk, or split min_p's segment) summed in parts and the
-    // part holding `u·W` walked, the row scalars, and split, the merged
-    // read 1 (12 bytes a segment) and the histogram or the segments' sums.
+    // none. Then the drawn chunk (a thread's contiguous chunk, or split the
+    // drawn segment) summed in parts and the part holding `u·W` walked, the
+    // row scalars, and split, the merged read 1 (12 bytes a segment), the
+    // segments' sums and for top_p the histogram, its gathered count and
+    // the gathered logits (at most 8 KB a row; counted whole).
     // A top_p crossing bin of more than `NUC_GATHER` logits adds passes
     // over the row (module doc); not counted here.
     let passes = match (split, min_p) {
-        (true, true) => 0,
-        (true, false) => 1,
+        (true, _) => 0,
         (false, true) => 2,
         (false, false) => 3,
     };
-    let chunk = if split && min_p {
+    let chunk = if split {
         seg * lanes
     } else {
         n.div_ceil(units as usize)
@@ -250,7 +297,7 @@ pub(crate) fn cut_dist_full(
     } else if min_p {
         12 * parts + 8 * parts
     } else {
-        12 * parts + 4 * hist_words
+        12 * parts + 8 * parts + 4 * b * (HIST_WORDS as usize + 1) + 8 * b * NUC_GATHER as usize
     };
     let name = match cut {
         FullCut::TopP(_) => "top_p_dist_full_rows",

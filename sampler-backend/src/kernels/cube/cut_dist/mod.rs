@@ -35,21 +35,26 @@
 //! crossing logits, each a read of the row (about 18 reads at V = 151936
 //! in the worst case).
 //!
-//! Below a batch that fills the device, reads 1 and 2 are split over
-//! several workgroups a row first (`kernels::row_segments`, as greedy):
-//! `argmax_part_rows` (each segment's maximum, first position and first
-//! NaN / `+inf`; it also zeroes the rows' global histograms) and, for
-//! `top_p`, `top_p_histogram_part_rows` in `split.rs` (each workgroup
-//! merges the segments' maxima into `m` and adds its segment's histogram
-//! into the row's in global `u32` atomics, the low word's carry into the
-//! high word: the same integers in any order). The kernels here then run
-//! with `split`: read 1 becomes the merge of the segments' results
-//! ([`merge_row_parts`](super::common::merge_row_parts)) and read 2 a copy
-//! of the row's histogram into shared memory; the rest is unchanged.
-//! `min_p` and the no-cut draw split their read 2 as well
-//! (`kept_sums_part_rows` in `min_p.rs`: each segment's kept weight), and
-//! their last kernel draws from the segments' sums, walking only the
-//! drawn segment.
+//! Below a batch that fills the device, every pass over the whole row is
+//! split over several workgroups a row first (`kernels::row_segments`, as
+//! greedy): `argmax_part_rows` (each segment's maximum, first position and
+//! first NaN / `+inf`; it also zeroes the rows' global words) and, for
+//! `top_p`, in `split.rs`: `top_p_histogram_part_rows` (each workgroup
+//! merges the segments' maxima into `m` and adds its segment's histogram,
+//! and the sums of its groups of 32 bins, into the row's in global `u32`
+//! atomics, the low word's carry into the high word: the same integers in
+//! any order), then `top_p_kept_part_rows` (read 3 by segments: each
+//! workgroup finds the crossing bin from the group sums and one group's
+//! bins, sums its segment's kept weights above it and gathers the crossing
+//! bin's logits into the row's global slots). The last kernel of one
+//! workgroup a row then runs with `split`: read 1 becomes the merge of the
+//! segments' results ([`merge_row_parts`](super::common::merge_row_parts)),
+//! read 2 a copy of the row's histogram into shared memory, read 3 a copy
+//! of the gathered logits; the crossing bin is resolved as unsplit, its
+//! kept logits added into their segments' sums, and thread `s` holds
+//! segment `s`'s sum, so the draw finds the segment holding `u·W` and
+//! walks it alone. `min_p` and the no-cut draw split their read 2 the same
+//! way (`kept_sums_part_rows` in `min_p.rs`: each segment's kept weight).
 //!
 //! 256 threads a row where the device allows; the walks over the threads'
 //! 64-bit sums (the nucleus group, the drawn chunk, the parts' prefix) are
@@ -76,7 +81,7 @@
 //! Files: `top_p.rs` and `min_p.rs` hold the two kernels
 //! (`top_p_dist_full_rows`; `min_p_dist_full_rows`, which also draws
 //! without a cut, and its split read 2), `split.rs` `top_p`'s split
-//! histogram pass, `draw.rs` what both share (read 1, the cut, the draw
+//! histogram and read 3 passes, `draw.rs` what both share (read 1, the cut, the draw
 //! they end with), `fixed.rs` the fixed-point sums and the histogram's
 //! bins.
 
@@ -91,12 +96,31 @@ mod split;
 mod top_p;
 
 pub(crate) use min_p::{kept_sums_part_rows, min_p_dist_full_rows};
-pub(crate) use split::top_p_histogram_part_rows;
+pub(crate) use split::{top_p_histogram_part_rows, top_p_kept_part_rows};
 pub(crate) use top_p::top_p_dist_full_rows;
 
 /// Words of a row's mass histogram: [`NUC_BINS`](crate::kernels::NUC_BINS)
 /// 64-bit fixed-point sums as `u32` pairs (low word first).
 pub(crate) const HIST_WORDS: u32 = 2 * crate::kernels::NUC_BINS;
+
+/// Bins of the histogram's coarse groups (the split `top_p` keeps each
+/// group's sum beside the bins, so that a workgroup finds the crossing bin
+/// from 32 group sums and one group's 32 bins: 512 bytes, not 8 KB).
+pub(crate) const GROUP_BINS: u32 = 32;
+
+/// Coarse groups of a row's histogram.
+pub(crate) const HIST_GROUPS: u32 = crate::kernels::NUC_BINS / GROUP_BINS;
+
+/// Where the group sums start in a row's global words (after the bins).
+pub(crate) const GROUPS_AT: u32 = HIST_WORDS;
+
+/// The row's count of gathered crossing-bin logits in its global words.
+pub(crate) const GATHERED_AT: u32 = GROUPS_AT + 2 * HIST_GROUPS;
+
+/// Global words a row of the split `top_p` keeps (zeroed by
+/// `argmax_part_rows`): the histogram's bins, its group sums, the count of
+/// the crossing bin's gathered logits.
+pub(crate) const ROW_WORDS: u32 = GATHERED_AT + 1;
 
 // Slots of the kernels' shared scalars (`sel`).
 pub(crate) const S_CB: usize = 0;

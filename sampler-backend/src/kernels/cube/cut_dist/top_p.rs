@@ -11,7 +11,8 @@ use super::fixed::{
     wide_scan, wide_total,
 };
 use super::{
-    HIST_WORDS, S_ABOVE_HI, S_ABOVE_LO, S_BIN, S_CB, S_CHUNK, S_GOAL_HI, S_GOAL_LO, S_LEN,
+    GATHERED_AT, HIST_WORDS, ROW_WORDS, S_ABOVE_HI, S_ABOVE_LO, S_BIN, S_CB, S_CHUNK, S_GOAL_HI,
+    S_GOAL_LO, S_LEN,
 };
 use crate::kernels::NUC_GATHER;
 
@@ -29,11 +30,14 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
     part_pos: &[u32],
     part_bad: &[u32],
     hist: &[u32],
+    gather: &[u32],
+    sums: &[u32],
     width: u32,
     lanes: u32,
     none: u32,
     greedy_below: f32,
     parts: u32,
+    seg: u32,
     #[comptime] units: usize,
     #[comptime] has_t: bool,
     #[comptime] codes: u32,
@@ -50,6 +54,7 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
     let rbin = Shared::<[Atomic<u32>]>::new_slice(32usize);
     let counter = Shared::<[Atomic<u32>]>::new_slice(1usize);
     let mut sel = Shared::<[u32]>::new_slice(S_LEN);
+    let seg_sums = Shared::<[Atomic<u32>]>::new_slice(2usize * units);
 
     // Read 1: the maximum and its lowest position, the row's validation
     // (with `split`, merged from `argmax_part_rows`' segments).
@@ -79,7 +84,7 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
     if comptime!(split) {
         let mut z = tid;
         while z < HIST_WORDS {
-            pool[z as usize].store(hist[(row * HIST_WORDS + z) as usize]);
+            pool[z as usize].store(hist[(row * ROW_WORDS + z) as usize]);
             z += CUBE_DIM;
         }
     } else {
@@ -155,23 +160,52 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
     let goal_lo = sel[S_GOAL_LO];
 
     // Read 3: each thread's contiguous chunk: dist weights of the logits
-    // above the crossing bin; the crossing bin's logits gathered.
-    let (start, end) = thread_chunk(width);
+    // above the crossing bin; the crossing bin's logits gathered. With
+    // `split`, `top_p_kept_part_rows` read the row by segments: thread `s`
+    // takes segment `s`'s sum, and the row's gathered logits (and their
+    // count, which goes on past `NUC_GATHER`) are copied in.
     let mut wh = 0u32;
     let mut wl = 0u32;
-    for j in start..end {
-        let l = logit_at::<N>(logits, base, j, lanes);
-        let b = nucleus_bin(l, m);
-        if b < cb {
-            let q = draw_weight(l, &head);
-            let nl = wl + q;
-            wh += select(nl < wl, 1u32, 0u32);
-            wl = nl;
-        } else if b == cb && fixed_weight(f32::exp(l - m)) > 0u32 {
-            let at = counter[0].fetch_add(1u32);
-            if at < NUC_GATHER {
-                pool[(2u32 * at) as usize].store(u32::reinterpret(l));
-                pool[(2u32 * at + 1u32) as usize].store(j);
+    let mut start = 0u32;
+    let mut end = 0u32;
+    let mut chunk = 0u32;
+    if comptime!(split) {
+        let at = 2u32 * (row * parts + tid);
+        if tid < parts {
+            wh = sums[at as usize];
+            wl = sums[(at + 1u32) as usize];
+        }
+        chunk = seg * lanes;
+        let n = hist[(row * ROW_WORDS + GATHERED_AT) as usize];
+        if tid == 0u32 {
+            counter[0].store(n);
+        }
+        let mut k = tid;
+        while k < n && k < NUC_GATHER {
+            let from = 2u32 * (row * NUC_GATHER + k);
+            pool[(2u32 * k) as usize].store(gather[from as usize]);
+            pool[(2u32 * k + 1u32) as usize].store(gather[(from + 1u32) as usize]);
+            k += CUBE_DIM;
+        }
+    } else {
+        let (s, e) = thread_chunk(width);
+        start = s;
+        end = e;
+        chunk = chunk_len(width);
+        for j in start..end {
+            let l = logit_at::<N>(logits, base, j, lanes);
+            let b = nucleus_bin(l, m);
+            if b < cb {
+                let q = draw_weight(l, &head);
+                let nl = wl + q;
+                wh += select(nl < wl, 1u32, 0u32);
+                wl = nl;
+            } else if b == cb && fixed_weight(f32::exp(l - m)) > 0u32 {
+                let at = counter[0].fetch_add(1u32);
+                if at < NUC_GATHER {
+                    pool[(2u32 * at) as usize].store(u32::reinterpret(l));
+                    pool[(2u32 * at + 1u32) as usize].store(j);
+                }
             }
         }
     }
@@ -364,8 +398,45 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
             last_pos = pos_prefix;
         }
 
-        // The kept crossing logits join their chunks' sums.
-        if overflow {
+        // The kept crossing logits join their chunks' sums (with `split`,
+        // their segments' sums, added in shared atomics).
+        if comptime!(split) {
+            clear_atomics(&seg_sums, 2u32 * CUBE_DIM);
+            sync_cube();
+            let mut k = tid;
+            while k < n_src {
+                let mut l = 0.0f32;
+                let mut pos = 0u32;
+                if overflow {
+                    l = logit_at::<N>(logits, base, k, lanes);
+                    pos = k;
+                } else {
+                    l = f32::reinterpret(pool[(2u32 * k) as usize].load());
+                    pos = pool[(2u32 * k + 1u32) as usize].load();
+                }
+                let key = order_key(l);
+                if nucleus_bin(l, m) == cb
+                    && fixed_weight(f32::exp(l - m)) > 0u32
+                    && (key > prefix || (key == prefix && pos <= last_pos))
+                {
+                    let e = draw_weight(l, &head);
+                    let s = 2u32 * (pos / chunk);
+                    let old = seg_sums[s as usize].fetch_add(e);
+                    if old > 0xFFFF_FFFFu32 - e {
+                        seg_sums[(s + 1u32) as usize].fetch_add(1u32);
+                    }
+                }
+                k += CUBE_DIM;
+            }
+            sync_cube();
+            if tid < parts {
+                let al = seg_sums[(2u32 * tid) as usize].load();
+                let ahi = seg_sums[(2u32 * tid + 1u32) as usize].load();
+                let nl = wl + al;
+                wh += ahi + select(nl < wl, 1u32, 0u32);
+                wl = nl;
+            }
+        } else if overflow {
             for j in start..end {
                 let l = logit_at::<N>(logits, base, j, lanes);
                 let key = order_key(l);
@@ -414,7 +485,7 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
         &cut,
         wh,
         wl,
-        chunk_len(width),
+        chunk,
         &mut part_hi,
         &mut part_lo,
         &mut bads,
