@@ -10,7 +10,9 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::super::common::{NEG_INF_KEY, clear_atomics, max_logit_vec, merge_row_parts};
+use super::super::common::{
+    LOADS_IN_FLIGHT, NEG_INF_KEY, clear_atomics, max_logit_vec, merge_row_parts,
+};
 use super::draw::{RowHead, draw_weight, read_row_head};
 use super::fixed::{
     first_reaching, fixed_weight, nucleus_bin, wide_nucleus_goal, wide_scan, wide_total,
@@ -265,8 +267,8 @@ pub(crate) fn top_p_kept_part_rows<N: Size>(
 }
 
 /// Over the vectors `start..end` of the row, each thread taking vectors
-/// `CUBE_DIM` apart (coalesced 16-byte loads, two issued before the first
-/// is used, as the histogram pass): the fixed-point `dist` weights of the
+/// `CUBE_DIM` apart (coalesced 16-byte loads, [`LOADS_IN_FLIGHT`] of them
+/// issued before the first is used): the fixed-point `dist` weights of the
 /// logits above the crossing bin `cb` summed (this thread's share), and the
 /// crossing bin's logits with a positive mass weight gathered as `(bits,
 /// position)` into `gathered` at slots counted by `count` (up to
@@ -283,20 +285,28 @@ fn nucleus_sum_vec<N: Size>(
     count: &Shared<[Atomic<u32>]>,
     gathered: &mut Shared<[u32]>,
 ) -> (u32, u32) {
+    let step = CUBE_DIM;
+    let base = head.base;
     let mut hi = 0u32;
     let mut lo = 0u32;
     let mut i = start + UNIT_POS;
-    while i + CUBE_DIM < end {
-        let v0 = logits[(head.base + i) as usize];
-        let v1 = logits[(head.base + i + CUBE_DIM) as usize];
+    while i + (LOADS_IN_FLIGHT - 1u32) * step < end {
+        let v0 = logits[(base + i) as usize];
+        let v1 = logits[(base + i + step) as usize];
+        let v2 = logits[(base + i + 2u32 * step) as usize];
+        let v3 = logits[(base + i + 3u32 * step) as usize];
         let (h0, l0) = nucleus_add_vector::<N>(v0, i, head, cb, hi, lo, count, gathered);
-        let (h1, l1) = nucleus_add_vector::<N>(v1, i + CUBE_DIM, head, cb, h0, l0, count, gathered);
-        hi = h1;
-        lo = l1;
-        i += 2u32 * CUBE_DIM;
+        let (h1, l1) = nucleus_add_vector::<N>(v1, i + step, head, cb, h0, l0, count, gathered);
+        let (h2, l2) =
+            nucleus_add_vector::<N>(v2, i + 2u32 * step, head, cb, h1, l1, count, gathered);
+        let (h3, l3) =
+            nucleus_add_vector::<N>(v3, i + 3u32 * step, head, cb, h2, l2, count, gathered);
+        hi = h3;
+        lo = l3;
+        i += LOADS_IN_FLIGHT * step;
     }
     while i < end {
-        let v = logits[(head.base + i) as usize];
+        let v = logits[(base + i) as usize];
         let (h, l) = nucleus_add_vector::<N>(v, i, head, cb, hi, lo, count, gathered);
         hi = h;
         lo = l;
