@@ -464,15 +464,12 @@ pub fn min_p(
 /// row and `1 / units` of that). Small batches split each row's passes
 /// over the whole row across several workgroups first ([`greedy_segments`]
 /// of them, as greedy): `argmax_part_rows` (each segment's maximum and
-/// validation), then for `top_p` `top_p_histogram_part_rows` (each
-/// segment's mass histogram added into the row's in exact 64-bit fixed
-/// point) and `top_p_kept_part_rows` (each segment's kept `dist` weight
-/// above the crossing bin, the crossing bin's logits gathered), for
-/// `min_p` and `All` `kept_sums_part_rows` (each segment's kept `dist`
-/// weight); the kernel of one workgroup a row merges them, finds the
-/// segment holding `u·W` and reads it alone: 4 launches for `top_p` and 3
-/// for the others instead of 1, the same tokens and codes. `None` off the
-/// cubecl devices.
+/// validation), for `top_p` `top_p_histogram_part_rows` (the row's mass
+/// histogram, exact 64-bit fixed point) and `top_p_kept_part_rows` (kept
+/// weights above the crossing bin, its logits gathered), else
+/// `kept_sums_part_rows` (kept weights); one workgroup a row merges them
+/// and reads the segment holding `u·W` alone: 4 launches (`top_p`) or 3,
+/// not 1, the same tokens and codes. `None` off the cubecl devices.
 pub fn cut_dist_full(
     logits: &Tensor<2>,
     cut: FullCut<'_>,
