@@ -101,8 +101,10 @@ pub(crate) fn cut_dist_full(
     if split {
         let grid = || CubeCount::Static(segments as u32, b as u32, 1);
         // SAFETY: every index the kernels form is inside their buffers
-        // (segments inside the row, partials at `row · segments + part`,
-        // histogram words at `row · HIST_WORDS + w`, shared slices by
+        // (segments inside the row, partials at `row · segments + part`, kept
+        // sums at `2·(row · segments + part)`, gathered slots at
+        // `2·(row · NUC_GATHER + slot)` for `slot < NUC_GATHER`,
+        // row words at `row · ROW_WORDS + w`, shared slices by
         // their sizes).
         unsafe {
             if min_p {
