@@ -13,7 +13,8 @@ use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::common::{
-    NEG_INF_KEY, code_key, merge_row_parts, range_max_and_validation_vec, with_code,
+    NEG_INF_KEY, code_key, merge_row_parts, range_max_and_validation_vec, segment_vectors,
+    with_code,
 };
 
 /// Row `CUBE_POS_X` read as vectors of `N = lanes` logits (`lanes`
@@ -96,8 +97,7 @@ pub(crate) fn argmax_part_rows<N: Size>(
     let part = CUBE_POS_X;
     let row = CUBE_POS_Y;
     let row_vectors = width / lanes;
-    let start = select(part * seg < row_vectors, part * seg, row_vectors);
-    let end = select(start + seg < row_vectors, start + seg, row_vectors);
+    let (start, end) = segment_vectors(part, seg, row_vectors);
     let mut best_key = Shared::<[u32]>::new_slice(units);
     let mut best_pos = Shared::<[u32]>::new_slice(units);
     let mut bads = Shared::<[u32]>::new_slice(units);

@@ -309,6 +309,16 @@ pub(crate) fn merge_row_parts(
     reduce_first_max(best_key, best_pos);
 }
 
+/// The vectors `start..end` of segment `part` (`seg` vectors a segment) of
+/// a row of `row_v` vectors, clamped to the row: what each workgroup of a
+/// split row pass reads.
+#[cube]
+pub(crate) fn segment_vectors(part: u32, seg: u32, row_v: u32) -> (u32, u32) {
+    let start = select(part * seg < row_v, part * seg, row_v);
+    let end = select(start + seg < row_v, start + seg, row_v);
+    (start, end)
+}
+
 /// The logit at position `i` of the row whose first vector is `base`
 /// (`lanes = N` logits a vector): for scattered reads, the passes that walk
 /// contiguous chunks position by position and the rare passes (a full-row

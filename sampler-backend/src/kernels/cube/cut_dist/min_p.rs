@@ -8,7 +8,7 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::super::common::{chunk_len, thread_chunk};
+use super::super::common::{chunk_len, segment_vectors, thread_chunk};
 use super::draw::{Cut, RowHead, draw_token, kept_weight_sum, kept_weight_sum_vec, read_row_head};
 use super::fixed::{wide_scan, wide_total};
 
@@ -181,8 +181,7 @@ pub(crate) fn kept_sums_part_rows<N: Size>(
     );
     let cut = min_p_cut(&head, log_p, keep_all);
     let row_v = width / lanes;
-    let start = select(part * seg < row_v, part * seg, row_v);
-    let end = select(start + seg < row_v, start + seg, row_v);
+    let (start, end) = segment_vectors(part, seg, row_v);
     let (h, l) = kept_weight_sum_vec::<N>(logits, &head, &cut, start, end, true);
     acc_hi[tid as usize] = h;
     acc_lo[tid as usize] = l;

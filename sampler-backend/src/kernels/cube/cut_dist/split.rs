@@ -11,7 +11,7 @@ use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::super::common::{
-    LOADS_IN_FLIGHT, NEG_INF_KEY, clear_atomics, max_logit_vec, merge_row_parts,
+    LOADS_IN_FLIGHT, NEG_INF_KEY, clear_atomics, max_logit_vec, merge_row_parts, segment_vectors,
 };
 use super::draw::{RowHead, draw_weight, read_row_head};
 use super::fixed::{
@@ -69,8 +69,7 @@ pub(crate) fn top_p_histogram_part_rows<N: Size>(
     let m = max_logit_vec::<N>(logits, base, lanes, width, best_pos[0], dead);
     clear_atomics(&pool, HIST_WORDS);
     sync_cube();
-    let start = select(part * seg < row_v, part * seg, row_v);
-    let end = select(start + seg < row_v, start + seg, row_v);
+    let (start, end) = segment_vectors(part, seg, row_v);
     histogram_range::<N>(logits, base, start, end, m, &pool);
     sync_cube();
     let words = row * ROW_WORDS;
@@ -238,8 +237,7 @@ pub(crate) fn top_p_kept_part_rows<N: Size>(
     }
     sync_cube();
     let row_v = width / lanes;
-    let start = select(part * seg < row_v, part * seg, row_v);
-    let end = select(start + seg < row_v, start + seg, row_v);
+    let (start, end) = segment_vectors(part, seg, row_v);
     let (h, l) = nucleus_sum_vec::<N>(logits, &head, cb, start, end, &count, &mut gathered);
     acc_hi[tid as usize] = h;
     acc_lo[tid as usize] = l;
