@@ -147,6 +147,20 @@ pub fn usable_devices() -> (Vec<&'static str>, Vec<(&'static str, BackendError)>
     (ok, skipped)
 }
 
+/// Whether `device` computes on this machine's CPU: `flex`, `ndarray`, or a
+/// GPU API served by a software driver with no card behind it (lavapipe,
+/// SwiftShader). Such a device gives the same tokens as a GPU, but every
+/// kernel it compiles costs seconds (the driver's LLVM), so a test of a
+/// large model's forward pass can ask before it starts. Opens the device.
+#[allow(unused_variables)]
+pub fn is_software_device(device: &Device) -> bool {
+    #[cfg(feature = "cubecl-kernels")]
+    if let Some(identity) = device.identity() {
+        return identity.physical.is_none();
+    }
+    true
+}
+
 #[allow(unused_variables)]
 fn make(name: &str, index: Option<usize>) -> Option<Device> {
     match name {
@@ -194,6 +208,29 @@ mod tests {
             probe_device("tpu"),
             Err(BackendError::UnknownDevice { .. })
         ));
+    }
+
+    #[cfg(feature = "flex")]
+    #[test]
+    fn flex_is_a_software_device() {
+        assert!(is_software_device(&parse_device("flex").unwrap()));
+    }
+
+    /// lavapipe (`llvmpipe`) and SwiftShader name themselves; a GPU does not
+    /// use those names.
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn a_software_vulkan_driver_is_a_software_device() {
+        let device = match probe_device("wgpu") {
+            Ok(d) => d,
+            Err(e) => return println!("SKIP wgpu: {e}"),
+        };
+        let name = device.identity().map(|i| i.name).unwrap_or_default();
+        let lower = name.to_lowercase();
+        let named_software = ["llvmpipe", "swiftshader"]
+            .iter()
+            .any(|n| lower.contains(n));
+        assert_eq!(is_software_device(&device), named_software, "{name}");
     }
 
     #[cfg(feature = "flex")]

@@ -67,7 +67,10 @@ pub use batch::verify::{BatchVerify, Draft, PendingVerify};
 pub use batch::{BatchFilter, BatchStep, BatchTopLogprobs, SamplingBatch, is_cpu_device};
 pub use burn_tensor;
 pub use burn_tensor::{Device, Tensor, TensorData};
-pub use device::{compiled_devices, parse_device, probe_device, resolve_device, usable_devices};
+pub use device::{
+    compiled_devices, is_software_device, parse_device, probe_device, resolve_device,
+    usable_devices,
+};
 pub use error::BackendError;
 pub use executor::{Executor, FilterOutput, StepOutput};
 pub use sampler_cpu::speculative::Verified;
