@@ -110,7 +110,11 @@ fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
         let mut ks = vec![1, 2, 50, n, kernels::TOP_K_MAX];
         ks.retain(|&k| k <= n && k <= kernels::TOP_K_MAX);
         ks.dedup();
-        for &k in &ks {
+        // The device's own split, one workgroup a row, and the floor and
+        // compaction split over 3 and the most workgroups (a `k` above the
+        // threads takes no floor and is never split).
+        let splits = [None, Some(1), Some(3), Some(kernels::SEGMENTS_MAX)];
+        for (&k, split) in ks.iter().flat_map(|k| splits.iter().map(move |s| (k, *s))) {
             // Each row's own k: the batch's k, or less (padding after it).
             let own: Vec<i32> = (0..rows.len())
                 .map(|r| (k as i32 - r as i32).max(1))
@@ -124,7 +128,8 @@ fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
                 order_ids: order,
                 first_bad,
                 ..
-            } = kernels::top_k(&t, k, &k_row, pad_base, None).expect("wgpu has the top-k kernel");
+            } = kernels::top_k_split(&t, k, &k_row, pad_base, None, split)
+                .expect("wgpu has the top-k kernel");
             let valid = 2 * n as i64;
             let bad: Vec<i64> = first_bad
                 .into_data()
@@ -148,7 +153,7 @@ fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
                     .collect();
                 assert_eq!(
                     got_pos, want,
-                    "top_k positions, n = {n}, k = {k}, row kind {r}"
+                    "top_k positions, n = {n}, k = {k}, row kind {r}, split {split:?}"
                 );
                 for (j, &p) in want.iter().enumerate() {
                     let (v, o) = if j < own[r] as usize {
@@ -156,7 +161,7 @@ fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
                     } else {
                         (f32::NEG_INFINITY, (pad_base + j) as i64)
                     };
-                    let at = format!("n = {n}, k = {k}, row kind {r}, slot {j}");
+                    let at = format!("n = {n}, k = {k}, row kind {r}, slot {j}, split {split:?}");
                     assert_eq!(vals[r * k + j].to_bits(), v.to_bits(), "top_k value, {at}");
                     assert_eq!(order[r * k + j], o, "top_k order id, {at}");
                 }
@@ -170,7 +175,7 @@ fn wgpu_top_k_and_argmax_kernels_match_the_reference() {
     assert!(kernels::top_k(&t, kernels::TOP_K_MAX + 1, &one, 2000, None).is_none());
     assert!(kernels::top_k(&t, 0, &one, 2000, None).is_none());
     assert!(kernels::top_k(&t, 2001, &one, 2000, None).is_none());
-    assert!(checked > 150, "{checked} rows checked");
+    assert!(checked > 600, "{checked} rows checked");
 }
 
 /// Narrow rows as a top-k leaves them: logits with ties and `-inf`, ids a
@@ -425,30 +430,38 @@ fn wgpu_narrow_top_p_dist_and_validation_kernels_match_the_reference() {
     let mut nan_row = vec![f32::NAN; v];
     nan_row[10] = 1.0;
     nan_row[20] = 2.0;
-    let t = upload(&[nan_row, vec![0.5; v]], &device);
-    let k_row = Tensor::<2, Int>::from_data(TensorData::new(vec![5i32, 5], [2, 1]), &device);
-    let got = kernels::top_k(&t, 5, &k_row, v, None).expect("kernel");
-    let pos: Vec<i64> = got
-        .positions
-        .into_data()
-        .convert::<i64>()
-        .iter::<i64>()
-        .collect();
-    let vals: Vec<f32> = got.logits.into_data().iter::<f32>().collect();
-    let bad: Vec<i64> = got
-        .first_bad
-        .into_data()
-        .convert::<i64>()
-        .iter::<i64>()
-        .collect();
-    assert_eq!(bad, vec![0, 2 * v as i64]);
-    assert!(pos.iter().all(|&p| (0..v as i64).contains(&p)), "{pos:?}");
-    assert_eq!(&pos[5..], &[0, 1, 2, 3, 4]);
-    assert_eq!((vals[0], vals[1]), (2.0, 1.0));
-    assert!(
-        vals[2..5].iter().all(|&x| x == f32::NEG_INFINITY),
-        "{vals:?}"
-    );
+    // Split over 3 workgroups, the first bad logit of the last row lies in
+    // the second segment and another one in the third: the merge takes the
+    // row's first.
+    let mut late_bad = vec![0.25f32; v];
+    late_bad[1500] = f32::INFINITY;
+    late_bad[2900] = f32::NAN;
+    let t = upload(&[nan_row, vec![0.5; v], late_bad], &device);
+    let k_row = Tensor::<2, Int>::from_data(TensorData::new(vec![5i32; 3], [3, 1]), &device);
+    for split in [1, 3] {
+        let got = kernels::top_k_split(&t, 5, &k_row, v, None, Some(split)).expect("kernel");
+        let pos: Vec<i64> = got
+            .positions
+            .into_data()
+            .convert::<i64>()
+            .iter::<i64>()
+            .collect();
+        let vals: Vec<f32> = got.logits.into_data().iter::<f32>().collect();
+        let bad: Vec<i64> = got
+            .first_bad
+            .into_data()
+            .convert::<i64>()
+            .iter::<i64>()
+            .collect();
+        assert_eq!(bad, vec![0, 2 * v as i64, 2 * 1500 + 1], "split {split}");
+        assert!(pos.iter().all(|&p| (0..v as i64).contains(&p)), "{pos:?}");
+        assert_eq!(&pos[5..10], &[0, 1, 2, 3, 4], "split {split}");
+        assert_eq!((vals[0], vals[1]), (2.0, 1.0), "split {split}");
+        assert!(
+            vals[2..5].iter().all(|&x| x == f32::NEG_INFINITY),
+            "split {split}: {vals:?}"
+        );
+    }
 }
 
 /// Temperature: `l / t` saturated at `±f32::MAX` with `-inf` kept, and
@@ -1052,11 +1065,14 @@ fn top_k_kernel_applies_history_penalties_in_its_selection() {
             presence: col(|p| p.2),
         };
         let t = upload(&rows, &device);
-        for k in [1usize, 40] {
+        // One workgroup a row, and the floor and the compaction split over
+        // three workgroups a row.
+        for (k, split) in [(1usize, 1), (40, 1), (40, 3)] {
             let k = k.min(n);
             let own: Vec<i32> = (0..b).map(|r| (k as i32 - r as i32).max(1)).collect();
             let k_row = Tensor::<2, Int>::from_data(TensorData::new(own.clone(), [b, 1]), &device);
-            let got = kernels::top_k(&t, k, &k_row, n, Some(&pen)).expect("kernel");
+            let got =
+                kernels::top_k_split(&t, k, &k_row, n, Some(&pen), Some(split)).expect("kernel");
             let vals: Vec<f32> = got.logits.into_data().iter::<f32>().collect();
             let pos: Vec<i64> = got
                 .positions
@@ -1086,7 +1102,7 @@ fn top_k_kernel_applies_history_penalties_in_its_selection() {
                     .iter()
                     .map(|&p| p as usize)
                     .collect();
-                let at = format!("[{dev}] n = {n}, k = {k}, row kind {r}");
+                let at = format!("[{dev}] n = {n}, k = {k}, row kind {r}, split {split}");
                 assert_eq!(got_pos, want, "penalised top_k positions, {at}");
                 for (j, &p) in want.iter().enumerate().take(own[r] as usize) {
                     assert_eq!(

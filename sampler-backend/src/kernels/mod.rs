@@ -13,10 +13,10 @@
 //!   descending, ties to the lowest position), with per-row `k`, padding and
 //!   order ids as the `top_k` stage leaves them, and the rows' validation
 //!   keys from the same pass. A floor under the `K`-th key (from a sample
-//!   spread over the row),
-//!   one pass that compacts the logits above it into shared memory, and a
-//!   rank pass; a radix select on order-preserving `u32` keys when too many
-//!   logits tie above the floor.
+//!   spread over the row), one pass that compacts the logits above it into
+//!   shared memory (at small batches split over several workgroups a row,
+//!   [`top_k_split`]), and a rank pass; a radix select on order-preserving
+//!   `u32` keys when too many logits tie above the floor.
 //! * [`argmax`]: greedy, the lowest position of each row's maximum, and the
 //!   validation keys, in one pass; at small batches each row split over
 //!   several workgroups and merged ([`row_segments`]), so that B = 1 does
@@ -61,6 +61,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use burn_tensor::{Int, Tensor};
 
 use crate::HistoryPenalties;
+pub use segments::{SEGMENT_MIN, SEGMENTS_MAX, busy_workgroups, row_segments};
 
 #[cfg(feature = "cubecl-kernels")]
 mod cube;
@@ -70,6 +71,7 @@ mod launch;
 mod offline;
 #[cfg(all(test, feature = "cuda"))]
 mod ptx_offline;
+mod segments;
 
 /// Whether the stages use the kernels (default: yes). Process-wide; for
 /// side-by-side measurements of the kernels against the generic recipes
@@ -192,6 +194,25 @@ pub fn top_k(
     pad_base: usize,
     penalties: Option<&HistoryPenalties>,
 ) -> Option<TopK> {
+    top_k_split(logits, k, k_row, pad_base, penalties, None)
+}
+
+/// [`top_k`] with the floor and the compaction split over `segments`
+/// workgroups a row (at most [`SEGMENTS_MAX`]; 1: one workgroup a row, no
+/// split), or the device's own choice ([`greedy_segments`], `None`): the
+/// same candidates for any split. A split row takes two more launches (the
+/// floor from the sample, one workgroup a row; the compaction by segments
+/// into the row's global slots, 8 KiB a row) before the rank. Rows are
+/// split only where the kernel takes a floor (`k + H` at most the threads
+/// of a workgroup, 256). For tests and for tuning on a given device.
+pub fn top_k_split(
+    logits: &Tensor<2>,
+    k: usize,
+    k_row: &Tensor<2, Int>,
+    pad_base: usize,
+    penalties: Option<&HistoryPenalties>,
+    segments: Option<usize>,
+) -> Option<TopK> {
     let [b, n] = logits.dims();
     if !top_k_applies(b, n, k) || u32::try_from(pad_base + k).is_err() {
         return None;
@@ -202,51 +223,14 @@ pub fn top_k(
     }
     #[cfg(feature = "cubecl-kernels")]
     {
-        launch::top_k(logits, k, k_row, pad_base, penalties, h)
+        let segments = segments.map(|s| s.clamp(1, SEGMENTS_MAX));
+        launch::top_k(logits, k, k_row, pad_base, penalties, h, segments)
     }
     #[cfg(not(feature = "cubecl-kernels"))]
     {
-        let _ = (k_row, h);
+        let _ = (k_row, h, segments);
         None
     }
-}
-
-/// The fewest logits one workgroup of a split row reads (8 KiB).
-pub const SEGMENT_MIN: usize = 2048;
-
-/// The most workgroups a row is split over (greedy, the full-row cuts).
-pub const SEGMENTS_MAX: usize = 256;
-
-/// The workgroups that keep a device busy, what [`row_segments`] fills:
-/// four per streaming multiprocessor (compute unit) where the device says
-/// how many it has (cuda does); 4 · 132 (an H100 / H200) on a GPU that does
-/// not (wgpu never does); on a software device (`software_threads`: Mesa's
-/// lavapipe, no physical device behind it, which runs the workgroups on
-/// its CPU threads one after another at a fixed cost of tens of µs each),
-/// one per thread.
-pub fn busy_workgroups(sms: Option<u32>, software_threads: Option<usize>) -> usize {
-    match (sms, software_threads) {
-        (Some(sms), _) => 4 * sms.max(1) as usize,
-        (None, Some(threads)) => threads.max(1),
-        (None, None) => 4 * 132,
-    }
-}
-
-/// Workgroups [`argmax`] splits each row of `[b, n]` logits over on a
-/// device kept busy by `busy` workgroups ([`busy_workgroups`]): enough that
-/// the batch has `busy` of them, each reading at least [`SEGMENT_MIN`]
-/// logits, at most [`SEGMENTS_MAX`]; 1 (one workgroup a row, one kernel)
-/// once the batch alone fills the device. A split row costs a second,
-/// small launch that merges the segments' maxima (`12` bytes a segment).
-/// At B = 1 and V = 151936 on an H200: 74 workgroups a row.
-pub fn row_segments(b: usize, n: usize, busy: usize) -> usize {
-    if b == 0 || n == 0 {
-        return 1;
-    }
-    busy.max(1)
-        .div_ceil(b)
-        .min(n / SEGMENT_MIN)
-        .clamp(1, SEGMENTS_MAX)
 }
 
 /// The workgroups [`argmax`] (and [`cut_dist_full`]'s first reads) split

@@ -85,7 +85,8 @@ macro_rules! vector_row_kernels {
     ($lanes:expr, $compile:path) => {{
         use $crate::kernels::cube::{
             CODES_OWN, argmax_part_rows, argmax_rows, kept_sums_part_rows, min_p_dist_full_rows,
-            top_p_dist_full_rows, top_p_histogram_part_rows, top_p_kept_part_rows, topk_rows,
+            top_p_dist_full_rows, top_p_histogram_part_rows, top_p_kept_part_rows,
+            topk_compact_part_rows, topk_rows,
         };
         use $crate::kernels::launch::UNITS;
         use $crate::kernels::{HISTORY_MAX, TOP_K_MAX};
@@ -113,13 +114,29 @@ macro_rules! vector_row_kernels {
                     &$crate::kernels::offline::kernel!(
                         topk_rows::TopkRows::new,
                         UNITS,
-                        [b b b b b b b b b b b b],
-                        [s s s s s s s s],
+                        [b b b b b b b b b b b b b b b b],
+                        [s s s s s s s s s],
                         lanes,
                         units,
                         TOP_K_MAX,
                         true,
-                        HISTORY_MAX
+                        HISTORY_MAX,
+                        false
+                    ),
+                ),
+            ),
+            (
+                "topk_compact_part_rows",
+                $compile(
+                    "topk_compact_part_rows",
+                    &$crate::kernels::offline::kernel!(
+                        topk_compact_part_rows::TopkCompactPartRows::new,
+                        UNITS,
+                        [b b b b b],
+                        [s s s],
+                        lanes,
+                        units,
+                        TOP_K_MAX
                     ),
                 ),
             ),

@@ -22,7 +22,8 @@ use super::cube::{
     CODES_GIVEN, CODES_NONE, CODES_OWN, ROW_WORDS, argmax_merge_rows, argmax_part_rows,
     argmax_rows, dist_rows, first_bad_rows, kept_sums_part_rows, min_p_dist_full_rows, min_p_rows,
     temperature_rows, token_codes_rows, top_p_dist_full_rows, top_p_full_rows,
-    top_p_histogram_part_rows, top_p_kept_part_rows, top_p_rows, topk_rows,
+    top_p_histogram_part_rows, top_p_kept_part_rows, top_p_rows, topk_compact_part_rows,
+    topk_floor_rows, topk_rows,
 };
 use super::launch::{FULL_ROW_UNITS, UNITS};
 use super::offline::kernel;
@@ -72,18 +73,48 @@ fn check(name: &str, kernel: impl CubeKernel, units: u32) {
 #[test]
 fn top_k_compiles_with_and_without_penalties() {
     for pen in [false, true] {
-        let k = kernel!(
-            topk_rows::TopkRows::new,
+        // Whole (the floor and the compaction inside) and split (their
+        // results read from the kernels below).
+        for split in [false, true] {
+            let k = kernel!(
+                topk_rows::TopkRows::new,
+                UNITS,
+                [b b b b b b b b b b b b b b b b],
+                [s s s s s s s s s],
+                4usize,
+                UNITS as usize,
+                TOP_K_MAX,
+                pen,
+                HISTORY_MAX,
+                split
+            );
+            check(
+                &format!("topk_rows (penalties {pen}, split {split})"),
+                k,
+                UNITS,
+            );
+        }
+    }
+    for lanes in [4usize, 1] {
+        let f = kernel!(
+            topk_floor_rows::TopkFloorRows::new,
             UNITS,
-            [b b b b b b b b b b b b],
-            [s s s s s s s s],
-            4usize,
-            UNITS as usize,
-            TOP_K_MAX,
-            pen,
-            HISTORY_MAX
+            [b b b],
+            [s s s s s],
+            lanes,
+            UNITS as usize
         );
-        check(&format!("topk_rows (penalties {pen})"), k, UNITS);
+        check(&format!("topk_floor_rows ({lanes} lanes)"), f, UNITS);
+        let c = kernel!(
+            topk_compact_part_rows::TopkCompactPartRows::new,
+            UNITS,
+            [b b b b b],
+            [s s s],
+            lanes,
+            UNITS as usize,
+            TOP_K_MAX
+        );
+        check(&format!("topk_compact_part_rows ({lanes} lanes)"), c, UNITS);
     }
 }
 

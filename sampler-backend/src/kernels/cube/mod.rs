@@ -29,6 +29,7 @@ mod narrow;
 mod temperature;
 mod token_codes;
 mod top_k;
+mod top_k_split;
 mod top_p_full;
 
 pub(crate) use argmax::{argmax_merge_rows, argmax_part_rows, argmax_rows};
@@ -45,4 +46,5 @@ pub(crate) use narrow::{dist_rows, top_p_rows};
 pub(crate) use temperature::temperature_rows;
 pub(crate) use token_codes::token_codes_rows;
 pub(crate) use top_k::topk_rows;
+pub(crate) use top_k_split::{topk_compact_part_rows, topk_floor_rows};
 pub(crate) use top_p_full::top_p_full_rows;

@@ -4,15 +4,16 @@
 //! penalties applied inside the selection. The row is read as vectors of
 //! `N` logits (16-byte loads at `N = 4`; `N = 1` for a width that is not a
 //! multiple of 4), the compaction pass with [`LOADS_IN_FLIGHT`] loads
-//! issued before the first is used.
+//! issued before the first is used. At small batches the floor and the
+//! compaction run as kernels of their own, the compaction split over
+//! several workgroups a row (`top_k_split.rs`), and `topk_rows` with
+//! `split` takes their results instead of reading the row.
 
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::common::{
-    LOADS_IN_FLIGHT, NEG_INF_KEY, clear_atomics, logit_at, note_bad, order_key, shared_min,
-    thread_chunk,
-};
+use super::common::{clear_atomics, logit_at, order_key, shared_min, thread_chunk};
+use super::top_k_split::{compact_range, sample_floor};
 
 /// Bins of one radix pass (8 bits).
 const BINS: usize = 256;
@@ -31,6 +32,10 @@ pub(crate) fn topk_rows<N: Size>(
     out_order: &mut [i32],
     out_bad: &mut [i32],
     out_above: &mut [i32],
+    floor_in: &[u32],
+    count_in: &[u32],
+    cand_in: &[u32],
+    part_bad: &[u32],
     width: u32,
     lanes: u32,
     sample_end: u32,
@@ -39,10 +44,12 @@ pub(crate) fn topk_rows<N: Size>(
     k_out: u32,
     h: u32,
     pad_base: u32,
+    parts: u32,
     #[comptime] units: usize,
     #[comptime] k_cap: usize,
     #[comptime] pen: bool,
     #[comptime] h_cap: usize,
+    #[comptime] split: bool,
 ) {
     let row = CUBE_POS_X;
     let tid = UNIT_POS;
@@ -106,162 +113,77 @@ pub(crate) fn topk_rows<N: Size>(
     let counter = Shared::<[Atomic<u32>]>::new_slice(1usize);
     let mut bads = Shared::<[u32]>::new_slice(units);
 
-    // A floor under the k-th largest key: the k-th largest of the threads'
-    // own maxima (k distinct elements at or above it). Keys below it are
-    // never among the top k, so the histograms skip them (few atomics).
     let none = 2u32 * width;
     let mut bad = none;
-    // Float compares here (cheaper than keys): any element of the thread is
-    // a valid stand-in for its maximum, so a device that flushes subnormals
-    // only lowers the floor. A thread without elements offers -inf, the
-    // lowest non-NaN key, which keeps the floor at or below every element.
-    // The maxima come from a sample of `sample_end` vectors chosen by the
-    // host (`floor_sample`): runs of CUBE_DIM consecutive vectors (one
-    // coalesced load per thread), `sample_stride >= CUBE_DIM` apart, so the
-    // sample spreads over the whole row. A prefix would not do: vocabularies
-    // are ordered by id (byte and special tokens first, then bands of
-    // frequency), and a prefix of unlikely tokens gives a floor far below
-    // the row's k-th logit, with thousands of logits above it. Any k
-    // distinct elements give a valid floor (the runs never overlap), and a
-    // short sample keeps this pass a small part of a read of the row.
-    let neg_inf = f32::reinterpret(0xFF80_0000u32);
-    let mut own_f = neg_inf;
-    let mut run = 0u32;
-    while run * CUBE_DIM + tid < sample_end {
-        let at = run * sample_stride + tid;
-        if at < row_v {
-            let v = logits[(base + at) as usize];
-            #[unroll]
-            for j in 0..N::value() {
-                let x = v.extract(j);
-                if x > own_f {
-                    own_f = x;
-                }
+    // Split: the floor and the compaction ran as kernels of their own
+    // (`topk_floor_rows`, `topk_compact_part_rows`): the candidates come
+    // from the row's global slots, the validation from the segments'.
+    let low = if comptime!(split) {
+        floor_in[row as usize]
+    } else {
+        sample_floor::<N>(
+            logits,
+            base,
+            row_v,
+            sample_end,
+            sample_stride,
+            k,
+            &mut tmax,
+            &mut floor,
+        )
+    };
+    if comptime!(split) {
+        let found = count_in[row as usize];
+        let held_g = select(found < k_cap as u32, found, k_cap as u32);
+        let mut c = tid;
+        while c < held_g {
+            let at = 2u32 * (row * k_cap as u32 + c);
+            cand_key[c as usize] = cand_in[at as usize];
+            cand_pos[c as usize] = cand_in[(at + 1u32) as usize];
+            c += CUBE_DIM;
+        }
+        let mut j = tid;
+        while j < parts {
+            let pb = part_bad[(row * parts + j) as usize];
+            if pb < bad {
+                bad = pb;
             }
+            j += CUBE_DIM;
         }
-        run += 1u32;
-    }
-    let own = order_key(own_f);
-    tmax[tid as usize] = own;
-    if tid == 0u32 {
-        floor[0] = 0u32;
-    }
-    sync_cube();
-    if k <= CUBE_DIM {
-        let mut rank = 0u32;
-        for t in 0..CUBE_DIM {
-            let o = tmax[t as usize];
-            if o > own || (o == own && t < tid) {
-                rank += 1u32;
-            }
+    } else {
+        // Fast path: the keys at or above the floor, compacted into shared
+        // memory (any order); when they fit, ranking them gives the top k
+        // without the radix passes below (a uniform flag: the passes still
+        // meet every barrier, with nothing to do). The same pass validates
+        // the row (first NaN / +inf, as `first_bad`).
+        if tid == 0u32 {
+            counter[0].store(0u32);
         }
-        if rank == k - 1u32 {
-            floor[0] = own;
-        }
-    }
-    sync_cube();
-    let low = floor[0];
-
-    // Fast path: the keys at or above the floor, compacted into shared
-    // memory (any order); when they fit, ranking them gives the top k
-    // without the radix passes below (a uniform flag: the passes still
-    // meet every barrier, with nothing to do).
-    if tid == 0u32 {
-        counter[0].store(0u32);
-    }
-    sync_cube();
-    // The floor as a logit: `x >= low_f` keeps a superset of `key >= low`
-    // (flushed subnormals compare equal, never in the wrong order); the keys
-    // decide below.
-    let low_bits = select(
-        (low & 0x8000_0000u32) != 0u32,
-        low & 0x7FFF_FFFFu32,
-        low ^ 0xFFFF_FFFFu32,
-    );
-    // No floor (0) or one at -inf: every non-NaN logit passes.
-    let low_f = select(low <= NEG_INF_KEY, neg_inf, f32::reinterpret(low_bits));
-    // The same pass validates the row (first NaN / +inf, as `first_bad`).
-    // Each thread takes vectors CUBE_DIM apart, LOADS_IN_FLIGHT loaded
-    // before the first is used (ascending positions within the thread).
-    let step = CUBE_DIM;
-    let mut ic = tid;
-    while ic + (LOADS_IN_FLIGHT - 1u32) * step < row_v {
-        let v0 = logits[(base + ic) as usize];
-        let v1 = logits[(base + ic + step) as usize];
-        let v2 = logits[(base + ic + 2u32 * step) as usize];
-        let v3 = logits[(base + ic + 3u32 * step) as usize];
-        bad = compact_vector::<N>(
-            v0,
-            ic * lanes,
+        sync_cube();
+        bad = compact_range::<N>(
+            logits,
+            base,
+            0u32,
+            row_v,
+            lanes,
             low,
-            low_f,
-            bad,
             none,
             &counter,
             &mut cand_key,
             &mut cand_pos,
             k_cap,
         );
-        bad = compact_vector::<N>(
-            v1,
-            (ic + step) * lanes,
-            low,
-            low_f,
-            bad,
-            none,
-            &counter,
-            &mut cand_key,
-            &mut cand_pos,
-            k_cap,
-        );
-        bad = compact_vector::<N>(
-            v2,
-            (ic + 2u32 * step) * lanes,
-            low,
-            low_f,
-            bad,
-            none,
-            &counter,
-            &mut cand_key,
-            &mut cand_pos,
-            k_cap,
-        );
-        bad = compact_vector::<N>(
-            v3,
-            (ic + 3u32 * step) * lanes,
-            low,
-            low_f,
-            bad,
-            none,
-            &counter,
-            &mut cand_key,
-            &mut cand_pos,
-            k_cap,
-        );
-        ic += LOADS_IN_FLIGHT * step;
-    }
-    while ic < row_v {
-        let v = logits[(base + ic) as usize];
-        bad = compact_vector::<N>(
-            v,
-            ic * lanes,
-            low,
-            low_f,
-            bad,
-            none,
-            &counter,
-            &mut cand_key,
-            &mut cand_pos,
-            k_cap,
-        );
-        ic += step;
     }
     bads[tid as usize] = bad;
     shared_min(&mut bads);
     if tid == 0u32 {
         out_bad[row as usize] = i32::cast_from(bads[0]);
     }
-    let compacted = counter[0].load();
+    let compacted = if comptime!(split) {
+        count_in[row as usize]
+    } else {
+        counter[0].load()
+    };
     let fast = compacted <= k_cap as u32;
     if tid == 0u32 {
         out_above[row as usize] = i32::cast_from(compacted);
@@ -464,46 +386,6 @@ pub(crate) fn topk_rows<N: Size>(
         out_order[at] = i32::cast_from(pad_base + slot);
         slot += CUBE_DIM;
     }
-}
-
-/// The compaction of one vector of `N` logits at positions `at..at + N`:
-/// each lane at or above the floor (`low_f` as a logit, `low` as a key)
-/// takes a slot of `cand_key` / `cand_pos` (up to `k_cap`; `counter` counts
-/// every one); returns the thread's first validation key after the lanes
-/// (`bad`, `none` before a hit).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn compact_vector<N: Size>(
-    v: Vector<f32, N>,
-    at: u32,
-    low: u32,
-    low_f: f32,
-    bad: u32,
-    none: u32,
-    counter: &Shared<[Atomic<u32>]>,
-    cand_key: &mut Shared<[u32]>,
-    cand_pos: &mut Shared<[u32]>,
-    #[comptime] k_cap: usize,
-) -> u32 {
-    let mut b = bad;
-    let mut i = at;
-    #[unroll]
-    for j in 0..N::value() {
-        let x = v.extract(j);
-        b = note_bad(b, x, i, none);
-        if x >= low_f {
-            let key = order_key(x);
-            if key >= low {
-                let slot = counter[0].fetch_add(1u32);
-                if slot < k_cap as u32 {
-                    cand_key[slot as usize] = key;
-                    cand_pos[slot as usize] = i;
-                }
-            }
-        }
-        i += 1u32;
-    }
-    b
 }
 
 /// How many of the first `n` entries (`keys`, `pos`) rank before the

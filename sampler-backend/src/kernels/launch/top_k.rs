@@ -1,14 +1,17 @@
-//! Launch of the top-k kernel, and the length of the sample its floor
-//! comes from.
+//! Launch of the top-k kernel (one workgroup a row, or below a batch that
+//! fills the device its floor and compaction first, the compaction split
+//! over several workgroups a row), and the length of the floor's sample.
 
 use burn_cubecl::cubecl::prelude::*;
 use burn_tensor::{DType, Int, Tensor};
+
+use burn_cubecl::tensor::CubeTensor;
 
 use super::{
     float_tensor, int_tensor, output, per_row, resolve_float, resolve_int, row_lanes, units,
 };
 use crate::HistoryPenalties;
-use crate::kernels::cube::topk_rows;
+use crate::kernels::cube::{topk_compact_part_rows, topk_floor_rows, topk_rows};
 use crate::kernels::{HISTORY_MAX, TOP_K_MAX, TopK};
 
 /// The most elements per thread whose maximum stands for the thread in the
@@ -62,7 +65,92 @@ fn floor_sample(n: usize, k: usize, units: u32, lanes: usize) -> (usize, usize) 
     (runs * units, (nv - units) / (runs - 1))
 }
 
-/// [`crate::kernels::top_k`] on rows it takes, `h` history tokens per row.
+/// What `topk_rows` with `split` reads instead of the row: each row's
+/// floor, candidate count and [`TOP_K_MAX`] global candidate slots, and the
+/// segments' validation keys.
+struct SplitFloor {
+    floor: CubeTensor,
+    count: CubeTensor,
+    cand: CubeTensor,
+    part_bad: CubeTensor,
+    segments: usize,
+}
+
+/// The floor (`topk_floor_rows`, one workgroup a row reading the sample of
+/// `sample` vectors `stride` apart) and the compaction split over
+/// `segments` workgroups a row (`topk_compact_part_rows`) of rows
+/// `l [b, n]`, for `topk_rows` with `split`.
+#[allow(clippy::too_many_arguments)]
+fn split_floor(
+    l: &CubeTensor,
+    b: usize,
+    n: usize,
+    segments: usize,
+    lanes: usize,
+    units: u32,
+    (sample, stride): (usize, usize),
+    k_sel: usize,
+) -> SplitFloor {
+    let word = |len: usize| output(l, [len], DType::U32);
+    let parts = b * segments;
+    let (floor, count) = (word(b), word(b));
+    let (cand, part_bad) = (word(2 * b * TOP_K_MAX), word(parts));
+    // SAFETY: every index the kernel forms is inside its buffers (row
+    // bases and the sample's runs inside the row, `floor` / `count` at the
+    // row, shared slices by their sizes).
+    unsafe {
+        topk_floor_rows::launch_unchecked(
+            &l.client,
+            CubeCount::Static(b as u32, 1, 1),
+            CubeDim::new_1d(units),
+            lanes,
+            BufferArg::from_raw_parts(l.handle.clone(), b * n),
+            BufferArg::from_raw_parts(floor.handle.clone(), b),
+            BufferArg::from_raw_parts(count.handle.clone(), b),
+            n as u32,
+            lanes as u32,
+            sample as u32,
+            stride as u32,
+            k_sel as u32,
+            units as usize,
+        );
+    }
+    crate::launches::declare_read("topk_floor_rows", 4 * b * sample * lanes);
+    let seg = (n / lanes).div_ceil(segments);
+    // SAFETY: as above; segments inside the row, the candidate slots at
+    // `2·(row · TOP_K_MAX + slot)` for `slot < TOP_K_MAX`, the segments'
+    // validation keys at `row · segments + segment`.
+    unsafe {
+        topk_compact_part_rows::launch_unchecked(
+            &l.client,
+            CubeCount::Static(segments as u32, b as u32, 1),
+            CubeDim::new_1d(units),
+            lanes,
+            BufferArg::from_raw_parts(l.handle.clone(), b * n),
+            BufferArg::from_raw_parts(floor.handle.clone(), b),
+            BufferArg::from_raw_parts(count.handle.clone(), b),
+            BufferArg::from_raw_parts(cand.handle.clone(), 2 * b * TOP_K_MAX),
+            BufferArg::from_raw_parts(part_bad.handle.clone(), parts),
+            n as u32,
+            seg as u32,
+            lanes as u32,
+            units as usize,
+            TOP_K_MAX,
+        );
+    }
+    // The row, and each workgroup's read of the row's floor.
+    crate::launches::declare_read("topk_compact_part_rows", 4 * b * n + 4 * parts);
+    SplitFloor {
+        floor,
+        count,
+        cand,
+        part_bad,
+        segments,
+    }
+}
+
+/// [`crate::kernels::top_k_split`] on rows it takes, `h` history tokens
+/// per row (`segments`: the device's choice when `None`).
 pub(crate) fn top_k(
     logits: &Tensor<2>,
     k: usize,
@@ -70,6 +158,7 @@ pub(crate) fn top_k(
     pad_base: usize,
     penalties: Option<&HistoryPenalties>,
     h: usize,
+    segments: Option<usize>,
 ) -> Option<TopK> {
     let [b, n] = logits.dims();
     let (cube, fusion) = resolve_float(logits)?;
@@ -106,6 +195,24 @@ pub(crate) fn top_k(
     let lanes = row_lanes(&cube, n);
     let (sample, stride) = floor_sample(n, k_sel, units, lanes);
     let hb = b * h.max(1);
+    let segments = segments.unwrap_or_else(|| super::segments(&cube, b, n));
+    // Split only where the kernel takes a floor (`k` at most the threads):
+    // without one every logit is a candidate and the slots overflow.
+    let fits = b <= cube.client.properties().hardware.max_cube_count.1 as usize;
+    let split = (segments > 1 && sample > 0 && fits)
+        .then(|| split_floor(&cube, b, n, segments, lanes, units, (sample, stride), k_sel));
+    // Without a split: unread placeholders.
+    let word = || output(&cube, [1], DType::U32);
+    let (floor, count, cand, part_bad, parts) = match &split {
+        Some(s) => (
+            s.floor.clone(),
+            s.count.clone(),
+            s.cand.clone(),
+            s.part_bad.clone(),
+            s.segments,
+        ),
+        None => (word(), word(), word(), word(), 1),
+    };
     let (cubes, dim) = per_row(b, units);
     // SAFETY: every index the kernel forms is inside its buffers (row
     // bases and loops bounded by the width, history ids inside the
@@ -128,6 +235,13 @@ pub(crate) fn top_k(
             BufferArg::from_raw_parts(order.handle.clone(), b * k),
             BufferArg::from_raw_parts(bad.handle.clone(), b),
             BufferArg::from_raw_parts(above.handle.clone(), b),
+            BufferArg::from_raw_parts(floor.handle.clone(), floor.meta.shape().num_elements()),
+            BufferArg::from_raw_parts(count.handle.clone(), count.meta.shape().num_elements()),
+            BufferArg::from_raw_parts(cand.handle.clone(), cand.meta.shape().num_elements()),
+            BufferArg::from_raw_parts(
+                part_bad.handle.clone(),
+                part_bad.meta.shape().num_elements(),
+            ),
             n as u32,
             lanes as u32,
             sample as u32,
@@ -136,17 +250,25 @@ pub(crate) fn top_k(
             k as u32,
             h as u32,
             pad_base as u32,
+            parts as u32,
             units as usize,
             TOP_K_MAX,
             penalties.is_some(),
             HISTORY_MAX,
+            split.is_some(),
         )
     }
-    // The fast path: the floor's sample and one pass over the row, the
-    // history's ids, counts and logits, the k written values' re-reads.
+    // The fast path: the floor's sample and one pass over the row (split:
+    // the row's floor and count, its slots counted whole, the segments'
+    // validation keys), the history's ids, counts and logits, the k written
+    // values' re-reads.
+    let first_reads = match &split {
+        Some(s) => 8 + 8 * TOP_K_MAX + 4 * s.segments,
+        None => 4 * (n + sample * lanes),
+    };
     crate::launches::declare_read(
         "topk_rows",
-        4 * b * (n + sample * lanes + 1 + k) + 12 * b * h + 12 * b,
+        b * (first_reads + 4 + 4 * k) + 12 * b * h + 12 * b,
     );
     Some(TopK {
         logits: float_tensor(vals, &fusion),
