@@ -3,9 +3,8 @@
 //! over several workgroups a row), and the length of the floor's sample.
 
 use burn_cubecl::cubecl::prelude::*;
-use burn_tensor::{DType, Int, Tensor};
-
 use burn_cubecl::tensor::CubeTensor;
+use burn_tensor::{DType, Int, Tensor};
 
 use super::{
     float_tensor, int_tensor, output, per_row, resolve_float, resolve_int, row_lanes, units,
@@ -197,8 +196,10 @@ pub(crate) fn top_k(
     let hb = b * h.max(1);
     let segments = segments.unwrap_or_else(|| super::segments(&cube, b, n));
     // Split only where the kernel takes a floor (`k` at most the threads):
-    // without one every logit is a candidate and the slots overflow.
-    let fits = b <= cube.client.properties().hardware.max_cube_count.1 as usize;
+    // without one every logit is a candidate and the slots overflow. The
+    // grid's second axis holds the batch, the slots' indices a `u32`.
+    let fits = b <= cube.client.properties().hardware.max_cube_count.1 as usize
+        && u32::try_from(2 * b * TOP_K_MAX).is_ok();
     let split = (segments > 1 && sample > 0 && fits)
         .then(|| split_floor(&cube, b, n, segments, lanes, units, (sample, stride), k_sel));
     // Without a split: unread placeholders.
