@@ -202,8 +202,8 @@ pub(crate) fn top_k(
         && u32::try_from(2 * b * TOP_K_MAX).is_ok();
     let split = (segments > 1 && sample > 0 && fits)
         .then(|| split_floor(&cube, b, n, segments, lanes, units, (sample, stride), k_sel));
-    // Without a split: unread placeholders.
-    let word = || output(&cube, [1], DType::U32);
+    // Without a split: one unread placeholder for the four buffers (read
+    // only by `topk_rows`, never written), one allocation a step, not four.
     let (floor, count, cand, part_bad, parts) = match &split {
         Some(s) => (
             s.floor.clone(),
@@ -212,7 +212,10 @@ pub(crate) fn top_k(
             s.part_bad.clone(),
             s.segments,
         ),
-        None => (word(), word(), word(), word(), 1),
+        None => {
+            let unread = output(&cube, [1], DType::U32);
+            (unread.clone(), unread.clone(), unread.clone(), unread, 1)
+        }
     };
     let (cubes, dim) = per_row(b, units);
     // SAFETY: every index the kernel forms is inside its buffers (row
