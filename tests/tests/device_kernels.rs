@@ -13,6 +13,7 @@
 //! | `penalties; top_k(40); temperature; dist` | 5 (3, at B = 1 split as the top-k chain's: 5) | no `[B, V]` copy: 1.25 as the top-k chain |
 //! | `min_p(0.05); temperature; dist` (no budget in the issue) | 3 | 2 (one fused kernel; at B = 1 its two passes split over workgroups first, and the drawn segment read again: `1 / S` of a read more) |
 //! | `temperature(0.8); dist` (no budget in the issue) | 3 | 2 (as `min_p`) |
+//! | `kernels::top_p_full` alone (a full-row `top_p` followed by a stage other than `dist`; no budget in the issue) | 2 (5 split at B = 1) | 4 (and the row written) |
 //!
 //! Every launch of these chains is one of the custom kernels, so every
 //! byte is declared (`undeclared() == 0`). Run on wgpu (CI: lavapipe); the
@@ -275,6 +276,68 @@ fn kernels_and_reads_per_step_are_fixed_and_within_budgets() {
                 );
             }
         }
+    }
+    unfused_full_row_top_p(&device, &dev);
+}
+
+/// The unfused full-row `top_p` (`kernels::top_p_full`: what a chain runs
+/// when a full-row `top_p` is followed by something other than `dist`):
+/// the fused kernel cut only, then the row write; 2 launches, or split
+/// (B = 1) 5: the fused kernel's three split passes first. Reads: its
+/// three (split: the segments' three), the row again for the write, and
+/// split the row's histogram and gathered logits (0.13 of a read at V =
+/// 32000). In the one device test of this file (the observer is
+/// process-wide).
+#[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda"))]
+fn unfused_full_row_top_p(device: &Device, dev: &str) {
+    use sampler_backend::kernels;
+    for b in [1, 4] {
+        let logits = upload(&rows(b), b, V, device);
+        let p = Tensor::<2>::from_data(TensorData::new(vec![0.9f32; b], [b, 1]), device);
+        let run = || {
+            let (out, keys) = kernels::top_p_full(&logits, &p).expect("kernel");
+            let bits: Vec<u32> = out.into_data().iter::<f32>().map(f32::to_bits).collect();
+            let keys: Vec<i64> = keys.into_data().convert::<i64>().iter::<i64>().collect();
+            (bits, keys)
+        };
+        // The first run compiles.
+        let (first, keys) = run();
+        assert_eq!(keys, vec![2 * V as i64; b], "[{dev}] valid rows");
+        device.sync().expect("sync");
+        let ((again, _), count) = count_launches(run);
+        assert_eq!(again, first, "[{dev}] top_p_full, B = {b}: a repeated run");
+        let count = count.expect("a cubecl build counts");
+        let names: Vec<&str> = count.reads.iter().map(|(k, _)| k.as_str()).collect();
+        let reads = count.bytes_read() as f64 / (4 * b * V) as f64;
+        println!("[{dev}] top_p_full: {names:?}, {reads:.3} reads (B = {b})");
+        let segments = kernels::greedy_segments(&logits).expect("a cubecl device splits rows");
+        let want: &[&str] = if segments > 1 {
+            &[
+                "argmax_part_rows",
+                "top_p_histogram_part_rows",
+                "top_p_kept_part_rows",
+                "top_p_dist_full_rows",
+                "top_p_mask_rows",
+            ]
+        } else {
+            &["top_p_dist_full_rows", "top_p_mask_rows"]
+        };
+        assert_eq!(
+            names, want,
+            "[{dev}] top_p_full, B = {b}, {segments} segments"
+        );
+        assert_eq!(count.total(), want.len(), "{:?}", count.by_name());
+        assert!(
+            (4.0..=4.2).contains(&reads),
+            "[{dev}] top_p_full, B = {b}: {reads:.3} reads: {:?}",
+            count.reads
+        );
+        // Some of the row is kept, the rest dropped.
+        let kept = first
+            .iter()
+            .filter(|&&x| f32::from_bits(x).is_finite())
+            .count();
+        assert!(kept >= b && kept < b * V, "[{dev}] B = {b}: {kept} kept");
     }
 }
 

@@ -860,7 +860,9 @@ fn wgpu_kernels_on_real_model_row_shapes() {
 /// of one workgroup a row, on Zipf and model-shaped rows, invalid and dead
 /// rows among them (segments of whole 16-byte vectors; the scalar form
 /// runs the same code at `N = 1` and is compiled by the PTX check); the
-/// unsplit kernel is checked against the references above.
+/// unsplit kernel is checked against the references above. The unfused
+/// full-row `top_p` (`kernels::top_p_full_split`) writes the same rows for
+/// any split, and they keep what the CPU rule keeps.
 #[cfg(any(feature = "wgpu", feature = "vulkan", feature = "cuda"))]
 #[test]
 fn wgpu_full_row_cuts_split_over_workgroups_draw_the_same_tokens() {
@@ -876,7 +878,7 @@ fn wgpu_full_row_cuts_split_over_workgroups_draw_the_same_tokens() {
         t.into_data().convert::<i64>().iter::<i64>().collect()
     };
     let mut rng = ChaCha8Rng::seed_from_u64(29);
-    let mut compared = 0;
+    let (mut compared, mut checked_masks) = (0, 0);
     for &n in &[4100usize, 32_000] {
         let mut rows: Vec<Vec<f32>> = (0..4).map(|kind| model_row(kind, n, &mut rng)).collect();
         rows.extend((0..2).map(|kind| row(kind, n, &mut rng)));
@@ -911,7 +913,7 @@ fn wgpu_full_row_cuts_split_over_workgroups_draw_the_same_tokens() {
         let mut us: Vec<f32> = (0..b).map(|_| rng.random_range(0.0f32..1.0)).collect();
         // u = 0: the target is the sum before the drawn chunk itself.
         us[0] = 0.0;
-        let (p, lp, tc, u) = (col(ps), col(log_p), col(temps), col(us));
+        let (p, lp, tc, u) = (col(ps.clone()), col(log_p), col(temps), col(us));
         let cuts = [
             ("top_p", kernels::FullCut::TopP(&p)),
             ("min_p", kernels::FullCut::MinP(&lp)),
@@ -963,8 +965,78 @@ fn wgpu_full_row_cuts_split_over_workgroups_draw_the_same_tokens() {
                 }
             }
         }
+        // The unfused full-row top_p (the fused kernel cut only, then the
+        // row written): the same rows and keys for any split, and the CPU
+        // rule's kept set up to `1e-5` of the row's mass either side of
+        // the cut, on every row but the NaN and `+inf` ones.
+        let masked = |split| {
+            let (out, keys) = kernels::top_p_full_split(&t, &p, Some(split)).expect("kernel");
+            let bits: Vec<u32> = out.into_data().iter::<f32>().map(f32::to_bits).collect();
+            let keys: Vec<i64> = keys.into_data().convert::<i64>().iter::<i64>().collect();
+            (bits, keys)
+        };
+        let (whole, keys) = masked(1);
+        assert_eq!(
+            keys[b - 3],
+            2 * (n as i64 - 3),
+            "top_p_full n = {n}: NaN row"
+        );
+        for split in [3, kernels::SEGMENTS_MAX] {
+            let got = masked(split);
+            assert!(
+                got.0 == whole && got.1 == keys,
+                "top_p_full n = {n}: split over {split} workgroups"
+            );
+            compared += b;
+        }
+        for (r, l) in rows
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| *r + 3 != b && *r + 2 != b)
+        {
+            let (sure, maybe) = robust_top_p_kept(l, f64::from(ps[r]));
+            let mut unsure = 0;
+            for i in 0..n {
+                let got = whole[r * n + i];
+                if sure[i] {
+                    assert_eq!(got, l[i].to_bits(), "top_p_full n = {n} row {r}: {i} kept");
+                } else if !maybe[i] {
+                    let dropped = f32::NEG_INFINITY.to_bits();
+                    assert_eq!(got, dropped, "top_p_full n = {n} row {r}: {i} dropped");
+                } else {
+                    unsure += 1;
+                }
+            }
+            assert!(
+                unsure <= n / 100,
+                "top_p_full n = {n} row {r}: {unsure} unsure"
+            );
+            checked_masks += 1;
+        }
     }
-    assert_eq!(compared, 2 * 3 * 4 * 11);
+    assert_eq!(compared, 2 * 3 * 4 * 11 + 2 * 2 * 11);
+    assert_eq!(checked_masks, 2 * 9);
+}
+
+/// The positions the CPU's full-row `top_p(p)` keeps (positions are ids,
+/// `min_keep = 1`) whichever way the sums round, and those it may keep:
+/// its rule in f64 with the cut `p·S` moved down and up by `1e-5·S`.
+fn robust_top_p_kept(l: &[f32], p: f64) -> (Vec<bool>, Vec<bool>) {
+    let order = reference_top_k(l, l.len());
+    let m = f64::from(l[order[0]]);
+    let m = if m == f64::NEG_INFINITY { 0.0 } else { m };
+    let e: Vec<f64> = l.iter().map(|&x| (f64::from(x) - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    let kept = |cut: f64| {
+        let mut keep = vec![false; l.len()];
+        let mut before = 0.0;
+        for (rank, &i) in order.iter().enumerate() {
+            keep[i] = before < cut || rank == 0;
+            before += e[i];
+        }
+        keep
+    };
+    (kept(p * s - 1e-5 * s), kept(p * s + 1e-5 * s))
 }
 
 /// Builds without a cubecl backend have no kernels module: the stages run

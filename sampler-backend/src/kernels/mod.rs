@@ -24,8 +24,8 @@
 //! * [`first_bad`]: row validation alone (first NaN / `+inf`).
 //! * [`temperature`]: `l / t` saturated, or the greedy-temperature argmax.
 //! * [`top_p`] and [`dist`] on narrow rows (after a top-k, `N <= TOP_K_MAX`),
-//!   the row in shared memory; [`top_p_full`] on whole vocabulary rows (a
-//!   weighted radix search).
+//!   the row in shared memory; [`top_p_full`] on whole vocabulary rows
+//!   (`cut_dist_full`'s cut, then the row written).
 //! * [`min_p`]: `l >= max + ln p` and the first maximum, any width.
 //! * [`cut_dist_full`]: a whole-vocabulary `top_p` or `min_p`, an optional
 //!   temperature and `dist` in one kernel (about three reads of the row for
@@ -382,28 +382,47 @@ pub fn dist(
 }
 
 /// Full-vocabulary `top_p` over `logits [B, V]` (positions are token ids,
-/// `min_keep <= 1`), the CPU rule in one kernel: in canonical order keep a
-/// candidate iff the weight `exp(l - max)` before it is `< p·S`, and always
-/// the first maximum. A weighted radix search (8 passes of 4 bits over the
-/// order-preserving keys, per-thread bins in shared memory, summed in a
-/// fixed order) finds the crossing key; its ties are kept in ascending
-/// position while the weight before them is `< p·S`. `p` `[B, 1]` (`+inf`
-/// keeps the whole row). Also returns the rows' validation keys `[B, 1]`
-/// from its first pass (as [`first_bad`]); a row with a NaN gets some
-/// output of that row. About 11 reads of the row. `None` off the cubecl
+/// `min_keep <= 1`): the logits the cut drops set to `-inf`, the others
+/// unchanged, `[B, V]`, and the rows' validation keys `[B, 1]` (as
+/// [`first_bad`]; a row with a NaN gets some output of that row). The
+/// rule is the fused draw's ([`cut_dist_full`], the CPU's up to rounding):
+/// keep a candidate iff the mass `exp(l - max)` before it in canonical
+/// order is `< p·S`, and always the first maximum; masses are 64-bit fixed
+/// point (`round(w · 2^31)`, exact and order-free), so a logit more than
+/// 22 nats below the maximum weighs nothing and is dropped where the
+/// CPU would keep it only for `p > 0.999` (on vocabularies up to a
+/// million: such logits hold less than `3e-4` of the mass). `p` `[B, 1]`
+/// (`+inf` keeps the whole row). The fused kernel without its draw (the row's maximum, mass
+/// histogram, crossing bin and its exact resolution; at small batches
+/// split over several workgroups a row first, [`greedy_segments`]), then
+/// `top_p_mask_rows` writes the row (grid `(tiles, B)`): 2 launches, or 5
+/// split; four reads of the row and one write. `None` off the cubecl
 /// devices.
 pub fn top_p_full(logits: &Tensor<2>, p: &Tensor<2>) -> Option<(Tensor<2>, Tensor<2, Int>)> {
+    top_p_full_split(logits, p, None)
+}
+
+/// [`top_p_full`] with each row's first reads split over `segments`
+/// workgroups (clamped to `1..=`[`SEGMENTS_MAX`]; 1: unsplit) instead of
+/// the device's choice (`None`): the same output for any split. For tests
+/// and for tuning on a given device.
+pub fn top_p_full_split(
+    logits: &Tensor<2>,
+    p: &Tensor<2>,
+    segments: Option<usize>,
+) -> Option<(Tensor<2>, Tensor<2, Int>)> {
     let [b, n] = logits.dims();
-    if !argmax_applies(b, n) {
+    if !argmax_applies(b, n) || i32::try_from(2 * n).is_err() {
         return None;
     }
     #[cfg(feature = "cubecl-kernels")]
     {
-        launch::top_p_full(logits, p)
+        let segments = segments.map(|s| s.clamp(1, SEGMENTS_MAX));
+        launch::top_p_full(logits, p, segments)
     }
     #[cfg(not(feature = "cubecl-kernels"))]
     {
-        let _ = p;
+        let _ = (p, segments);
         None
     }
 }
@@ -530,53 +549,5 @@ pub fn token_codes(
     {
         let _ = first_bad;
         None
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn greedy_rows_split_until_the_batch_fills_the_device() {
-        let h200 = busy_workgroups(Some(132), None);
-        assert_eq!(h200, 528);
-        // A GPU that does not say (wgpu) is taken for an H200.
-        assert_eq!(busy_workgroups(None, None), h200);
-        // cuda says, even where the process also knows its CPU threads.
-        assert_eq!(busy_workgroups(Some(114), Some(2)), 456);
-        // lavapipe on 2 threads: one workgroup per thread.
-        let lavapipe = busy_workgroups(None, Some(2));
-        assert_eq!(lavapipe, 2);
-        assert_eq!(row_segments(1, 151_936, lavapipe), 2);
-        assert_eq!(row_segments(2, 151_936, lavapipe), 1);
-        // B = 1 at V = 151936 on an H200 (132 SMs): 74 workgroups of 2053.
-        assert_eq!(row_segments(1, 151_936, h200), 74);
-        // Segments never read fewer than SEGMENT_MIN logits.
-        assert_eq!(row_segments(1, 32_000, h200), 15);
-        assert_eq!(row_segments(4, 4095, h200), 1);
-        assert_eq!(row_segments(4, 4096, h200), 2);
-        // The batch fills the device: one workgroup a row.
-        assert_eq!(row_segments(528, 151_936, h200), 1);
-        assert_eq!(row_segments(4096, 151_936, h200), 1);
-        assert_eq!(row_segments(32, 151_936, h200), 17);
-        // A huge device and row: capped.
-        assert_eq!(
-            row_segments(1, 1 << 24, busy_workgroups(Some(1000), None)),
-            SEGMENTS_MAX
-        );
-        assert_eq!(row_segments(0, 10, h200), 1);
-        assert_eq!(row_segments(1, 0, 0), 1);
-        for b in 1..600 {
-            for n in [1usize, 2047, 2048, 50_000, 151_936] {
-                let s = row_segments(b, n, h200);
-                assert!((1..=SEGMENTS_MAX).contains(&s));
-                assert!(s == 1 || n / s >= SEGMENT_MIN, "b {b} n {n}: {s}");
-                assert!(
-                    s == 1 || b * (s - 1) < 4 * 132,
-                    "b {b} n {n}: {s} more than needed"
-                );
-            }
-        }
     }
 }

@@ -84,9 +84,9 @@ pub(crate) use kernel;
 macro_rules! vector_row_kernels {
     ($lanes:expr, $compile:path) => {{
         use $crate::kernels::cube::{
-            CODES_OWN, argmax_part_rows, argmax_rows, kept_sums_part_rows, min_p_dist_full_rows,
-            top_p_dist_full_rows, top_p_histogram_part_rows, top_p_kept_part_rows,
-            topk_compact_part_rows, topk_rows,
+            CODES_NONE, CODES_OWN, argmax_part_rows, argmax_rows, kept_sums_part_rows,
+            min_p_dist_full_rows, top_p_dist_full_rows, top_p_histogram_part_rows,
+            top_p_kept_part_rows, top_p_mask_rows, topk_compact_part_rows, topk_rows,
         };
         use $crate::kernels::launch::UNITS;
         use $crate::kernels::{HISTORY_MAX, TOP_K_MAX};
@@ -153,8 +153,34 @@ macro_rules! vector_row_kernels {
                         units,
                         true,
                         CODES_OWN,
+                        false,
                         false
                     ),
+                ),
+            ),
+            (
+                "top_p_dist_full_rows (cut only)",
+                $compile(
+                    "top_p_dist_full_rows (cut only)",
+                    &$crate::kernels::offline::kernel!(
+                        top_p_dist_full_rows::TopPDistFullRows::new,
+                        UNITS,
+                        [b b b b b b b b b b b b b],
+                        [s s s s s s],
+                        lanes,
+                        units,
+                        false,
+                        CODES_NONE,
+                        false,
+                        true
+                    ),
+                ),
+            ),
+            (
+                "top_p_mask_rows",
+                $compile(
+                    "top_p_mask_rows",
+                    &$crate::kernels::offline::kernel!(top_p_mask_rows::TopPMaskRows::new, UNITS, [b b b], [s s s], lanes),
                 ),
             ),
             (

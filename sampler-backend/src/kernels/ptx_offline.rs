@@ -21,11 +21,11 @@ use cubecl_llvm::{LlvmTarget, PlironArtifact, PlironCompiler, PlironOptions};
 use super::cube::{
     CODES_GIVEN, CODES_NONE, CODES_OWN, ROW_WORDS, argmax_merge_rows, argmax_part_rows,
     argmax_rows, dist_rows, first_bad_rows, kept_sums_part_rows, min_p_dist_full_rows, min_p_rows,
-    temperature_rows, token_codes_rows, top_p_dist_full_rows, top_p_full_rows,
-    top_p_histogram_part_rows, top_p_kept_part_rows, top_p_rows, topk_compact_part_rows,
-    topk_floor_rows, topk_rows,
+    temperature_rows, token_codes_rows, top_p_dist_full_rows, top_p_histogram_part_rows,
+    top_p_kept_part_rows, top_p_mask_rows, top_p_rows, topk_compact_part_rows, topk_floor_rows,
+    topk_rows,
 };
-use super::launch::{FULL_ROW_UNITS, UNITS};
+use super::launch::UNITS;
 use super::offline::kernel;
 use super::{HISTORY_MAX, TOP_K_MAX};
 
@@ -261,7 +261,8 @@ fn selecting_kernels_compile_for_every_status_mode() {
                 UNITS as usize,
                 has_t,
                 codes,
-                split
+                split,
+                false
             );
             check(
                 &format!(
@@ -313,14 +314,26 @@ fn filtering_and_validating_kernels_compile() {
         UNITS as usize
     );
     check("first_bad_rows", f, UNITS);
-    let full = kernel!(
-        top_p_full_rows::TopPFullRows::new,
-        FULL_ROW_UNITS,
-        [b b b b],
-        [s],
-        FULL_ROW_UNITS as usize
-    );
-    check("top_p_full_rows", full, FULL_ROW_UNITS);
+    // The unfused full-row top_p: the fused kernel cut only, unsplit and
+    // split, then the row write.
+    for (lanes, split) in [(4usize, false), (4, true), (1, false), (1, true)] {
+        let cut = kernel!(
+            top_p_dist_full_rows::TopPDistFullRows::new,
+            UNITS,
+            [b b b b b b b b b b b b b],
+            [s s s s s s],
+            lanes,
+            UNITS as usize,
+            false,
+            CODES_NONE,
+            split,
+            true
+        );
+        let name = format!("top_p_dist_full_rows (cut only, {lanes} lanes, split {split})");
+        check(&name, cut, UNITS);
+        let mask = kernel!(top_p_mask_rows::TopPMaskRows::new, UNITS, [b b b], [s s s], lanes);
+        check(&format!("top_p_mask_rows ({lanes} lanes)"), mask, UNITS);
+    }
     let codes = kernel!(
         token_codes_rows::TokenCodesRows::new,
         UNITS,

@@ -39,3 +39,51 @@ pub fn row_segments(b: usize, n: usize, busy: usize) -> usize {
         .min(n / SEGMENT_MIN)
         .clamp(1, SEGMENTS_MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_rows_split_until_the_batch_fills_the_device() {
+        let h200 = busy_workgroups(Some(132), None);
+        assert_eq!(h200, 528);
+        // A GPU that does not say (wgpu) is taken for an H200.
+        assert_eq!(busy_workgroups(None, None), h200);
+        // cuda says, even where the process also knows its CPU threads.
+        assert_eq!(busy_workgroups(Some(114), Some(2)), 456);
+        // lavapipe on 2 threads: one workgroup per thread.
+        let lavapipe = busy_workgroups(None, Some(2));
+        assert_eq!(lavapipe, 2);
+        assert_eq!(row_segments(1, 151_936, lavapipe), 2);
+        assert_eq!(row_segments(2, 151_936, lavapipe), 1);
+        // B = 1 at V = 151936 on an H200 (132 SMs): 74 workgroups of 2053.
+        assert_eq!(row_segments(1, 151_936, h200), 74);
+        // Segments never read fewer than SEGMENT_MIN logits.
+        assert_eq!(row_segments(1, 32_000, h200), 15);
+        assert_eq!(row_segments(4, 4095, h200), 1);
+        assert_eq!(row_segments(4, 4096, h200), 2);
+        // The batch fills the device: one workgroup a row.
+        assert_eq!(row_segments(528, 151_936, h200), 1);
+        assert_eq!(row_segments(4096, 151_936, h200), 1);
+        assert_eq!(row_segments(32, 151_936, h200), 17);
+        // A huge device and row: capped.
+        assert_eq!(
+            row_segments(1, 1 << 24, busy_workgroups(Some(1000), None)),
+            SEGMENTS_MAX
+        );
+        assert_eq!(row_segments(0, 10, h200), 1);
+        assert_eq!(row_segments(1, 0, 0), 1);
+        for b in 1..600 {
+            for n in [1usize, 2047, 2048, 50_000, 151_936] {
+                let s = row_segments(b, n, h200);
+                assert!((1..=SEGMENTS_MAX).contains(&s));
+                assert!(s == 1 || n / s >= SEGMENT_MIN, "b {b} n {n}: {s}");
+                assert!(
+                    s == 1 || b * (s - 1) < 4 * 132,
+                    "b {b} n {n}: {s} more than needed"
+                );
+            }
+        }
+    }
+}

@@ -84,66 +84,6 @@ pub(crate) fn shared_min(buf: &mut Shared<[u32]>) {
     }
 }
 
-/// One pass over the row `base..base + width`: its largest key into
-/// `best_key[0]`, that key's lowest position into `best_pos[0]` (`width`
-/// when every key is 0: a row of NaNs with the sign bit set and all
-/// mantissa bits set) and the row's validation key (first NaN `2i` /
-/// `+inf` `2i + 1`, else `2·width`) into `bads[0]`. Each thread visits
-/// ascending positions, so the first maximum it meets is its lowest; the
-/// tree then keeps the larger key, ties to the lower position. Every
-/// thread calls; all see the results. (The greedy kernel, the
-/// full-vocabulary `top_p` and the full-row draws; `min_p` orders ties by
-/// id and keeps its own pass.)
-#[cube]
-pub(crate) fn row_max_and_validation(
-    logits: &[f32],
-    base: u32,
-    width: u32,
-    best_key: &mut Shared<[u32]>,
-    best_pos: &mut Shared<[u32]>,
-    bads: &mut Shared<[u32]>,
-) {
-    range_max_and_validation(logits, base, 0u32, width, width, best_key, best_pos, bads);
-}
-
-/// [`row_max_and_validation`] over the positions `start..end` of the row
-/// (one segment of a row split over several workgroups): positions and
-/// validation keys are the row's (`width` and `2·width` when there is none).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn range_max_and_validation(
-    logits: &[f32],
-    base: u32,
-    start: u32,
-    end: u32,
-    width: u32,
-    best_key: &mut Shared<[u32]>,
-    best_pos: &mut Shared<[u32]>,
-    bads: &mut Shared<[u32]>,
-) {
-    let tid = UNIT_POS;
-    let none_pos = 2u32 * width;
-    let mut bad = none_pos;
-    let mut bk = 0u32;
-    let mut bp = width;
-    let mut i = start + tid;
-    while i < end {
-        let x = logits[(base + i) as usize];
-        let key = order_key(x);
-        if key > bk {
-            bk = key;
-            bp = i;
-        }
-        bad = note_bad(bad, x, i, none_pos);
-        i += CUBE_DIM;
-    }
-    bads[tid as usize] = bad;
-    shared_min(bads);
-    best_key[tid as usize] = bk;
-    best_pos[tid as usize] = bp;
-    reduce_first_max(best_key, best_pos);
-}
-
 /// Vectors each thread loads before it uses the first, in the vectorized
 /// row passes ([`range_max_and_validation_vec`]): four 16-byte loads, 64
 /// bytes in flight per thread, 16 KiB per 256-thread workgroup (a GPU's
@@ -182,14 +122,22 @@ fn fold_vector<N: Size>(
     (k, p, b)
 }
 
-/// [`range_max_and_validation`] over the vectors `start..end` of a row
-/// whose first vector is `base` (`lanes = N` logits a vector, so vector
-/// `i` holds positions `i·lanes..(i + 1)·lanes`; `width` is the row's
-/// length in logits). Each thread takes vectors `CUBE_DIM` apart, loading
+/// One pass over the vectors `start..end` of a row whose first vector is
+/// `base` (`lanes = N` logits a vector, so vector `i` holds positions
+/// `i·lanes..(i + 1)·lanes`; `width` is the row's length in logits; a
+/// segment of a row split over several workgroups, or all of it): its
+/// largest key into `best_key[0]`, that key's lowest position into
+/// `best_pos[0]` (`width` when every key is 0: a row of NaNs with the sign
+/// bit set and all mantissa bits set) and its validation key (first NaN
+/// `2i` / `+inf` `2i + 1`, else `2·width`) into `bads[0]`; positions and
+/// keys are the row's. Each thread takes vectors `CUBE_DIM` apart, loading
 /// [`LOADS_IN_FLIGHT`] of them before it folds the first (a compile-time
 /// unroll: the loads are independent, so they are all in flight at once),
-/// then the rest one at a time. Same results as the scalar pass: every
-/// thread still visits ascending positions.
+/// then the rest one at a time; every thread visits ascending positions,
+/// so the first maximum it meets is its lowest, and the tree then keeps
+/// the larger key, ties to the lower position. Every thread calls; all see
+/// the results. (Greedy and the full-row kernels; `min_p` orders ties by
+/// id and keeps its own pass.)
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn range_max_and_validation_vec<N: Size>(

@@ -27,7 +27,7 @@ pub(crate) fn min_p_rows(
     let neg_inf = f32::reinterpret(0xFF80_0000u32);
 
     // Pass 1: the first maximum in canonical order (ties to the lowest id)
-    // and the row's validation. Not `row_max_and_validation`: ties go to
+    // and the row's validation. Not `range_max_and_validation_vec`: ties go to
     // the lowest id, and even without ids a key-0 element (a NaN with every
     // bit set) is taken at the start (`id < bid`), where that helper keeps
     // none.

@@ -2,7 +2,8 @@
 //! each device (WGSL / SPIR-V / PTX), one file per kernel, named after the
 //! public function that launches it (`narrow.rs`: `top_p` and `dist` on
 //! narrow rows; `cut_dist/`: the fused full-row `cut -> [temperature] ->
-//! dist` kernels of `cut_dist_full`); `launch/` holds their launches under
+//! dist` kernels of `cut_dist_full`, and the unfused full-row `top_p`,
+//! the same kernel cut only, then `top_p_mask_rows`); `launch/` holds their launches under
 //! the same file names. `common.rs` holds the helpers several kernels
 //! share.
 //!
@@ -12,7 +13,7 @@
 //! several workgroups (`argmax_part_rows`, then `kept_sums_part_rows`, or
 //! for `top_p` `top_p_histogram_part_rows` and `top_p_kept_part_rows`,
 //! grid `(segments, B)`) before a kernel of one workgroup a row merges
-//! them.
+//! them, and `top_p_mask_rows` (grid `(tiles, B)`).
 
 // `(a + b - 1) / b` inside `#[cube]` functions: cubecl's frontend has no
 // `div_ceil` for runtime values; and a position counted beside an unrolled
@@ -30,15 +31,13 @@ mod temperature;
 mod token_codes;
 mod top_k;
 mod top_k_split;
-mod top_p_full;
 
 pub(crate) use argmax::{argmax_merge_rows, argmax_part_rows, argmax_rows};
-#[cfg(all(test, feature = "cuda"))]
 pub(crate) use common::LOADS_IN_FLIGHT;
 pub(crate) use common::{CODES_GIVEN, CODES_NONE, CODES_OWN};
 pub(crate) use cut_dist::{
-    HIST_WORDS, ROW_WORDS, kept_sums_part_rows, min_p_dist_full_rows, top_p_dist_full_rows,
-    top_p_histogram_part_rows, top_p_kept_part_rows,
+    CUT_WORDS, HIST_WORDS, ROW_WORDS, kept_sums_part_rows, min_p_dist_full_rows,
+    top_p_dist_full_rows, top_p_histogram_part_rows, top_p_kept_part_rows, top_p_mask_rows,
 };
 pub(crate) use first_bad::first_bad_rows;
 pub(crate) use min_p::min_p_rows;
@@ -47,4 +46,3 @@ pub(crate) use temperature::temperature_rows;
 pub(crate) use token_codes::token_codes_rows;
 pub(crate) use top_k::topk_rows;
 pub(crate) use top_k_split::{topk_compact_part_rows, topk_floor_rows};
-pub(crate) use top_p_full::top_p_full_rows;

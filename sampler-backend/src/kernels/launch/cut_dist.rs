@@ -4,13 +4,14 @@
 //! `min_p`'s kept sums).
 
 use burn_cubecl::cubecl::prelude::*;
+use burn_cubecl::tensor::CubeTensor;
 use burn_tensor::{DType, Int, Tensor};
 
 use super::argmax::segment_heads;
 use super::{int_tensor, output, per_row, resolve_float, resolve_optional, row_lanes, units};
 use crate::kernels::cube::{
-    HIST_WORDS, ROW_WORDS, kept_sums_part_rows, min_p_dist_full_rows, top_p_dist_full_rows,
-    top_p_histogram_part_rows, top_p_kept_part_rows,
+    CUT_WORDS, HIST_WORDS, ROW_WORDS, kept_sums_part_rows, min_p_dist_full_rows,
+    top_p_dist_full_rows, top_p_histogram_part_rows, top_p_kept_part_rows,
 };
 use crate::kernels::{FullCut, NUC_GATHER, TokenCodes};
 
@@ -25,34 +26,69 @@ pub(crate) fn cut_dist_full(
     codes: TokenCodes<'_>,
     segments: Option<usize>,
 ) -> Option<(Tensor<1, Int>, Tensor<2, Int>)> {
-    let [b, n] = logits.dims();
     let (l, fusion) = resolve_float(logits)?;
-    let u = resolve_float(u)?.0;
+    let (out, bad) = launch_full(
+        &l,
+        logits.dims(),
+        cut,
+        t,
+        Some(u),
+        greedy_below,
+        codes,
+        segments,
+    )?;
+    Some((int_tensor(out, &fusion), int_tensor(bad, &fusion)))
+}
+
+/// The launches of [`cut_dist_full`] on the resolved logits `l` `[b, n]`:
+/// the rows' tokens (or codes) `[B]` and validation keys `[B, 1]`. Without
+/// `u`, a `top_p` cut only ([`crate::kernels::top_p_full`]): the kernel
+/// writes each row's cut (`CUT_WORDS` i32 a row) instead of drawing.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch_full(
+    l: &CubeTensor,
+    [b, n]: [usize; 2],
+    cut: FullCut<'_>,
+    t: Option<&Tensor<2>>,
+    u: Option<&Tensor<2>>,
+    greedy_below: f32,
+    codes: TokenCodes<'_>,
+    segments: Option<usize>,
+) -> Option<(CubeTensor, CubeTensor)> {
+    let cut_only = u.is_none();
+    // Only `top_p` writes its cut.
+    if cut_only && !matches!(cut, FullCut::TopP(_)) {
+        return None;
+    }
+    let u = resolve_optional(u, |u| Some(resolve_float(u)?.0))?;
     // `All` never reads its parameter: any f32 buffer of `B` will do.
     let (param, min_p) = match cut {
         FullCut::TopP(p) => (resolve_float(p)?.0, false),
         FullCut::MinP(log_p) => (resolve_float(log_p)?.0, true),
-        FullCut::All => (u.clone(), true),
+        FullCut::All => (u.clone()?, true),
     };
+    // Cut only, the kernel never reads `u`: the parameter stands in.
+    let u = u.unwrap_or_else(|| param.clone());
     let keep_all = matches!(cut, FullCut::All);
     let t = resolve_optional(t, |t| Some(resolve_float(t)?.0))?;
-    let (mode, keys, none) = codes.resolve(&l, b, n)?;
+    let (mode, keys, none) = codes.resolve(l, b, n)?;
     // 256 threads a row where the device allows (the sums are fixed point,
     // so the thread count never changes a token).
-    let units = units(&l);
-    let out = output(&l, [b], DType::I32);
-    let bad = output(&l, [b, 1], DType::I32);
+    let units = units(l);
+    let out_len = if cut_only { b * CUT_WORDS as usize } else { b };
+    let out = output(l, [out_len], DType::I32);
+    let bad = output(l, [b, 1], DType::I32);
     // Without a temperature the kernel never reads `t`: any f32 buffer will do.
     let t_handle = t
         .as_ref()
         .map_or(param.handle.clone(), |t| t.handle.clone());
     // 16-byte vectors where the row allows them (the passes over the whole
     // row load vectors; the chunk walks read lanes out of them).
-    let lanes = row_lanes(&l, n);
+    let lanes = row_lanes(l, n);
     // At most one segment a thread (the split `min_p` draw gives segment
     // `s` to thread `s`).
     let segments = segments
-        .unwrap_or_else(|| super::segments(&l, b, n))
+        .unwrap_or_else(|| super::segments(l, b, n))
         .min(units as usize);
     // (The split `top_p` finds its crossing bin with 32 threads a group.)
     let split = segments > 1
@@ -81,7 +117,7 @@ pub(crate) fn cut_dist_full(
     // stands in for them.
     let words = |len: usize| {
         if split {
-            output(&l, [len], DType::U32)
+            output(l, [len], DType::U32)
         } else {
             keys.clone()
         }
@@ -94,7 +130,7 @@ pub(crate) fn cut_dist_full(
     // Read 1 over the segments (zeroing `top_p`'s histograms).
     let (key, pos, pbad) = if split {
         let zeroed = (!min_p).then_some((&hist, ROW_WORDS));
-        segment_heads(&l, b, n, segments, lanes, units, zeroed)
+        segment_heads(l, b, n, segments, lanes, units, zeroed)
     } else {
         (words(parts), words(parts), words(parts))
     };
@@ -204,7 +240,7 @@ pub(crate) fn cut_dist_full(
             BufferArg::from_raw_parts(t_handle, b),
             BufferArg::from_raw_parts(u.handle.clone(), b),
             BufferArg::from_raw_parts(keys.handle.clone(), b),
-            BufferArg::from_raw_parts(out.handle.clone(), b),
+            BufferArg::from_raw_parts(out.handle.clone(), out_len),
             BufferArg::from_raw_parts(bad.handle.clone(), b),
         );
         let (p0, p1, p2) = (
@@ -271,6 +307,7 @@ pub(crate) fn cut_dist_full(
                 t.is_some(),
                 mode,
                 split,
+                cut_only,
             )
         }
     }
@@ -283,6 +320,7 @@ pub(crate) fn cut_dist_full(
     // the gathered logits (at most 8 KB a row; counted whole).
     // A top_p crossing bin of more than `NUC_GATHER` logits adds passes
     // over the row (module doc); not counted here.
+    // Cut only: no draw (read 3 only gathers; the cut is 16 bytes a row).
     let passes = match (split, min_p) {
         (true, _) => 0,
         (false, true) => 2,
@@ -293,7 +331,11 @@ pub(crate) fn cut_dist_full(
     } else {
         n.div_ceil(units as usize)
     };
-    let drawn = chunk + chunk.div_ceil(units as usize);
+    let drawn = if cut_only {
+        0
+    } else {
+        chunk + chunk.div_ceil(units as usize)
+    };
     let merged = if !split {
         0
     } else if min_p {
@@ -307,5 +349,5 @@ pub(crate) fn cut_dist_full(
         FullCut::All => "dist_all_full_rows",
     };
     crate::launches::declare_read(name, 4 * b * (passes * n + drawn) + 16 * b + merged);
-    Some((int_tensor(out, &fusion), int_tensor(bad, &fusion)))
+    Some((out, bad))
 }

@@ -42,13 +42,6 @@ pub(crate) use top_p_full::top_p_full;
 /// Threads per row (one workgroup per row). A power of two.
 pub(crate) const UNITS: u32 = 256;
 
-/// Threads per row of the unfused full-row `top_p` kernel (`top_p_full`):
-/// its per-thread mass bins live in shared memory (`16 · 4` bytes a
-/// thread), and its f32 sums depend on the thread count, so it stays at
-/// 128 (the fused full-row kernels, whose sums are fixed point, take
-/// [`UNITS`]).
-pub(crate) const FULL_ROW_UNITS: u32 = 128;
-
 type FusionRuntime = burn_cubecl::fusion::FusionCubeRuntime;
 type FusionClient = burn_fusion::Client<FusionRuntime>;
 
@@ -175,11 +168,6 @@ fn units(cube: &CubeTensor) -> u32 {
     } else {
         cap.next_power_of_two() >> 1
     }
-}
-
-/// Threads per row of the unfused full-row `top_p` kernel on this device.
-fn full_row_units(cube: &CubeTensor) -> u32 {
-    units(cube).min(FULL_ROW_UNITS)
 }
 
 impl TokenCodes<'_> {

@@ -1,5 +1,6 @@
 //! Fixed-point weights and 64-bit sums `(hi, lo)` of the full-row draws,
-//! the histogram bin of a logit, and a key's logit.
+//! the histogram bin of a logit, a key's logit, and `top_p`'s read 2 (the
+//! fixed-point mass histogram of a range of the row).
 
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
@@ -193,4 +194,102 @@ pub(crate) fn first_reaching(
     let bl = res[3];
     sync_cube();
     (found, at, bh, bl)
+}
+
+/// Read 2 over the vectors `start..end` of the row whose first vector is
+/// `base`: the fixed-point mass of `exp(l - m)` of their logits added into
+/// `pool` (1024 bins of `m - l`, 64-bit sums as `u32` pairs, zeroed
+/// before). The last bin (16 nats down and deeper, still a weight up to 22
+/// nats down) holds the deep tail of a real model's row, a third of its
+/// vocabulary: every thread adds its share in registers and once into the
+/// bin, instead of every lane of the workgroup adding into one shared
+/// address. Whole vectors, two loads issued before the first is used (each
+/// lane's work here, an exp and a shared atomic, is longer than in read 1,
+/// which keeps four in flight). Every thread calls; a barrier must follow
+/// before `pool` is read.
+#[cube]
+pub(crate) fn histogram_range<N: Size>(
+    logits: &[Vector<f32, N>],
+    base: u32,
+    start: u32,
+    end: u32,
+    m: f32,
+    pool: &Shared<[Atomic<u32>]>,
+) {
+    let mut deep_hi = 0u32;
+    let mut deep_lo = 0u32;
+    let mut i2 = start + UNIT_POS;
+    while i2 + CUBE_DIM < end {
+        let v0 = logits[(base + i2) as usize];
+        let v1 = logits[(base + i2 + CUBE_DIM) as usize];
+        let (h0, l0) = histogram_add_vector::<N>(v0, m, pool, deep_hi, deep_lo);
+        let (h1, l1) = histogram_add_vector::<N>(v1, m, pool, h0, l0);
+        deep_hi = h1;
+        deep_lo = l1;
+        i2 += 2u32 * CUBE_DIM;
+    }
+    while i2 < end {
+        let v = logits[(base + i2) as usize];
+        let (h, l) = histogram_add_vector::<N>(v, m, pool, deep_hi, deep_lo);
+        deep_hi = h;
+        deep_lo = l;
+        i2 += CUBE_DIM;
+    }
+    if deep_lo > 0u32 || deep_hi > 0u32 {
+        let old = pool[2046usize].fetch_add(deep_lo);
+        let carry = select(old > 0xFFFF_FFFFu32 - deep_lo, 1u32, 0u32);
+        if deep_hi + carry > 0u32 {
+            pool[2047usize].fetch_add(deep_hi + carry);
+        }
+    }
+}
+
+/// The `N` logits of `v` into read 2's histogram ([`histogram_add`]).
+#[cube]
+fn histogram_add_vector<N: Size>(
+    v: Vector<f32, N>,
+    m: f32,
+    pool: &Shared<[Atomic<u32>]>,
+    deep_hi: u32,
+    deep_lo: u32,
+) -> (u32, u32) {
+    let mut dh = deep_hi;
+    let mut dl = deep_lo;
+    #[unroll]
+    for k in 0..N::value() {
+        let (h, l) = histogram_add(v.extract(k), m, pool, dh, dl);
+        dh = h;
+        dl = l;
+    }
+    (dh, dl)
+}
+
+/// Logit `l` into read 2's histogram of `m - l` (`pool`: 1024 bins of
+/// 64-bit fixed-point sums, as `u32` pairs): the deepest bin into the
+/// thread's own `(deep_hi, deep_lo)`, returned; the others by atomics.
+#[cube]
+fn histogram_add(
+    l: f32,
+    m: f32,
+    pool: &Shared<[Atomic<u32>]>,
+    deep_hi: u32,
+    deep_lo: u32,
+) -> (u32, u32) {
+    let mut dh = deep_hi;
+    let mut dl = deep_lo;
+    let q = fixed_weight(f32::exp(l - m));
+    if q > 0u32 {
+        let b = nucleus_bin(l, m);
+        if b == 1023u32 {
+            let nl = dl + q;
+            dh += select(nl < dl, 1u32, 0u32);
+            dl = nl;
+        } else {
+            let old = pool[(2u32 * b) as usize].fetch_add(q);
+            if old > 0xFFFF_FFFFu32 - q {
+                pool[(2u32 * b + 1u32) as usize].fetch_add(1u32);
+            }
+        }
+    }
+    (dh, dl)
 }

@@ -78,12 +78,24 @@
 //! such logits are never inside the nucleus (their total mass is below
 //! `1e6 · e^-22 < 3e-4` of the maximum's), so the tokens are the CPU's.
 //!
+//! **The unfused full-row `top_p`** ([`crate::kernels::top_p_full`], for a
+//! chain that goes on after the cut with something other than `dist`) is
+//! the same kernel with `cut_only`: reads 1 and 2 and the crossing bin as
+//! above (split the same way), then read 3 only gathers the crossing bin's
+//! logits (whole vectors, coalesced; no sums, no draw), and the resolved
+//! cut is written out (`CUT_WORDS` a row); `top_p_mask_rows` then writes
+//! the row with the dropped logits set to `-inf`, by the rule the draw
+//! keeps them by, with a grid of `(tiles, B)` workgroups. Four reads of the
+//! row and one write (unsplit), where the kernel it replaced read it
+//! eleven times with one workgroup a row.
+//!
 //! Files: `top_p.rs` and `min_p.rs` hold the two kernels
 //! (`top_p_dist_full_rows`; `min_p_dist_full_rows`, which also draws
 //! without a cut, and its split read 2), `split.rs` `top_p`'s split
 //! histogram and read 3 passes, `draw.rs` what both share (read 1, the cut, the draw
 //! they end with), `fixed.rs` the fixed-point sums and the histogram's
-//! bins.
+//! bins,
+//! `mask.rs` the unfused `top_p`'s row write.
 
 // cubecl's frontend wants a variable declared before the branches that
 // assign it (the radix and tie passes read shared memory or the row).
@@ -91,13 +103,21 @@
 
 mod draw;
 mod fixed;
+mod mask;
 mod min_p;
 mod split;
 mod top_p;
 
+pub(crate) use mask::top_p_mask_rows;
 pub(crate) use min_p::{kept_sums_part_rows, min_p_dist_full_rows};
 pub(crate) use split::{top_p_histogram_part_rows, top_p_kept_part_rows};
 pub(crate) use top_p::top_p_dist_full_rows;
+
+/// Words of a row's cut in the unfused `top_p` (`top_p_dist_full_rows`
+/// with `cut_only` writes them, `top_p_mask_rows` reads them): the
+/// maximum's bits, the crossing bin, the crossing key, the last kept
+/// position of its ties.
+pub(crate) const CUT_WORDS: u32 = 4;
 
 /// Words of a row's mass histogram: [`NUC_BINS`](crate::kernels::NUC_BINS)
 /// 64-bit fixed-point sums as `u32` pairs (low word first).

@@ -15,9 +15,9 @@ use super::super::common::{
 };
 use super::draw::{RowHead, draw_weight, read_row_head};
 use super::fixed::{
-    first_reaching, fixed_weight, nucleus_bin, wide_nucleus_goal, wide_scan, wide_total,
+    first_reaching, fixed_weight, histogram_range, nucleus_bin, wide_nucleus_goal, wide_scan,
+    wide_total,
 };
-use super::top_p::histogram_range;
 use super::{GATHERED_AT, GROUP_BINS, GROUPS_AT, HIST_GROUPS, HIST_WORDS, ROW_WORDS};
 use crate::kernels::NUC_GATHER;
 
@@ -274,7 +274,7 @@ pub(crate) fn top_p_kept_part_rows<N: Size>(
 /// kernel's read 3 does per logit. Every thread calls; a barrier must
 /// follow before `gathered` or `count` is read.
 #[cube]
-fn nucleus_sum_vec<N: Size>(
+pub(crate) fn nucleus_sum_vec<N: Size>(
     logits: &[Vector<f32, N>],
     head: &RowHead,
     cb: u32,

@@ -7,12 +7,13 @@ use burn_cubecl::cubecl::prelude::*;
 use super::super::common::{chunk_len, clear_atomics, logit_at, order_key, thread_chunk};
 use super::draw::{Cut, draw_token, draw_weight, read_row_head};
 use super::fixed::{
-    first_reaching, fixed_weight, key_logit, nucleus_bin, wide_f32, wide_ge, wide_nucleus_goal,
-    wide_scan, wide_total,
+    first_reaching, fixed_weight, histogram_range, key_logit, nucleus_bin, wide_f32, wide_ge,
+    wide_nucleus_goal, wide_scan, wide_total,
 };
+use super::split::nucleus_sum_vec;
 use super::{
-    GATHERED_AT, HIST_WORDS, ROW_WORDS, S_ABOVE_HI, S_ABOVE_LO, S_BIN, S_CB, S_CHUNK, S_GOAL_HI,
-    S_GOAL_LO, S_LEN,
+    CUT_WORDS, GATHERED_AT, HIST_WORDS, ROW_WORDS, S_ABOVE_HI, S_ABOVE_LO, S_BIN, S_CB, S_CHUNK,
+    S_GOAL_HI, S_GOAL_LO, S_LEN,
 };
 use crate::kernels::NUC_GATHER;
 
@@ -42,6 +43,7 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
     #[comptime] has_t: bool,
     #[comptime] codes: u32,
     #[comptime] split: bool,
+    #[comptime] cut_only: bool,
 ) {
     let row = CUBE_POS_X;
     let tid = UNIT_POS;
@@ -55,6 +57,13 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
     let counter = Shared::<[Atomic<u32>]>::new_slice(1usize);
     let mut sel = Shared::<[u32]>::new_slice(S_LEN);
     let seg_sums = Shared::<[Atomic<u32>]>::new_slice(2usize * units);
+    // `cut_only`'s read 3 gathers here first (`nucleus_sum_vec`).
+    let staged_len = comptime!(if cut_only {
+        2 * NUC_GATHER as usize
+    } else {
+        1usize
+    });
+    let mut staged = Shared::<[u32]>::new_slice(staged_len);
 
     // Read 1: the maximum and its lowest position, the row's validation
     // (with `split`, merged from `argmax_part_rows`' segments).
@@ -186,6 +195,26 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
             pool[(2u32 * k) as usize].store(gather[from as usize]);
             pool[(2u32 * k + 1u32) as usize].store(gather[(from + 1u32) as usize]);
             k += CUBE_DIM;
+        }
+    } else if comptime!(cut_only) {
+        // Only the gather (no draw follows): whole vectors, coalesced.
+        if cb < 1024u32 {
+            nucleus_sum_vec::<N>(
+                logits,
+                &head,
+                cb,
+                0u32,
+                width / lanes,
+                &counter,
+                &mut staged,
+            );
+            sync_cube();
+            let n = counter[0].load();
+            let mut k = tid;
+            while k < 2u32 * n && k < 2u32 * NUC_GATHER {
+                pool[k as usize].store(staged[k as usize]);
+                k += CUBE_DIM;
+            }
         }
     } else {
         let (s, e) = thread_chunk(width);
@@ -400,7 +429,9 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
 
         // The kept crossing logits join their chunks' sums (with `split`,
         // their segments' sums, added in shared atomics).
-        if comptime!(split) {
+        if comptime!(cut_only) {
+            // No draw: the cut is written below.
+        } else if comptime!(split) {
             clear_atomics(&seg_sums, 2u32 * CUBE_DIM);
             sync_cube();
             let mut k = tid;
@@ -467,128 +498,42 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
             }
         }
     }
-    let cut = Cut {
-        cb,
-        prefix,
-        last_pos,
-        thr: 0.0f32,
-    };
-    draw_token::<N>(
-        logits,
-        u,
-        bad_in,
-        out,
-        out_bad,
-        none,
-        greedy_below,
-        &head,
-        &cut,
-        wh,
-        wl,
-        chunk,
-        &mut part_hi,
-        &mut part_lo,
-        &mut bads,
-        units,
-        false,
-        codes,
-    );
-}
-
-/// Read 2 over the vectors `start..end` of the row whose first vector is
-/// `base`: the fixed-point mass of `exp(l - m)` of their logits added into
-/// `pool` (1024 bins of `m - l`, 64-bit sums as `u32` pairs, zeroed
-/// before). The last bin (16 nats down and deeper, still a weight up to 22
-/// nats down) holds the deep tail of a real model's row, a third of its
-/// vocabulary: every thread adds its share in registers and once into the
-/// bin, instead of every lane of the workgroup adding into one shared
-/// address. Whole vectors, two loads issued before the first is used (each
-/// lane's work here, an exp and a shared atomic, is longer than in read 1,
-/// which keeps four in flight). Every thread calls; a barrier must follow
-/// before `pool` is read.
-#[cube]
-pub(crate) fn histogram_range<N: Size>(
-    logits: &[Vector<f32, N>],
-    base: u32,
-    start: u32,
-    end: u32,
-    m: f32,
-    pool: &Shared<[Atomic<u32>]>,
-) {
-    let mut deep_hi = 0u32;
-    let mut deep_lo = 0u32;
-    let mut i2 = start + UNIT_POS;
-    while i2 + CUBE_DIM < end {
-        let v0 = logits[(base + i2) as usize];
-        let v1 = logits[(base + i2 + CUBE_DIM) as usize];
-        let (h0, l0) = histogram_add_vector::<N>(v0, m, pool, deep_hi, deep_lo);
-        let (h1, l1) = histogram_add_vector::<N>(v1, m, pool, h0, l0);
-        deep_hi = h1;
-        deep_lo = l1;
-        i2 += 2u32 * CUBE_DIM;
-    }
-    while i2 < end {
-        let v = logits[(base + i2) as usize];
-        let (h, l) = histogram_add_vector::<N>(v, m, pool, deep_hi, deep_lo);
-        deep_hi = h;
-        deep_lo = l;
-        i2 += CUBE_DIM;
-    }
-    if deep_lo > 0u32 || deep_hi > 0u32 {
-        let old = pool[2046usize].fetch_add(deep_lo);
-        let carry = select(old > 0xFFFF_FFFFu32 - deep_lo, 1u32, 0u32);
-        if deep_hi + carry > 0u32 {
-            pool[2047usize].fetch_add(deep_hi + carry);
+    if comptime!(cut_only) {
+        // The row's cut for `top_p_mask_rows`, and its validation key.
+        if tid == 0u32 {
+            let c = row * CUT_WORDS;
+            out[c as usize] = i32::reinterpret(m);
+            out[(c + 1u32) as usize] = i32::cast_from(cb);
+            out[(c + 2u32) as usize] = i32::reinterpret(prefix);
+            out[(c + 3u32) as usize] = i32::cast_from(last_pos);
+            out_bad[row as usize] = i32::cast_from(head.own_bad);
         }
+    } else {
+        let cut = Cut {
+            cb,
+            prefix,
+            last_pos,
+            thr: 0.0f32,
+        };
+        draw_token::<N>(
+            logits,
+            u,
+            bad_in,
+            out,
+            out_bad,
+            none,
+            greedy_below,
+            &head,
+            &cut,
+            wh,
+            wl,
+            chunk,
+            &mut part_hi,
+            &mut part_lo,
+            &mut bads,
+            units,
+            false,
+            codes,
+        );
     }
-}
-
-/// The `N` logits of `v` into read 2's histogram ([`histogram_add`]).
-#[cube]
-fn histogram_add_vector<N: Size>(
-    v: Vector<f32, N>,
-    m: f32,
-    pool: &Shared<[Atomic<u32>]>,
-    deep_hi: u32,
-    deep_lo: u32,
-) -> (u32, u32) {
-    let mut dh = deep_hi;
-    let mut dl = deep_lo;
-    #[unroll]
-    for k in 0..N::value() {
-        let (h, l) = histogram_add(v.extract(k), m, pool, dh, dl);
-        dh = h;
-        dl = l;
-    }
-    (dh, dl)
-}
-
-/// Logit `l` into read 2's histogram of `m - l` (`pool`: 1024 bins of
-/// 64-bit fixed-point sums, as `u32` pairs): the deepest bin into the
-/// thread's own `(deep_hi, deep_lo)`, returned; the others by atomics.
-#[cube]
-fn histogram_add(
-    l: f32,
-    m: f32,
-    pool: &Shared<[Atomic<u32>]>,
-    deep_hi: u32,
-    deep_lo: u32,
-) -> (u32, u32) {
-    let mut dh = deep_hi;
-    let mut dl = deep_lo;
-    let q = fixed_weight(f32::exp(l - m));
-    if q > 0u32 {
-        let b = nucleus_bin(l, m);
-        if b == 1023u32 {
-            let nl = dl + q;
-            dh += select(nl < dl, 1u32, 0u32);
-            dl = nl;
-        } else {
-            let old = pool[(2u32 * b) as usize].fetch_add(q);
-            if old > 0xFFFF_FFFFu32 - q {
-                pool[(2u32 * b + 1u32) as usize].fetch_add(1u32);
-            }
-        }
-    }
-    (dh, dl)
 }
