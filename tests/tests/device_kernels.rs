@@ -277,7 +277,7 @@ fn kernels_and_reads_per_step_are_fixed_and_within_budgets() {
             }
         }
     }
-    unfused_full_row_top_p(&device, &dev);
+    unfused_full_row_top_p(&device, dev);
 }
 
 /// The unfused full-row `top_p` (`kernels::top_p_full`: what a chain runs
