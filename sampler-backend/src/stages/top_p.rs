@@ -18,7 +18,8 @@
 //!   by the step's fusion rules: a following `[temperature] -> dist` draws
 //!   through the cut in one kernel (`kernels::cut_dist_full`, about three
 //!   reads of the row), anything else gets the rows filtered by
-//!   `kernels::top_p_full` (a weighted radix search, same rule).
+//!   `kernels::top_p_full` (that kernel's cut, then the row written: four
+//!   reads and a write).
 
 use burn_tensor::{Bool, Int, Tensor};
 use sampler_core::StageSpec;

@@ -161,6 +161,28 @@ pub(crate) fn kept_weight_sum<N: Size>(
     (hi, lo)
 }
 
+/// [`kept_weight_sum`] over the vectors `start..end` of the row (a thread's
+/// contiguous chunk: 16-byte loads, the lanes taken out of registers).
+#[cube]
+pub(crate) fn kept_weight_chunk<N: Size>(
+    logits: &[Vector<f32, N>],
+    head: &RowHead,
+    cut: &Cut,
+    start: u32,
+    end: u32,
+    #[comptime] min_p: bool,
+) -> (u32, u32) {
+    let mut hi = 0u32;
+    let mut lo = 0u32;
+    for i in start..end {
+        let v = logits[(head.base + i) as usize];
+        let (h, l) = kept_add_vector::<N>(v, i, head, cut, hi, lo, min_p);
+        hi = h;
+        lo = l;
+    }
+    (hi, lo)
+}
+
 /// Logit `l` at position `j` added into the 64-bit fixed-point sum
 /// `(hi, lo)` of the kept `dist` weights when the cut keeps it.
 #[cube]

@@ -9,7 +9,9 @@ use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::super::common::{chunk_len, segment_vectors, thread_chunk};
-use super::draw::{Cut, RowHead, draw_token, kept_weight_sum, kept_weight_sum_vec, read_row_head};
+use super::draw::{
+    Cut, RowHead, draw_token, kept_weight_chunk, kept_weight_sum_vec, read_row_head,
+};
 use super::fixed::{wide_scan, wide_total};
 
 /// The `min_p` cut of a row: `l >= max + ln p`, as the CPU computes it
@@ -100,11 +102,13 @@ pub(crate) fn min_p_dist_full_rows<N: Size>(
         }
         chunk = seg * lanes;
     } else {
-        let (start, end) = thread_chunk(width);
-        let (h, l) = kept_weight_sum::<N>(logits, &head, &cut, start, end, true);
+        // Each thread's contiguous chunk of whole vectors.
+        let row_v = width / lanes;
+        let (start, end) = thread_chunk(row_v);
+        let (h, l) = kept_weight_chunk::<N>(logits, &head, &cut, start, end, true);
         wh = h;
         wl = l;
-        chunk = chunk_len(width);
+        chunk = chunk_len(row_v) * lanes;
     }
 
     draw_token::<N>(

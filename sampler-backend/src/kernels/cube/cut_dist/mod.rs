@@ -64,9 +64,13 @@
 //! The row is bound as `Vector<f32, N>` (16 bytes at `N = 4`, where the
 //! width is a multiple of 4 and the buffer 16-byte aligned; the same kernel
 //! at `N = 1` otherwise). Read 1 and `top_p`'s histogram pass load whole
-//! vectors; the chunk passes (`min_p`'s read 2, `top_p`'s read 3, the
-//! draw) and the crossing bin's resolution over the row read single lanes
-//! out of them (`logit_at`).
+//! vectors, each thread taking vectors `CUBE_DIM` apart (coalesced); the
+//! chunk passes (`min_p`'s read 2, `top_p`'s read 3) load whole vectors
+//! too, each thread walking its own contiguous chunk of them (a warp
+//! touches 32 cache lines a load there, 16 bytes of each); the walk of
+//! the drawn chunk's parts (a few positions a thread) and the crossing
+//! bin's resolution over the row (when it holds more than `NUC_GATHER`
+//! logits) read single lanes (`logit_at`).
 //!
 //! The rule is the device recipe's (and the CPU's, up to rounding): keep a
 //! candidate iff the mass before it in canonical order (logit descending,

@@ -316,7 +316,7 @@ pub(crate) fn nucleus_sum_vec<N: Size>(
 /// The logits of vector `i` (`v`) through [`nucleus_add`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn nucleus_add_vector<N: Size>(
+pub(crate) fn nucleus_add_vector<N: Size>(
     v: Vector<f32, N>,
     i: u32,
     head: &RowHead,

@@ -10,7 +10,7 @@ use super::fixed::{
     first_reaching, fixed_weight, histogram_range, key_logit, nucleus_bin, wide_f32, wide_ge,
     wide_nucleus_goal, wide_scan, wide_total,
 };
-use super::split::nucleus_sum_vec;
+use super::split::{nucleus_add_vector, nucleus_sum_vec};
 use super::{
     CUT_WORDS, GATHERED_AT, HIST_WORDS, ROW_WORDS, S_ABOVE_HI, S_ABOVE_LO, S_BIN, S_CB, S_CHUNK,
     S_GOAL_HI, S_GOAL_LO, S_LEN,
@@ -57,11 +57,11 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
     let counter = Shared::<[Atomic<u32>]>::new_slice(1usize);
     let mut sel = Shared::<[u32]>::new_slice(S_LEN);
     let seg_sums = Shared::<[Atomic<u32>]>::new_slice(2usize * units);
-    // `cut_only`'s read 3 gathers here first (`nucleus_sum_vec`).
-    let staged_len = comptime!(if cut_only {
-        2 * NUC_GATHER as usize
-    } else {
+    // Unsplit, read 3 gathers the crossing bin here first.
+    let staged_len = comptime!(if split {
         1usize
+    } else {
+        2 * NUC_GATHER as usize
     });
     let mut staged = Shared::<[u32]>::new_slice(staged_len);
 
@@ -196,46 +196,36 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
             pool[(2u32 * k + 1u32) as usize].store(gather[(from + 1u32) as usize]);
             k += CUBE_DIM;
         }
-    } else if comptime!(cut_only) {
-        // Only the gather (no draw follows): whole vectors, coalesced.
-        if cb < 1024u32 {
-            nucleus_sum_vec::<N>(
-                logits,
-                &head,
-                cb,
-                0u32,
-                width / lanes,
-                &counter,
-                &mut staged,
-            );
-            sync_cube();
-            let n = counter[0].load();
-            let mut k = tid;
-            while k < 2u32 * n && k < 2u32 * NUC_GATHER {
-                pool[k as usize].store(staged[k as usize]);
-                k += CUBE_DIM;
+    } else {
+        let row_v = width / lanes;
+        if comptime!(cut_only) {
+            // Only the gather (no draw follows): vectors `CUBE_DIM` apart,
+            // coalesced.
+            if cb < 1024u32 {
+                nucleus_sum_vec::<N>(logits, &head, cb, 0u32, row_v, &counter, &mut staged);
+            }
+        } else {
+            // Each thread's contiguous chunk of whole vectors (the draw
+            // finds `u·W` in the chunks' position order): 16-byte loads,
+            // the lanes taken out of registers.
+            let (vs, ve) = thread_chunk(row_v);
+            start = vs * lanes;
+            end = ve * lanes;
+            chunk = chunk_len(row_v) * lanes;
+            for i in vs..ve {
+                let v = logits[(base + i) as usize];
+                let (h, s) =
+                    nucleus_add_vector::<N>(v, i, &head, cb, wh, wl, &counter, &mut staged);
+                wh = h;
+                wl = s;
             }
         }
-    } else {
-        let (s, e) = thread_chunk(width);
-        start = s;
-        end = e;
-        chunk = chunk_len(width);
-        for j in start..end {
-            let l = logit_at::<N>(logits, base, j, lanes);
-            let b = nucleus_bin(l, m);
-            if b < cb {
-                let q = draw_weight(l, &head);
-                let nl = wl + q;
-                wh += select(nl < wl, 1u32, 0u32);
-                wl = nl;
-            } else if b == cb && fixed_weight(f32::exp(l - m)) > 0u32 {
-                let at = counter[0].fetch_add(1u32);
-                if at < NUC_GATHER {
-                    pool[(2u32 * at) as usize].store(u32::reinterpret(l));
-                    pool[(2u32 * at + 1u32) as usize].store(j);
-                }
-            }
+        sync_cube();
+        let n = counter[0].load();
+        let mut k = tid;
+        while k < 2u32 * n && k < 2u32 * NUC_GATHER {
+            pool[k as usize].store(staged[k as usize]);
+            k += CUBE_DIM;
         }
     }
     sync_cube();
