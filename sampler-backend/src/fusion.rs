@@ -403,7 +403,7 @@ impl Fusion {
                 None
             }
             (None, PendingCut::TopP(p)) => {
-                let (e, _) = ops::exps(&data.logits);
+                let e = ops::fixed_weights(ops::exps(&data.logits).0);
                 let noop = p.clone().greater_elem(1.0);
                 let s = e.clone().sum_dim(1);
                 let ids = data.token_ids();

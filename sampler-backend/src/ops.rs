@@ -106,6 +106,19 @@ pub fn exps(logits: &Tensor<2>) -> (Tensor<2>, Tensor<2>) {
     (logits.clone().sub(wide(m.clone(), n)).exp(), m)
 }
 
+/// `top_p`'s fixed-point weights of softmax terms `e` `[B, N]` (from
+/// [`exps`]): `trunc(fl(e·2^31 + 0.5))` clamped to `[0, 2^31]`, as
+/// `sampler_core::numerics::fixed_weight`, in units of `2^-31` of the row
+/// maximum's weight (held in f32: exact integers below `2^24`, rounded
+/// above), so a weight below `2^-32` of the maximum's is 0 here as on the
+/// CPU and in the kernels.
+pub fn fixed_weights(e: Tensor<2>) -> Tensor<2> {
+    e.mul_scalar(2_147_483_648.0f32)
+        .add_scalar(0.5f32)
+        .clamp(0.0, 2_147_483_648.0f32)
+        .floor()
+}
+
 /// Minimum of `vals` where `mask` is set, else `none` (ints), `[B, 1]`.
 pub fn min_where_int(vals: Tensor<2, Int>, mask: Tensor<2, Bool>, none: i64) -> Tensor<2, Int> {
     vals.mask_fill(mask.bool_not(), none).min_dim(1)

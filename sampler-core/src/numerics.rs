@@ -278,6 +278,75 @@ pub fn exp_entropy_sums_visit(
     (combine(lanes_e), combine(lanes_t))
 }
 
+/// One unit of [`fixed_weight`]: the weight of `e = 1` (the row's maximum).
+pub const FIXED_ONE: u32 = 1 << 31;
+
+/// The fixed-point weight of a softmax term `e = exp(l - max)` in `[0, 1]`
+/// for `top_p`'s cut: `trunc(fl(e·2^31 + 0.5))`, the integer nearest
+/// `e·2^31` with the addition rounded to f32 as IEEE 754 rounds it (ties to
+/// even), clamped to `[0, 2^31]` as a float before the conversion (NaN
+/// weighs 0). A weight below `2^-32` of the maximum's is 0. Plain f32
+/// operations on every device (`e·2^31` is exact), so the CPU and the
+/// device kernels compute the same integer from the same `e`.
+#[inline(always)]
+pub fn fixed_weight(e: f32) -> u32 {
+    let v = e * 2_147_483_648.0f32 + 0.5f32;
+    let v = if v > 0.0 { v } else { 0.0 };
+    let v = if v < 2_147_483_648.0f32 {
+        v
+    } else {
+        2_147_483_648.0f32
+    };
+    v as u32
+}
+
+/// [`fixed_weight`] as an f64 (exact: at most `2^31`). Sums of up to
+/// `2^22` of them stay below `2^53`, so they are exact in f64 in any order.
+#[inline(always)]
+pub fn fixed_weight_f64(e: f32) -> f64 {
+    let v = e * 2_147_483_648.0f32 + 0.5f32;
+    let v = if v > 0.0 { v } else { 0.0 };
+    let v = if v < 2_147_483_648.0f32 {
+        v
+    } else {
+        2_147_483_648.0f32
+    };
+    f64::from(v.trunc())
+}
+
+/// A 64-bit total as the device kernels read it into f32: the high and
+/// low 32-bit words each converted, then `hi·2^32 + lo` in f32.
+fn wide_f32(total: u64) -> f32 {
+    ((total >> 32) as u32 as f32) * 4_294_967_296.0f32 + (total as u32 as f32)
+}
+
+/// `floor(fl(x · wide_f32(total)))` for `x` in `[0, 1]`, at most `total`:
+/// the fraction `x` of a fixed-point total, rounded through f32.
+fn fraction_of(x: f32, total: u64) -> u64 {
+    let v = x * wide_f32(total);
+    let hi = (v / 4_294_967_296.0f32) as u32;
+    let lo = (v - hi as f32 * 4_294_967_296.0f32) as u32;
+    ((u64::from(hi) << 32) | u64::from(lo)).min(total)
+}
+
+/// `top_p`'s goal `G` for a fixed-point total `W = Σ fixed_weight(e_i)`
+/// (exact, in any order): a candidate is kept while the fixed-point mass
+/// before it (in sorted order) is `< G`, so the crossing candidate is
+/// kept. For `p >= 1/2`, `G = W - floor(fl((1 - p)·W))` (`1 - p` is exact
+/// there, and the small side keeps a tail of tiny weights that `p·W`
+/// rounded to f32 would lose when `p` is within rounding of 1); below,
+/// `G = floor(fl(p·W))`; `W` is read as [`wide_f32`] and `G <= W`. `p`
+/// in `[0, 1)` (`p >= 1` is a no-op stage and never asks for a goal).
+/// The CPU stage, the CPU fast path and the cubecl kernels all compute it
+/// so, bit for bit.
+pub fn nucleus_goal(p: f32, total: u64) -> u64 {
+    if p >= 0.5 {
+        total - fraction_of(1.0 - p, total)
+    } else {
+        fraction_of(p.max(0.0), total)
+    }
+}
+
 /// Two biases of one token summed (a `logit_bias` list that names a token
 /// more than once): `-inf` (a ban) wins over anything, `+inf` + `-inf`
 /// included; otherwise the f32 sum saturated to `±f32::MAX`, so that
@@ -293,6 +362,62 @@ pub fn add_bias(a: f32, b: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `fixed_weight`: the maximum weighs `2^31`, nothing weighs more, a
+    /// weight rounds to the nearest unit (within f32's rounding of the half),
+    /// below `2^-32` of the maximum is 0, NaN is 0; the f64 form agrees.
+    #[test]
+    fn fixed_weights_round_to_units_of_two_to_the_minus_31() {
+        assert_eq!(fixed_weight(1.0), FIXED_ONE);
+        assert_eq!(fixed_weight(f32::INFINITY), FIXED_ONE);
+        assert_eq!(fixed_weight(0.0), 0);
+        assert_eq!(fixed_weight(f32::NAN), 0);
+        assert_eq!(fixed_weight(0.5), 1 << 30);
+        assert_eq!(fixed_weight(2f32.powi(-32)), 1);
+        assert_eq!(fixed_weight(2f32.powi(-33)), 0);
+        assert_eq!(fixed_weight(exp(-30.0)), 0);
+        let mut x = 0x1357_9bdfu32;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let e = exp(-((x % 40_000) as f32) / 1000.0);
+            let w = fixed_weight(e);
+            let exact = f64::from(e) * 2_147_483_648.0;
+            assert!(
+                (f64::from(w) - exact).abs() <= 0.5 + exact * 2f64.powi(-24),
+                "{e}"
+            );
+            assert_eq!(fixed_weight_f64(e), f64::from(w), "{e}");
+        }
+    }
+
+    /// `nucleus_goal` is `p·W` to f32 precision, never above `W`, on the
+    /// small side for `p >= 1/2`: with `p` one f32 step below 1, a tail of
+    /// tiny weights still counts (`W - G` is their share, not 0).
+    #[test]
+    fn nucleus_goal_is_p_of_the_total_to_f32_precision() {
+        for total in [1u64 << 31, 3 << 31, 123_456_789_012, (1 << 49) - 7] {
+            for p in [
+                0.0f32, 1e-9, 0.1, 0.3, 0.4999, 0.5, 0.7, 0.9, 0.95, 0.99, 0.999_999,
+            ] {
+                let g = nucleus_goal(p, total);
+                let exact = f64::from(p) * total as f64;
+                assert!(g <= total, "p {p} total {total}");
+                assert!(
+                    (g as f64 - exact).abs() <= 1.0 + exact * 2f64.powi(-22),
+                    "p {p} total {total}: {g} vs {exact}"
+                );
+            }
+        }
+        // Ten tokens at the maximum and 103 each about 7e-9 of it.
+        let tiny = fixed_weight(exp(-18.8));
+        assert!(tiny > 0);
+        let total = 10 * u64::from(FIXED_ONE) + 103 * u64::from(tiny);
+        let g = nucleus_goal(0.999_999_94, total);
+        assert!(g > 10 * u64::from(FIXED_ONE), "the tail is lost: {g}");
+        assert_eq!(nucleus_goal(0.0, total), 0);
+    }
 
     /// `exp_entropy_sums` on every level gives the serial rule's bits.
     #[test]

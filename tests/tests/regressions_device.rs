@@ -686,7 +686,10 @@ fn top_p_resolves_subnormal_scale_ties(d: &Device, dev: &str) {
 /// `p` within f32 rounding of 1 (`0.99999994`): a candidate is kept while
 /// the mass before it is `< p·S`, i.e. while the mass from it on is
 /// `> (1 - p)·S`; the tail of tiny probabilities is cut where the CPU cuts
-/// it, not where `p·S` rounds to `S`.
+/// it, not where `p·S` rounds to `S`. A tail below `2^-32` of the maximum's
+/// weight (at -23 nats) weighs 0 in the fixed-point rule on every device
+/// and path (full row, after a top-k): only the head (or `min_keep`) is
+/// kept, however long the tail.
 fn top_p_within_rounding_of_one_matches_the_cpu(d: &Device, dev: &str) {
     let hot = S::Temperature {
         t: 1e30,
@@ -704,6 +707,7 @@ fn top_p_within_rounding_of_one_matches_the_cpu(d: &Device, dev: &str) {
         (113, 3, -17.0),
         (600, 20, -16.0),
         (3000, 40, -15.5),
+        (3000, 1, -23.0),
     ] {
         let logits: Vec<f32> = (0..v)
             .map(|i| {
@@ -714,10 +718,20 @@ fn top_p_within_rounding_of_one_matches_the_cpu(d: &Device, dev: &str) {
                 }
             })
             .collect();
+        if tail_logit < -22.2 {
+            let mut nucleus =
+                sampler_cpu::build_chain(&ChainSpec::new(vec![top_p(0)], None)).unwrap();
+            let mut row = sampler_core::Candidates::from_logits(&logits);
+            nucleus.apply_from(0, &mut row).unwrap();
+            assert_eq!(row.len(), head, "a tail of zero weights is cut");
+        }
         for stages in [
             vec![top_p(5), hot.clone(), S::Dist],
             vec![top_p(0), hot.clone(), S::Dist],
             vec![top_p(0), S::TopK { k: 1000 }, hot.clone(), S::Dist],
+            // The narrow kernel after a top-k (its 999 survivors of the
+            // -23 tail weigh 0; their f32 mass would have kept them).
+            vec![S::TopK { k: 1000 }, top_p(0), hot.clone(), S::Dist],
         ] {
             let seeds = 0..24u64;
             let rows: Vec<ChainSpec> = seeds

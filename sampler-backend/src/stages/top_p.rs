@@ -2,7 +2,14 @@
 //! (logit descending, ties by ascending id) keep every candidate whose
 //! probability mass *before* it is `< p` (so the crossing token is kept),
 //! and at least `max(1, min_keep)` candidates (bug_cases §12). `p >= 1` rows
-//! are no-ops. Width unchanged; dropped candidates become `-inf`.
+//! are no-ops. Width unchanged; dropped candidates become `-inf`. The mass
+//! is the one rule of docs/semantics.md: fixed-point weights
+//! (`ops::fixed_weights`, `sampler_core::numerics::fixed_weight`) against
+//! `numerics::nucleus_goal`. The cubecl kernels sum them exactly (64-bit)
+//! and give the CPU's kept set from the same exponentials; the recipes
+//! below sum them in f32, so on the other devices (flex, ndarray) a kept
+//! set can differ only where the mass before a candidate lies within f32
+//! rounding of the goal.
 //!
 //! * width `<= PAIRWISE_MAX` (after a `top_k`): exact ranks and masses
 //!   before each candidate from pairwise `[B, N, N]` comparisons (on a
@@ -122,7 +129,10 @@ impl DeviceStage for TopP {
             data.logits = out;
             return;
         }
-        let (e, _) = ops::exps(&data.logits);
+        // The rule's fixed-point weights, summed here in f32 (the kernels
+        // and the CPU sum them exactly; so a kept set can differ only where
+        // the mass before a candidate lies within f32 rounding of the goal).
+        let e = ops::fixed_weights(ops::exps(&data.logits).0);
         let s = e.clone().sum_dim(1);
         let keep = if n <= PAIRWISE_MAX {
             let (rank, before, from) = ops::rank_and_masses(&data.logits, &ids, &e, true);

@@ -4,13 +4,16 @@
 //! `e_i = exp(l_i - max)` in f32 and `S = Σ e_i` in f64 with the project's
 //! numerics (`sampler_core::numerics`: its `exp`, lane sums in id order),
 //! `p_i = (e_i · (1/S)) as f32`, sorts descending and keeps the shortest
-//! prefix whose running sum (in f64, of the `e_i`) reaches `p · S` (and holds
-//! `min_keep`).
+//! prefix whose running fixed-point mass (`numerics::fixed_weight` of the
+//! `e_i`, exact integer sums) reaches `numerics::nucleus_goal(p, W)` of the
+//! row's total `W` (and holds `min_keep`): the one `top_p` rule of the CPU
+//! and the device kernels.
 //!
 //! Here, with the same arithmetic, so the kept set, its order and its
 //! probabilities are bit-identical:
 //! 1. one pass for the maximum (and the row's validation);
-//! 2. one vectorised pass for `e_i` and `S`, which also estimates (in f32)
+//! 2. one vectorised pass for `e_i`, `S` and `W` (exact: integers below
+//!    `2^53` summed in f64), which also estimates (in f32)
 //!    the mass within each tier end's depth below the maximum (3, 4, 5, 6, 7,
 //!    8.5, 10, 12, 14, 20, 28 nats);
 //! 3. one pass gathers the tokens down to the first tier end whose estimate
@@ -31,7 +34,10 @@
 //! set) the caller falls back to the reference.
 
 use sampler_core::TokenId;
-use sampler_core::numerics::{LANES as SUM_LANES, add_to_lanes, combine, exp, exp_nonpos};
+use sampler_core::numerics::{
+    LANES as SUM_LANES, add_to_lanes, combine, exp, exp_nonpos, fixed_weight, fixed_weight_f64,
+    nucleus_goal,
+};
 
 use super::scan::{Invalid, as_block, blocks, desc_key, key_id, lane_mask, max_checked, set_bits};
 use super::simd::LANES;
@@ -100,12 +106,13 @@ fn level_thresholds() -> [f32; LEVELS] {
     std::array::from_fn(|j| exp(-(TIER_LAST[j] as f32 + 0.5) / PER_NAT))
 }
 
-/// Pass 2: `Σ exp(l - max)` with the lane rule of `numerics::sum_f64`, and
+/// Pass 2: `S = Σ exp(l - max)` with the lane rule of `numerics::sum_f64`,
+/// the fixed-point total `W = Σ fixed_weight(exp(l - max))` (exact), and
 /// per level `j` an f32 estimate of the mass at or above `thresholds[j]`.
 /// On x86-64 with AVX-512F or AVX2 a copy of the same code compiled for it
 /// runs (chosen at run time): the same operations in the same order, so the
 /// same bits (tested below).
-fn exp_sum_levels(row: &[f32], max: f32, thresholds: &[f32; LEVELS]) -> (f64, [f32; LEVELS]) {
+fn exp_sum_levels(row: &[f32], max: f32, thresholds: &[f32; LEVELS]) -> (f64, f64, [f32; LEVELS]) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx512f") {
@@ -126,22 +133,32 @@ fn exp_sum_levels_avx512(
     row: &[f32],
     max: f32,
     thresholds: &[f32; LEVELS],
-) -> (f64, [f32; LEVELS]) {
+) -> (f64, f64, [f32; LEVELS]) {
     exp_sum_levels_body(row, max, thresholds)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn exp_sum_levels_avx2(row: &[f32], max: f32, thresholds: &[f32; LEVELS]) -> (f64, [f32; LEVELS]) {
+fn exp_sum_levels_avx2(
+    row: &[f32],
+    max: f32,
+    thresholds: &[f32; LEVELS],
+) -> (f64, f64, [f32; LEVELS]) {
     exp_sum_levels_body(row, max, thresholds)
 }
 
 #[inline(always)]
-fn exp_sum_levels_body(row: &[f32], max: f32, thresholds: &[f32; LEVELS]) -> (f64, [f32; LEVELS]) {
+fn exp_sum_levels_body(
+    row: &[f32],
+    max: f32,
+    thresholds: &[f32; LEVELS],
+) -> (f64, f64, [f32; LEVELS]) {
     // The sum in the lanes of `numerics::sum_f64` (position mod its LANES;
     // a chunk of 64 starts at a multiple of them).
     let mut lanes = [0.0f64; SUM_LANES];
     let mut mass = [[0.0f32; MASS_LANES]; LEVELS];
+    // Fixed-point weights are integers below 2^31: their f64 sums are exact.
+    let mut fixed = [0.0f64; MASS_LANES];
     let mut e = [0.0f32; 64];
     for chunk in row.chunks(64) {
         let n = chunk.len();
@@ -156,6 +173,10 @@ fn exp_sum_levels_body(row: &[f32], max: f32, thresholds: &[f32; LEVELS]) -> (f6
         e[n..].fill(0.0);
         for block in e.chunks_exact(MASS_LANES) {
             let block: &[f32; MASS_LANES] = block.try_into().unwrap_or(&[0.0; MASS_LANES]);
+            // A zeroed tail slot weighs `fixed_weight(0) = 0`.
+            for (f, &x) in fixed.iter_mut().zip(block) {
+                *f += fixed_weight_f64(x);
+            }
             // Written out level by level: as a loop, LLVM vectorises across
             // the levels (gathers and scatters) instead of across the lanes.
             macro_rules! levels {
@@ -165,7 +186,11 @@ fn exp_sum_levels_body(row: &[f32], max: f32, thresholds: &[f32; LEVELS]) -> (f6
             levels!(0 1 2 3 4 5 6 7 8 9 10);
         }
     }
-    (combine(lanes), mass.map(|m| m.iter().sum()))
+    (
+        combine(lanes),
+        fixed.iter().sum(),
+        mass.map(|m| m.iter().sum()),
+    )
 }
 
 /// `acc[i] += e[i]` where `e[i] >= thr` (lane-wise, so it vectorises).
@@ -417,13 +442,16 @@ fn top_p_from(
     buckets.clear();
     // Pass 2: exponentials and their f64 sum in id order (as the
     // reference's softmax), and the mass estimates per tier end.
-    let (sum, mass) = exp_sum_levels(row, max, &level_thresholds());
+    let (sum, fixed_total, mass) = exp_sum_levels(row, max, &level_thresholds());
     let inv = 1.0 / sum;
+    // The estimates' target (only the walk's speed depends on it) and the
+    // rule's exact goal.
     let target = f64::from(p) * sum;
+    let goal = nucleus_goal(p, fixed_total as u64);
     // The exact running sum in sorted order: range by range (the tiers up
     // to the estimate's first, then one tier at a time), bucket by bucket,
     // each bucket sorted only when the walk gets there.
-    let mut cum = 0.0f64;
+    let mut cum = 0u64;
     let mut lo = 0;
     let start = start.unwrap_or_else(|| first_tier(&mass, target));
     // A wide tier's first range ends at the band where the mass crosses.
@@ -461,8 +489,8 @@ fn top_p_from(
                 out.ids.push(id);
                 out.logits.push(l);
                 out.probs.push((f64::from(e) * inv) as f32);
-                cum += f64::from(e);
-                if cum >= target && out.ids.len() >= min_keep {
+                cum += u64::from(fixed_weight(e));
+                if cum >= goal && out.ids.len() >= min_keep {
                     // A cut that reaches a `-inf` candidate (min_keep beyond
                     // the finite ones), or keeps the whole row, is left to
                     // the reference.
@@ -522,9 +550,14 @@ mod tests {
                 }
             });
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let (sa, ma) = exp_sum_levels(&row, max, &thresholds);
-            let (sb, mb) = exp_sum_levels_body(&row, max, &thresholds);
+            let (sa, fa, ma) = exp_sum_levels(&row, max, &thresholds);
+            let (sb, fb, mb) = exp_sum_levels_body(&row, max, &thresholds);
             assert_eq!(sa.to_bits(), sb.to_bits(), "len {len}");
+            let fixed: u64 = row
+                .iter()
+                .map(|&l| u64::from(fixed_weight(exp(l - max))))
+                .sum();
+            assert_eq!((fa as u64, fb as u64), (fixed, fixed), "len {len}");
             assert_eq!(ma.map(f32::to_bits), mb.map(f32::to_bits), "len {len}");
             let rule = sampler_core::numerics::sum_f64(row.iter().map(|&l| exp(l - max)));
             assert_eq!(sa.to_bits(), rule.to_bits(), "len {len}");
@@ -550,7 +583,7 @@ mod tests {
             ] {
                 if has {
                     // SAFETY: the CPU has the level (checked above).
-                    let (sc, mc) = unsafe {
+                    let (sc, fc, mc) = unsafe {
                         if level == "avx2" {
                             exp_sum_levels_avx2(&row, max, &thresholds)
                         } else {
@@ -558,6 +591,7 @@ mod tests {
                         }
                     };
                     assert_eq!(sc.to_bits(), sb.to_bits(), "{level}, len {len}");
+                    assert_eq!(fc as u64, fixed, "{level}, len {len}");
                     assert_eq!(
                         mc.map(f32::to_bits),
                         mb.map(f32::to_bits),
@@ -685,7 +719,7 @@ mod tests {
                 .collect();
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             for p in [0.8f32, 0.9, 0.95] {
-                let (sum, mass) = exp_sum_levels(&row, max, &level_thresholds());
+                let (sum, _, mass) = exp_sum_levels(&row, max, &level_thresholds());
                 let target = f64::from(p) * sum;
                 let start = first_tier(&mass, target);
                 let mut got = Nucleus::default();
@@ -735,7 +769,7 @@ mod tests {
                 .collect();
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             for p in [0.5f32, 0.8, 0.9, 0.95] {
-                let (sum, mass) = exp_sum_levels(&row, max, &level_thresholds());
+                let (sum, _, mass) = exp_sum_levels(&row, max, &level_thresholds());
                 let start = first_tier(&mass, f64::from(p) * sum);
                 let mut got = Nucleus::default();
                 assert!(top_p_full(&row, p, 1, &mut TopPScratch::default(), &mut got).unwrap());

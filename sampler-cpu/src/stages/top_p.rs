@@ -1,17 +1,22 @@
 //! `top_p` (nucleus): keep the smallest head whose probability mass reaches `p`.
 
+use sampler_core::numerics::{exp, fixed_weight, nucleus_goal};
 use sampler_core::{Candidates, SampleError, Sampler, StageContext, StageSpec, desc_cmp};
 
-/// Nucleus sampling (Holtzman et al. 2019) with llama.cpp top-p semantics:
-/// softmax over the CURRENT candidates (so it works on the renormalised
-/// distribution of whatever survived earlier stages), candidates in
-/// descending logit order (ties by ascending id), keep the shortest prefix
-/// whose cumulative mass reaches `p` (an f64 running sum of the f32
-/// `exp(l - max)` against `p · Σ`; the crossing token is kept)
-/// and that holds at least `min_keep` candidates. `p = 0` keeps exactly one
-/// (unless `min_keep > 1`); `p >= 1` is a no-op (no sort, no softmax).
+/// Nucleus sampling (Holtzman et al. 2019), llama.cpp's top-p on the
+/// CURRENT candidates (so it works on the renormalised distribution of
+/// whatever survived earlier stages): in canonical order (descending logit,
+/// ties by ascending id) keep the shortest prefix whose mass reaches `p`
+/// (the crossing token is kept) and that holds at least `min_keep`
+/// candidates. The mass is the project's one rule on every device, in fixed
+/// point: each candidate weighs `fixed_weight(exp(l - max))` (units of
+/// `2^-31` of the maximum's weight), summed exactly as integers, and a
+/// candidate is kept while the mass before it is below
+/// `numerics::nucleus_goal(p, total)`. `p = 0` keeps exactly one (unless
+/// `min_keep > 1`); `p >= 1` is a no-op (no sort, no softmax).
 ///
-/// Output: sorted, probabilities present but not renormalised after the cut.
+/// Output: sorted, probabilities present (the softmax's, not renormalised
+/// after the cut).
 /// Cost: a selection of the top 256 first, widened only while the mass is
 /// not reached, so a peaked row never pays a full sort.
 ///
@@ -30,17 +35,17 @@ impl TopP {
     }
 }
 
-/// Length of the kept prefix, given the candidates' `e = exp(l - max)` in
-/// canonical order (descending logit, ties by ascending id) and their sum
-/// `s` (f64, in the set's order): a candidate is kept while the mass before it
-/// is `< p * s` (so the crossing token is kept), the device's rule computed
-/// the same way; `None` when the mass is not reached within the prefix.
-fn cut(e: impl Iterator<Item = f32>, s: f64, p: f32, min_keep: usize) -> Option<usize> {
-    let target = f64::from(p) * s;
-    let mut cum = 0.0f64;
-    for (i, ei) in e.enumerate() {
-        cum += f64::from(ei);
-        if cum >= target && i + 1 >= min_keep {
+/// Length of the kept prefix, given the candidates' fixed-point weights in
+/// canonical order (descending logit, ties by ascending id) and the goal
+/// (`numerics::nucleus_goal`): a candidate is kept while the mass before it
+/// is `< goal`, so the prefix ends at the first candidate whose running sum
+/// reaches the goal (and holds `min_keep`); `None` when that lies beyond
+/// the given prefix.
+fn cut(w: impl Iterator<Item = u32>, goal: u64, min_keep: usize) -> Option<usize> {
+    let mut cum = 0u64;
+    for (i, wi) in w.enumerate() {
+        cum += u64::from(wi);
+        if cum >= goal && i + 1 >= min_keep {
             return Some(i + 1);
         }
     }
@@ -69,14 +74,15 @@ impl Sampler for TopP {
         let finite = row.logits().iter().filter(|l| l.is_finite()).count();
         let min_keep = self.min_keep.min(finite);
         let max = row.max_logit();
-        let e: Vec<f32> = row
+        let w: Vec<u32> = row
             .logits()
             .iter()
-            .map(|&l| sampler_core::numerics::exp(l - max))
+            .map(|&l| fixed_weight(exp(l - max)))
             .collect();
-        let s = sampler_core::numerics::sum_f64_slice(&e);
+        let total: u64 = w.iter().map(|&x| u64::from(x)).sum();
+        let goal = nucleus_goal(self.p, total);
         if row.is_sorted() {
-            let keep = cut(e.iter().copied(), s, self.p, min_keep).unwrap_or(finite);
+            let keep = cut(w.iter().copied(), goal, min_keep).unwrap_or(finite);
             if keep < n {
                 row.truncate(keep.max(1));
             }
@@ -90,7 +96,7 @@ impl Sampler for TopP {
         while k < n {
             order.select_nth_unstable_by(k - 1, cmp);
             order[..k].sort_unstable_by(cmp);
-            if let Some(c) = cut(order[..k].iter().map(|&i| e[i]), s, self.p, min_keep) {
+            if let Some(c) = cut(order[..k].iter().map(|&i| w[i]), goal, min_keep) {
                 keep = Some(c);
                 break;
             }
@@ -98,7 +104,7 @@ impl Sampler for TopP {
         }
         if keep.is_none() {
             order.sort_unstable_by(cmp);
-            keep = Some(cut(order.iter().map(|&i| e[i]), s, self.p, min_keep).unwrap_or(finite));
+            keep = Some(cut(order.iter().map(|&i| w[i]), goal, min_keep).unwrap_or(finite));
         }
         let keep = keep.unwrap_or(n).max(1);
         order.truncate(keep);
@@ -108,5 +114,49 @@ impl Sampler for TopP {
     }
     fn box_clone(&self) -> Box<dyn Sampler> {
         Box::new(*self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(row: &[f32], p: f32, min_keep: usize) -> usize {
+        let mut c = Candidates::from_logits(row);
+        let ctx = StageContext {
+            rng: sampler_core::RowRng {
+                seed: 1,
+                step: 0,
+                stage_index: 0,
+            },
+        };
+        TopP::new(p, min_keep).apply(&mut c, &ctx).unwrap();
+        c.len()
+    }
+
+    /// The fixed-point rule: a tail whose weights round to 0 (below `2^-32`
+    /// of the maximum's) carries no mass, however many tokens it holds; one
+    /// just above it counts, and `p` within rounding of 1 then keeps it down
+    /// to its last `(1 - p)` of mass; `min_keep` still keeps zero weights.
+    #[test]
+    fn weights_below_two_to_the_minus_32_carry_no_mass() {
+        let row = |tail: f32| -> Vec<f32> {
+            std::iter::once(0.0)
+                .chain((0..10_000).map(|i| tail - (i % 7) as f32 * 1e-3))
+                .collect()
+        };
+        let p = 0.999_999_94;
+        assert_eq!(kept(&row(-23.0), p, 0), 1);
+        assert_eq!(kept(&row(-23.0), p, 40), 40);
+        // exp(-21) · 2^31 ≈ 1.6: each tail token weighs 2 units, the tail
+        // 20000 of them against (1 - p)·W ≈ 128 (ties broken by id).
+        let n = kept(&row(-21.0), p, 0);
+        assert!(n > 9_900 && n < 10_001, "{n} kept");
+        // p = 0 keeps one, a p below the maximum's share keeps one.
+        assert_eq!(kept(&row(-21.0), 0.0, 0), 1);
+        // Masses before: 0, 0.42, 0.84 of W.
+        assert_eq!(kept(&[0.0, 0.0, -1.0], 0.3, 0), 1);
+        assert_eq!(kept(&[0.0, 0.0, -1.0], 0.5, 0), 2);
+        assert_eq!(kept(&[0.0, 0.0, -1.0], 0.9, 0), 3);
     }
 }

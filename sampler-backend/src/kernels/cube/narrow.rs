@@ -6,6 +6,7 @@ use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::common::{code_key, with_code};
+use super::cut_dist::{fixed_weight, wide_ge, wide_nucleus_goal};
 
 /// Row max (0 for a row of `-inf`, so `l - max` stays finite) and the sum of
 /// `exp(l - max)`, from a row held in shared memory; thread 0 walks the row
@@ -86,30 +87,38 @@ pub(crate) fn top_p_rows(
     let mut stat = Shared::<[f32]>::new_slice(2usize);
     load_row(logits, ids, base, width, &mut sl, &mut sid);
     shared_max_and_sum(&sl, &mut se, &mut stat, width);
-    // The rule (mass before `< p·S`) on its small side: for `p >= 1/2` as
-    // the mass from the candidate on `> (1 - p)·S` (`stages::top_p`).
+    // `stages::top_p`'s rule in fixed point: each candidate weighs
+    // `fixed_weight(e)`, and it is kept while the mass before it (64-bit,
+    // exact) is below `wide_nucleus_goal(p, total)`. `p = +inf` marks a
+    // no-op row (everything kept).
     let pr = p[row as usize];
-    let high = pr >= 0.5f32;
-    let target = pr * stat[1];
-    let tail = (1.0f32 - pr) * stat[1];
+    let all = pr >= 1.0f32;
+    let pc = select(all, 0.5f32, pr);
     let min_keep = u32::cast_from(keep[row as usize]);
     let mut c = UNIT_POS;
     while c < width {
         let lc = sl[c as usize];
         let dc = sid[c as usize];
         let mut rank = 0u32;
-        let mut before = 0.0f32;
-        let mut from = 0.0f32;
+        let mut bh = 0u32;
+        let mut bl = 0u32;
+        let mut th = 0u32;
+        let mut tl = 0u32;
         for j in 0..width {
+            let q = fixed_weight(se[j as usize]);
+            let nt = tl + q;
+            th += select(nt < tl, 1u32, 0u32);
+            tl = nt;
             let lj = sl[j as usize];
             if lj > lc || (lj == lc && sid[j as usize] < dc) {
                 rank += 1u32;
-                before += se[j as usize];
-            } else {
-                from += se[j as usize];
+                let nb = bl + q;
+                bh += select(nb < bl, 1u32, 0u32);
+                bl = nb;
             }
         }
-        let kept = select(high, from > tail, before < target) || rank < min_keep;
+        let (gh, gl) = wide_nucleus_goal(pc, th, tl);
+        let kept = all || !wide_ge(bh, bl, gh, gl) || rank < min_keep;
         out[(base + c) as usize] = select(kept, lc, f32::reinterpret(0xFF80_0000u32));
         c += CUBE_DIM;
     }

@@ -112,6 +112,7 @@ mod min_p;
 mod split;
 mod top_p;
 
+pub(crate) use fixed::{fixed_weight, wide_ge, wide_nucleus_goal};
 pub(crate) use mask::top_p_mask_rows;
 pub(crate) use min_p::{kept_sums_part_rows, min_p_dist_full_rows};
 pub(crate) use split::{top_p_histogram_part_rows, top_p_kept_part_rows};
