@@ -300,18 +300,15 @@ pub fn fixed_weight(e: f32) -> u32 {
     v as u32
 }
 
-/// [`fixed_weight`] as an f64 (exact: at most `2^31`). Sums of up to
-/// `2^22` of them stay below `2^53`, so they are exact in f64 in any order.
+/// [`fixed_weight`] of an `e` in `[0, 1]` (a softmax term of a valid row)
+/// as an f64 (exact: at most `2^31`), without the clamps, which change
+/// nothing there (`fl(2^31 + 0.5) = 2^31`): three operations for a
+/// vectorised pass. Sums of up to `2^22` of them stay below `2^53`, so
+/// they are exact in f64 in any order.
 #[inline(always)]
 pub fn fixed_weight_f64(e: f32) -> f64 {
-    let v = e * 2_147_483_648.0f32 + 0.5f32;
-    let v = if v > 0.0 { v } else { 0.0 };
-    let v = if v < 2_147_483_648.0f32 {
-        v
-    } else {
-        2_147_483_648.0f32
-    };
-    f64::from(v.trunc())
+    debug_assert!((0.0..=1.0).contains(&e), "{e} outside [0, 1]");
+    f64::from((e * 2_147_483_648.0f32 + 0.5f32).trunc())
 }
 
 /// A 64-bit total as the device kernels read it into f32: the high and
@@ -376,6 +373,15 @@ mod tests {
         assert_eq!(fixed_weight(2f32.powi(-32)), 1);
         assert_eq!(fixed_weight(2f32.powi(-33)), 0);
         assert_eq!(fixed_weight(exp(-30.0)), 0);
+        for e in [
+            0.0f32,
+            1.0,
+            0.5,
+            f32::from_bits(1),
+            1.0 - f32::EPSILON / 2.0,
+        ] {
+            assert_eq!(fixed_weight_f64(e), f64::from(fixed_weight(e)), "{e}");
+        }
         let mut x = 0x1357_9bdfu32;
         for _ in 0..100_000 {
             x ^= x << 13;
