@@ -89,6 +89,14 @@ pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
+/// The most storage buffers one custom kernel binds (the top-k kernel's 16
+/// arrays and the buffer of its scalars). A device that allows fewer per
+/// shader stage (wgpu on OpenGL: 16; WebGPU's default limits: 8) would
+/// refuse the kernel's pipeline at its first launch, failing the step: on
+/// such a device every stage runs its generic burn-op recipe instead (the
+/// same semantics, more launches).
+pub const KERNEL_BUFFERS_MAX: u32 = 17;
+
 /// The largest `K` the top-k kernel keeps (its survivors live in shared
 /// memory: `8·K` bytes); larger `K` use the generic recipe.
 pub const TOP_K_MAX: usize = 1024;

@@ -266,6 +266,25 @@ mod wgsl {
             .to_string()
     }
 
+    /// No kernel binds more storage buffers than
+    /// [`crate::kernels::KERNEL_BUFFERS_MAX`] (its arrays and the buffer of
+    /// its scalars), the limit the launches check a device against; the
+    /// top-k kernel (the one with the most arrays) binds exactly that many.
+    #[test]
+    fn no_kernel_binds_more_buffers_than_the_checked_limit() {
+        use crate::kernels::KERNEL_BUFFERS_MAX;
+        for (name, text) in super::vector_row_kernels!(4, wgsl) {
+            let bound = text.matches("@binding(").count();
+            assert!(
+                bound <= KERNEL_BUFFERS_MAX as usize,
+                "{name} binds {bound} buffers"
+            );
+            if name == "topk_rows" {
+                assert_eq!(bound, KERNEL_BUFFERS_MAX as usize, "{name}");
+            }
+        }
+    }
+
     #[test]
     fn row_passes_load_16_byte_vectors() {
         for lanes in [4usize, 1] {

@@ -17,7 +17,7 @@ use burn_ir::{BackendIr, InitOperationIr, OperationIr};
 use burn_tensor::{DType, Int, Shape, Tensor};
 
 use super::cube::{CODES_GIVEN, CODES_NONE, CODES_OWN};
-use super::{TokenCodes, busy_workgroups, enabled, row_segments};
+use super::{KERNEL_BUFFERS_MAX, TokenCodes, busy_workgroups, enabled, row_segments};
 
 mod argmax;
 mod cut_dist;
@@ -54,7 +54,24 @@ fn resolve_float(t: &Tensor<2>) -> Option<(CubeTensor, FusionClient)> {
     let fused: FusionTensor<FusionRuntime> = t.clone().try_into_primitive::<Cube>().ok()?;
     let client = fused.client.clone();
     let cube = client.resolve_tensor_float::<CubeBackend>(fused);
+    if !binds_enough(&cube) {
+        return None;
+    }
     Some((into_contiguous(cube), client))
+}
+
+/// Whether `cube`'s device lets a kernel bind [`KERNEL_BUFFERS_MAX`]
+/// storage buffers (cubecl's `max_bindings` leaves one of the device's
+/// limit to wgpu's own buffer): every kernel launch resolves its logits
+/// through [`resolve_float`], so on a device that does not (wgpu on
+/// OpenGL) each stage falls back to its generic recipe.
+fn binds_enough(cube: &CubeTensor) -> bool {
+    cube.client
+        .properties()
+        .hardware
+        .max_bindings
+        .saturating_add(1)
+        >= KERNEL_BUFFERS_MAX
 }
 
 /// The contiguous cubecl tensor under an int tensor, pending ops executed,
