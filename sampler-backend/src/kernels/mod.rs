@@ -97,6 +97,23 @@ pub fn enabled() -> bool {
 /// same semantics, more launches).
 pub const KERNEL_BUFFERS_MAX: u32 = 17;
 
+/// Whether the custom kernels run on `device`: a cubecl device (wgpu,
+/// vulkan, cuda) that binds [`KERNEL_BUFFERS_MAX`] storage buffers per
+/// stage (whatever [`set_enabled`] says). `false` on flex and ndarray and
+/// on a device such as wgpu on OpenGL, whose stages run the generic
+/// recipes. Opens the device (one tiny upload).
+pub fn runs_on(device: &burn_tensor::Device) -> bool {
+    #[cfg(feature = "cubecl-kernels")]
+    {
+        launch::runs_on(device)
+    }
+    #[cfg(not(feature = "cubecl-kernels"))]
+    {
+        let _ = device;
+        false
+    }
+}
+
 /// The largest `K` the top-k kernel keeps (its survivors live in shared
 /// memory: `8·K` bytes); larger `K` use the generic recipe.
 pub const TOP_K_MAX: usize = 1024;

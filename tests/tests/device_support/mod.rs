@@ -36,8 +36,26 @@ macro_rules! device_tests {
 
 /// The device named `name`, or `None` (with a printed reason) when it cannot
 /// start on this machine (no GPU adapter, no driver).
+///
+/// `wgpu` on a software adapter that cannot bind the custom kernels' buffers
+/// (OpenGL's llvmpipe, on a machine without Vulkan) is skipped too: its
+/// stages would run the generic recipes, many times slower than on
+/// lavapipe, and test nothing of the kernels.
 pub fn device(name: &str) -> Option<Device> {
     match sampler_backend::probe_device(name) {
+        Ok(d)
+            if name == "wgpu"
+                && sampler_backend::is_software_device(&d)
+                && !sampler_backend::kernels::runs_on(&d) =>
+        {
+            println!(
+                "SKIP {name}: only a software adapter that cannot bind the custom kernels' {} \
+                 storage buffers (OpenGL's llvmpipe?); install Mesa's lavapipe \
+                 (.ci/install-lavapipe.sh) to run the device tests",
+                sampler_backend::kernels::KERNEL_BUFFERS_MAX
+            );
+            None
+        }
         Ok(d) => Some(d),
         Err(e) => {
             println!("SKIP {name}: {e}");

@@ -60,6 +60,18 @@ fn resolve_float(t: &Tensor<2>) -> Option<(CubeTensor, FusionClient)> {
     Some((into_contiguous(cube), client))
 }
 
+/// [`crate::kernels::runs_on`]: whether a tiny tensor on `device` is a
+/// cubecl tensor on a device that [`binds_enough`].
+pub(crate) fn runs_on(device: &burn_tensor::Device) -> bool {
+    let t = Tensor::<2>::zeros([1, 1], device);
+    let Ok(fused) = t.try_into_primitive::<Cube>() else {
+        return false;
+    };
+    let fused: FusionTensor<FusionRuntime> = fused;
+    let client = fused.client.clone();
+    binds_enough(&client.resolve_tensor_float::<CubeBackend>(fused))
+}
+
 /// Whether `cube`'s device lets a kernel bind [`KERNEL_BUFFERS_MAX`]
 /// storage buffers (cubecl's `max_bindings` leaves one of the device's
 /// limit to wgpu's own buffer): every kernel launch resolves its logits
