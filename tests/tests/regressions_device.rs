@@ -684,9 +684,10 @@ fn top_p_resolves_subnormal_scale_ties(d: &Device, dev: &str) {
 }
 
 /// `p` within f32 rounding of 1 (`0.99999994`): a candidate is kept while
-/// the mass before it is `< p·S`, i.e. while the mass from it on is
-/// `> (1 - p)·S`; the tail of tiny probabilities is cut where the CPU cuts
-/// it, not where `p·S` rounds to `S`. A tail below `2^-32` of the maximum's
+/// the fixed-point mass before it is below the goal `W - (1 - p)·W`, i.e.
+/// while the mass from it on is above `(1 - p)·W`; the tail of tiny
+/// probabilities is cut where the CPU cuts it, not where `p·W` rounds to
+/// `W`. A tail below `2^-32` of the maximum's
 /// weight (at -23 nats) weighs 0 in the fixed-point rule on every device
 /// and path (full row, after a top-k): only the head (or `min_keep`) is
 /// kept, however long the tail.

@@ -357,10 +357,12 @@ pub fn temperature(
     }
 }
 
-/// `top_p` over narrow rows `[B, N]` (`N <= TOP_K_MAX`), the device recipe's
+/// `top_p` over narrow rows `[B, N]` (`N <= TOP_K_MAX`), the one `top_p`
 /// rule in one kernel: in canonical order (logit descending, ties to the
-/// lowest of `ids`), keep a candidate iff the weight `exp(l - max)` before
-/// it is `< p·S` or its rank is `< keep`; the others become `-inf`.
+/// lowest of `ids`), keep a candidate iff the fixed-point mass before it
+/// (`sampler_core::numerics::fixed_weight` of `exp(l - max)`, summed
+/// exactly in 64 bits) is below `numerics::nucleus_goal(p, W)` or its rank
+/// is `< keep`; the others become `-inf`.
 /// `p` `[B, 1]` (`+inf` keeps the whole row), `keep` `[B, 1]`. `None` off
 /// the cubecl devices or for wider rows.
 pub fn top_p(

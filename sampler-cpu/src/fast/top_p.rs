@@ -42,6 +42,9 @@ use sampler_core::numerics::{
 use super::scan::{Invalid, as_block, blocks, desc_key, key_id, lane_mask, max_checked, set_bits};
 use super::simd::LANES;
 
+/// The longest row whose fixed-point total the exp pass sums exactly.
+const FIXED_ROW_MAX: usize = 1 << 22;
+
 /// Buckets per nat below the maximum, for ordering the gathered head.
 const PER_NAT: f32 = 8.0;
 /// Buckets; the last one collects everything from 63.8125 nats below on.
@@ -396,8 +399,8 @@ fn count_below(acc: &mut [f32; MASS_LANES], d: &[f32; MASS_LANES], limit: f32) {
 
 /// Nucleus of the full row `[vocab]` (token id = position) into `out`
 /// (cleared first; its buffers are reused), `false` when the reference must
-/// decide (all `-inf`, the running sum never reaches `p`, or the cut keeps
-/// the whole row or a `-inf` candidate).
+/// decide (all `-inf`, a row longer than `2^22`, the running sum never
+/// reaches `p`, or the cut keeps the whole row or a `-inf` candidate).
 ///
 /// # Errors
 /// [`Invalid`] for a row with NaN or `+inf`.
@@ -435,7 +438,9 @@ fn top_p_from(
         maxima,
     } = scratch;
     let max = max_checked(row, maxima)?;
-    if max == f32::NEG_INFINITY || row.is_empty() {
+    // The fixed-point total is summed in f64, exact up to 2^53: at most
+    // 2^22 weights of at most 2^31 (longer rows: the reference, in u64).
+    if max == f32::NEG_INFINITY || row.is_empty() || row.len() > FIXED_ROW_MAX {
         return Ok(false);
     }
     keys.clear();
