@@ -588,7 +588,7 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
         }
         Lead::TopP { at, p, min_keep } => {
             let nucleus = &mut s.nucleus;
-            if top_p_full(logits, p, min_keep, &mut s.top_p, nucleus) != Ok(true) {
+            if top_p_full(logits, p, min_keep, true, &mut s.top_p, nucleus) != Ok(true) {
                 return Survivors::Reference;
             }
             match from_parts(nucleus.ids.clone(), nucleus.logits.clone()) {
@@ -1318,7 +1318,8 @@ fn lead_tail_token(
         }
         Lead::TopP { p, min_keep, .. } => {
             let nucleus = &mut s.nucleus;
-            if !top_p_full(logits, p, min_keep, &mut s.top_p, nucleus).ok()? {
+            // The tail needs the set alone: no probabilities, no `S`.
+            if !top_p_full(logits, p, min_keep, false, &mut s.top_p, nucleus).ok()? {
                 return None;
             }
             let u = tail_uniform(chain, tail);

@@ -69,6 +69,7 @@ const MASS_LANES: usize = 16;
 pub(crate) struct Nucleus {
     pub ids: Vec<TokenId>,
     pub logits: Vec<f32>,
+    /// Empty when [`top_p_full`] was not asked for them.
     pub probs: Vec<f32>,
     /// The same set in ascending token id: `(id, logit)`.
     pub by_id: Vec<(TokenId, f32)>,
@@ -109,49 +110,71 @@ fn level_thresholds() -> [f32; LEVELS] {
     std::array::from_fn(|j| exp(-(TIER_LAST[j] as f32 + 0.5) / PER_NAT))
 }
 
-/// Pass 2: `S = Σ exp(l - max)` with the lane rule of `numerics::sum_f64`,
-/// the fixed-point total `W = Σ fixed_weight(exp(l - max))` (exact), and
-/// per level `j` an f32 estimate of the mass at or above `thresholds[j]`.
+/// Pass 2: `S = Σ exp(l - max)` with the lane rule of `numerics::sum_f64`
+/// (only when `with_sum`; 0 otherwise), the fixed-point total
+/// `W = Σ fixed_weight(exp(l - max))` (exact), and per level `j` an f32
+/// estimate of the mass at or above `thresholds[j]`.
 /// On x86-64 with AVX-512F or AVX2 a copy of the same code compiled for it
 /// runs (chosen at run time): the same operations in the same order, so the
 /// same bits (tested below).
-fn exp_sum_levels(row: &[f32], max: f32, thresholds: &[f32; LEVELS]) -> (f64, f64, [f32; LEVELS]) {
+fn exp_sum_levels(
+    row: &[f32],
+    max: f32,
+    thresholds: &[f32; LEVELS],
+    with_sum: bool,
+) -> (f64, f64, [f32; LEVELS]) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F (checked just above).
-            return unsafe { exp_sum_levels_avx512(row, max, thresholds) };
+            return unsafe {
+                if with_sum {
+                    exp_sum_levels_avx512::<true>(row, max, thresholds)
+                } else {
+                    exp_sum_levels_avx512::<false>(row, max, thresholds)
+                }
+            };
         }
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { exp_sum_levels_avx2(row, max, thresholds) };
+            return unsafe {
+                if with_sum {
+                    exp_sum_levels_avx2::<true>(row, max, thresholds)
+                } else {
+                    exp_sum_levels_avx2::<false>(row, max, thresholds)
+                }
+            };
         }
     }
-    exp_sum_levels_body(row, max, thresholds)
+    if with_sum {
+        exp_sum_levels_body::<true>(row, max, thresholds)
+    } else {
+        exp_sum_levels_body::<false>(row, max, thresholds)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn exp_sum_levels_avx512(
+fn exp_sum_levels_avx512<const SUM: bool>(
     row: &[f32],
     max: f32,
     thresholds: &[f32; LEVELS],
 ) -> (f64, f64, [f32; LEVELS]) {
-    exp_sum_levels_body(row, max, thresholds)
+    exp_sum_levels_body::<SUM>(row, max, thresholds)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn exp_sum_levels_avx2(
+fn exp_sum_levels_avx2<const SUM: bool>(
     row: &[f32],
     max: f32,
     thresholds: &[f32; LEVELS],
 ) -> (f64, f64, [f32; LEVELS]) {
-    exp_sum_levels_body(row, max, thresholds)
+    exp_sum_levels_body::<SUM>(row, max, thresholds)
 }
 
 #[inline(always)]
-fn exp_sum_levels_body(
+fn exp_sum_levels_body<const SUM: bool>(
     row: &[f32],
     max: f32,
     thresholds: &[f32; LEVELS],
@@ -170,7 +193,9 @@ fn exp_sum_levels_body(
             *ei = exp_nonpos(l - max);
         }
         // A chunk of 64 starts at a multiple of the lanes.
-        add_to_lanes(&mut lanes, &e[..n]);
+        if SUM {
+            add_to_lanes(&mut lanes, &e[..n]);
+        }
         // The tail of a short chunk holds the previous chunk's values:
         // zero them for the estimates.
         e[n..].fill(0.0);
@@ -408,10 +433,11 @@ pub(crate) fn top_p_full(
     row: &[f32],
     p: f32,
     min_keep: usize,
+    probs: bool,
     scratch: &mut TopPScratch,
     out: &mut Nucleus,
 ) -> Result<bool, Invalid> {
-    top_p_from(row, p, min_keep, scratch, None, out)
+    top_p_from(row, p, min_keep, probs, scratch, None, out)
 }
 
 /// [`top_p_full`], the walk starting with the tiers up to `start` when given
@@ -421,6 +447,7 @@ fn top_p_from(
     row: &[f32],
     p: f32,
     min_keep: usize,
+    probs: bool,
     scratch: &mut TopPScratch,
     start: Option<usize>,
     out: &mut Nucleus,
@@ -447,11 +474,16 @@ fn top_p_from(
     buckets.clear();
     // Pass 2: exponentials and their f64 sum in id order (as the
     // reference's softmax), and the mass estimates per tier end.
-    let (sum, fixed_total, mass) = exp_sum_levels(row, max, &level_thresholds());
+    let (sum, fixed_total, mass) = exp_sum_levels(row, max, &level_thresholds(), probs);
     let inv = 1.0 / sum;
-    // The estimates' target (only the walk's speed depends on it) and the
-    // rule's exact goal.
-    let target = f64::from(p) * sum;
+    // The estimates' target (only the walk's speed depends on it: without
+    // `S`, `W` in units of the maximum's weight) and the rule's exact goal.
+    let scale = if probs {
+        sum
+    } else {
+        fixed_total / 2_147_483_648.0
+    };
+    let target = f64::from(p) * scale;
     let goal = nucleus_goal(p, fixed_total as u64);
     // The exact running sum in sorted order: range by range (the tiers up
     // to the estimate's first, then one tier at a time), bucket by bucket,
@@ -493,7 +525,9 @@ fn top_p_from(
                 let e = exp_nonpos(l - max);
                 out.ids.push(id);
                 out.logits.push(l);
-                out.probs.push((f64::from(e) * inv) as f32);
+                if probs {
+                    out.probs.push((f64::from(e) * inv) as f32);
+                }
                 cum += u64::from(fixed_weight(e));
                 if cum >= goal && out.ids.len() >= min_keep {
                     // A cut that reaches a `-inf` candidate (min_keep beyond
@@ -555,8 +589,11 @@ mod tests {
                 }
             });
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let (sa, fa, ma) = exp_sum_levels(&row, max, &thresholds);
-            let (sb, fb, mb) = exp_sum_levels_body(&row, max, &thresholds);
+            let (sa, fa, ma) = exp_sum_levels(&row, max, &thresholds, true);
+            let (s0, f0, m0) = exp_sum_levels(&row, max, &thresholds, false);
+            assert_eq!((s0, f0 as u64), (0.0, fa as u64), "len {len}");
+            assert_eq!(m0.map(f32::to_bits), ma.map(f32::to_bits), "len {len}");
+            let (sb, fb, mb) = exp_sum_levels_body::<true>(&row, max, &thresholds);
             assert_eq!(sa.to_bits(), sb.to_bits(), "len {len}");
             let fixed: u64 = row
                 .iter()
@@ -590,9 +627,9 @@ mod tests {
                     // SAFETY: the CPU has the level (checked above).
                     let (sc, fc, mc) = unsafe {
                         if level == "avx2" {
-                            exp_sum_levels_avx2(&row, max, &thresholds)
+                            exp_sum_levels_avx2::<true>(&row, max, &thresholds)
                         } else {
-                            exp_sum_levels_avx512(&row, max, &thresholds)
+                            exp_sum_levels_avx512::<true>(&row, max, &thresholds)
                         }
                     };
                     assert_eq!(sc.to_bits(), sb.to_bits(), "{level}, len {len}");
@@ -691,12 +728,23 @@ mod tests {
                         let at = format!("c {c} p {p} min_keep {min_keep} start {start:?}");
                         let mut got = Nucleus::default();
                         let decided =
-                            top_p_from(&row, p, min_keep, &mut scratch, start, &mut got).unwrap();
+                            top_p_from(&row, p, min_keep, true, &mut scratch, start, &mut got)
+                                .unwrap();
                         assert!(decided, "{at}: the kernel fell back ({} kept)", want.len());
                         assert_eq!(got.ids, want.ids(), "{at}");
                         assert_eq!(bits(&got.logits), bits(want.logits()), "{at}");
                         assert_eq!(bits(&got.probs), bits(want.probs().unwrap()), "{at}");
                         assert_eq!(got.by_id, by_id, "{at}");
+                        // Without the probabilities (the fused tail's call):
+                        // the same set, its estimates from `W` instead of `S`.
+                        let mut bare = Nucleus::default();
+                        let decided =
+                            top_p_from(&row, p, min_keep, false, &mut scratch, start, &mut bare)
+                                .unwrap();
+                        assert!(decided, "{at}: the kernel fell back without probabilities");
+                        assert_eq!(bare.ids, got.ids, "{at}");
+                        assert_eq!(bare.by_id, got.by_id, "{at}");
+                        assert!(bare.probs.is_empty(), "{at}");
                         if start.is_none() {
                             let last = bucket(max, *got.logits.last().unwrap());
                             hit[TIER_LAST.iter().position(|&h| last <= h).unwrap()] += 1;
@@ -724,11 +772,13 @@ mod tests {
                 .collect();
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             for p in [0.8f32, 0.9, 0.95] {
-                let (sum, _, mass) = exp_sum_levels(&row, max, &level_thresholds());
+                let (sum, _, mass) = exp_sum_levels(&row, max, &level_thresholds(), true);
                 let target = f64::from(p) * sum;
                 let start = first_tier(&mass, target);
                 let mut got = Nucleus::default();
-                assert!(top_p_full(&row, p, 1, &mut TopPScratch::default(), &mut got).unwrap());
+                assert!(
+                    top_p_full(&row, p, 1, true, &mut TopPScratch::default(), &mut got).unwrap()
+                );
                 let cut = bucket(max, *got.logits.last().unwrap());
                 let Some(end) = narrowed_end(&row, max, &mass, start, target) else {
                     assert!(start < FIRST_WIDE, "c {c} p {p}: tier {start}");
@@ -774,10 +824,12 @@ mod tests {
                 .collect();
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             for p in [0.5f32, 0.8, 0.9, 0.95] {
-                let (sum, _, mass) = exp_sum_levels(&row, max, &level_thresholds());
+                let (sum, _, mass) = exp_sum_levels(&row, max, &level_thresholds(), true);
                 let start = first_tier(&mass, f64::from(p) * sum);
                 let mut got = Nucleus::default();
-                assert!(top_p_full(&row, p, 1, &mut TopPScratch::default(), &mut got).unwrap());
+                assert!(
+                    top_p_full(&row, p, 1, true, &mut TopPScratch::default(), &mut got).unwrap()
+                );
                 let last = bucket(max, *got.logits.last().unwrap());
                 let cut_tier = TIER_LAST.iter().position(|&h| last <= h).unwrap();
                 assert!(
