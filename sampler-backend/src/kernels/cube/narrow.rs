@@ -90,10 +90,25 @@ pub(crate) fn top_p_rows(
     // `stages::top_p`'s rule in fixed point: each candidate weighs
     // `fixed_weight(e)`, and it is kept while the mass before it (64-bit,
     // exact) is below `wide_nucleus_goal(p, total)`. `p = +inf` marks a
-    // no-op row (everything kept).
+    // no-op row (everything kept). Each weight once, into shared memory;
+    // the total and the goal once per thread (the same for every candidate).
+    let mut sw = Shared::<[u32]>::new_slice(cap);
+    let mut i = UNIT_POS;
+    while i < width {
+        sw[i as usize] = fixed_weight(se[i as usize]);
+        i += CUBE_DIM;
+    }
+    sync_cube();
+    let mut th = 0u32;
+    let mut tl = 0u32;
+    for j in 0..width {
+        let nt = tl + sw[j as usize];
+        th += select(nt < tl, 1u32, 0u32);
+        tl = nt;
+    }
     let pr = p[row as usize];
     let all = pr >= 1.0f32;
-    let pc = select(all, 0.5f32, pr);
+    let (gh, gl) = wide_nucleus_goal(select(all, 0.5f32, pr), th, tl);
     let min_keep = u32::cast_from(keep[row as usize]);
     let mut c = UNIT_POS;
     while c < width {
@@ -102,22 +117,15 @@ pub(crate) fn top_p_rows(
         let mut rank = 0u32;
         let mut bh = 0u32;
         let mut bl = 0u32;
-        let mut th = 0u32;
-        let mut tl = 0u32;
         for j in 0..width {
-            let q = fixed_weight(se[j as usize]);
-            let nt = tl + q;
-            th += select(nt < tl, 1u32, 0u32);
-            tl = nt;
             let lj = sl[j as usize];
             if lj > lc || (lj == lc && sid[j as usize] < dc) {
                 rank += 1u32;
-                let nb = bl + q;
+                let nb = bl + sw[j as usize];
                 bh += select(nb < bl, 1u32, 0u32);
                 bl = nb;
             }
         }
-        let (gh, gl) = wide_nucleus_goal(pc, th, tl);
         let kept = all || !wide_ge(bh, bl, gh, gl) || rank < min_keep;
         out[(base + c) as usize] = select(kept, lc, f32::reinterpret(0xFF80_0000u32));
         c += CUBE_DIM;
