@@ -312,8 +312,16 @@ pub(crate) fn chunk_len(width: u32) -> u32 {
 /// ([`chunk_len`] positions; fewer, or none, at the end).
 #[cube]
 pub(crate) fn thread_chunk(width: u32) -> (u32, u32) {
+    chunk_bounds(UNIT_POS, width)
+}
+
+/// Chunk `c`'s positions `start..end` of a row of `width`, the row cut
+/// into `CUBE_DIM` chunks of [`chunk_len`] positions (fewer, or none, at
+/// the end).
+#[cube]
+pub(crate) fn chunk_bounds(c: u32, width: u32) -> (u32, u32) {
     let chunk = chunk_len(width);
-    let start = select(UNIT_POS * chunk < width, UNIT_POS * chunk, width);
+    let start = select(c * chunk < width, c * chunk, width);
     let end = select(start + chunk < width, start + chunk, width);
     (start, end)
 }

@@ -161,28 +161,6 @@ pub(crate) fn kept_weight_sum<N: Size>(
     (hi, lo)
 }
 
-/// [`kept_weight_sum`] over the vectors `start..end` of the row (a thread's
-/// contiguous chunk: 16-byte loads, the lanes taken out of registers).
-#[cube]
-pub(crate) fn kept_weight_chunk<N: Size>(
-    logits: &[Vector<f32, N>],
-    head: &RowHead,
-    cut: &Cut,
-    start: u32,
-    end: u32,
-    #[comptime] min_p: bool,
-) -> (u32, u32) {
-    let mut hi = 0u32;
-    let mut lo = 0u32;
-    for i in start..end {
-        let v = logits[(head.base + i) as usize];
-        let (h, l) = kept_add_vector::<N>(v, i, head, cut, hi, lo, min_p);
-        hi = h;
-        lo = l;
-    }
-    (hi, lo)
-}
-
 /// Logit `l` at position `j` added into the 64-bit fixed-point sum
 /// `(hi, lo)` of the kept `dist` weights when the cut keeps it.
 #[cube]
@@ -207,24 +185,27 @@ fn add_kept(
     (h, s)
 }
 
-/// [`kept_weight_sum`] over the vectors `start..end` of the row, each
-/// thread taking vectors `CUBE_DIM` apart (coalesced 16-byte loads,
-/// [`LOADS_IN_FLIGHT`] of them issued before the first is used): this
-/// thread's share of the sum. Every thread calls.
+/// [`kept_weight_sum`] over the vectors `start..end` of the row, this
+/// thread taking vectors `start + lane`, then every `step` (`UNIT_POS` and
+/// `CUBE_DIM` when the whole workgroup reads the range; coalesced 16-byte
+/// loads, [`LOADS_IN_FLIGHT`] of them issued before the first is used):
+/// this thread's share of the sum.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn kept_weight_sum_vec<N: Size>(
     logits: &[Vector<f32, N>],
     head: &RowHead,
     cut: &Cut,
     start: u32,
     end: u32,
+    lane: u32,
+    step: u32,
     #[comptime] min_p: bool,
 ) -> (u32, u32) {
-    let step = CUBE_DIM;
     let base = head.base;
     let mut hi = 0u32;
     let mut lo = 0u32;
-    let mut i = start + UNIT_POS;
+    let mut i = start + lane;
     while i + (LOADS_IN_FLIGHT - 1u32) * step < end {
         let v0 = logits[(base + i) as usize];
         let v1 = logits[(base + i + step) as usize];

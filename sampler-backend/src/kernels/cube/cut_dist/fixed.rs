@@ -17,6 +17,18 @@ pub(crate) fn fixed_weight(w: f32) -> u32 {
     u32::cast_from(select(v < 2_147_483_648.0f32, v, 2_147_483_648.0f32))
 }
 
+/// The 64-bit sum `(hi, lo)` added into the shared pair `buf[at]` (low
+/// word) and `buf[at + 1]` (high word), the low word's carry into the high
+/// one: the same integers whatever order threads add them in.
+#[cube]
+pub(crate) fn wide_atomic_add(buf: &Shared<[Atomic<u32>]>, at: u32, hi: u32, lo: u32) {
+    let old = buf[at as usize].fetch_add(lo);
+    let h = hi + select(old > 0xFFFF_FFFFu32 - lo, 1u32, 0u32);
+    if h > 0u32 {
+        buf[(at + 1u32) as usize].fetch_add(h);
+    }
+}
+
 /// The histogram bin of a logit `l` below the row maximum `m`.
 #[cube]
 pub(crate) fn nucleus_bin(l: f32, m: f32) -> u32 {
@@ -236,11 +248,7 @@ pub(crate) fn histogram_range<N: Size>(
         i2 += CUBE_DIM;
     }
     if deep_lo > 0u32 || deep_hi > 0u32 {
-        let old = pool[2046usize].fetch_add(deep_lo);
-        let carry = select(old > 0xFFFF_FFFFu32 - deep_lo, 1u32, 0u32);
-        if deep_hi + carry > 0u32 {
-            pool[2047usize].fetch_add(deep_hi + carry);
-        }
+        wide_atomic_add(pool, 2046u32, deep_hi, deep_lo);
     }
 }
 
@@ -285,10 +293,7 @@ fn histogram_add(
             dh += select(nl < dl, 1u32, 0u32);
             dl = nl;
         } else {
-            let old = pool[(2u32 * b) as usize].fetch_add(q);
-            if old > 0xFFFF_FFFFu32 - q {
-                pool[(2u32 * b + 1u32) as usize].fetch_add(1u32);
-            }
+            wide_atomic_add(pool, 2u32 * b, 0u32, q);
         }
     }
     (dh, dl)

@@ -8,10 +8,9 @@
 use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
-use super::super::common::{chunk_len, segment_vectors, thread_chunk};
-use super::draw::{
-    Cut, RowHead, draw_token, kept_weight_chunk, kept_weight_sum_vec, read_row_head,
-};
+use super::super::common::{chunk_len, segment_vectors};
+use super::chunks::chunk_sums;
+use super::draw::{Cut, RowHead, draw_token, kept_weight_sum_vec, read_row_head};
 use super::fixed::{wide_scan, wide_total};
 
 /// The `min_p` cut of a row: `l >= max + ln p`, as the CPU computes it
@@ -89,9 +88,9 @@ pub(crate) fn min_p_dist_full_rows<N: Size>(
     );
     let cut = min_p_cut(&head, log_p, keep_all);
 
-    // Read 2: the dist weights of the kept logits, by chunk: each thread's
-    // contiguous chunk, or with `split` each segment's sum, thread `s`
-    // taking segment `s`.
+    // Read 2: the dist weights of the kept logits, by chunk (thread `t`
+    // ends with chunk `t`'s sum), or with `split` each segment's sum,
+    // thread `s` taking segment `s`.
     let mut wh = 0u32;
     let mut wl = 0u32;
     let mut chunk = 0u32;
@@ -102,10 +101,25 @@ pub(crate) fn min_p_dist_full_rows<N: Size>(
         }
         chunk = seg * lanes;
     } else {
-        // Each thread's contiguous chunk of whole vectors.
+        // Thread `t` ends with chunk `t`'s sum, each chunk read coalesced
+        // by a few threads together (`chunks.rs`).
         let row_v = width / lanes;
-        let (start, end) = thread_chunk(row_v);
-        let (h, l) = kept_weight_chunk::<N>(logits, &head, &cut, start, end, true);
+        let sums = Shared::<[Atomic<u32>]>::new_slice(2usize * units);
+        let unread_count = Shared::<[Atomic<u32>]>::new_slice(1usize);
+        let mut unread_gathered = Shared::<[u32]>::new_slice(1usize);
+        let (h, l) = chunk_sums::<N>(
+            logits,
+            &head,
+            &cut,
+            0u32,
+            row_v,
+            &sums,
+            &unread_count,
+            &mut unread_gathered,
+            units,
+            false,
+            true,
+        );
         wh = h;
         wl = l;
         chunk = chunk_len(row_v) * lanes;
@@ -186,7 +200,8 @@ pub(crate) fn kept_sums_part_rows<N: Size>(
     let cut = min_p_cut(&head, log_p, keep_all);
     let row_v = width / lanes;
     let (start, end) = segment_vectors(part, seg, row_v);
-    let (h, l) = kept_weight_sum_vec::<N>(logits, &head, &cut, start, end, true);
+    let (h, l) =
+        kept_weight_sum_vec::<N>(logits, &head, &cut, start, end, UNIT_POS, CUBE_DIM, true);
     acc_hi[tid as usize] = h;
     acc_lo[tid as usize] = l;
     wide_scan(&mut acc_hi, &mut acc_lo);

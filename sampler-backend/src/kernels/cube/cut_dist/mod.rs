@@ -16,10 +16,12 @@
 //!    depend on the order threads add them in. Scanning the bins from the
 //!    top gives the crossing bin: the one where the mass from the maximum
 //!    down first reaches `p·S`;
-//! 3. **chunks**: each thread owns a contiguous chunk of positions and sums
-//!    the `dist` weights `exp(sat(l / t) - sat(m / t))` (fixed point) of
-//!    its logits in bins above the crossing bin (all kept); the crossing
-//!    bin's logits are gathered into shared memory (up to [`NUC_GATHER`](crate::kernels::NUC_GATHER)).
+//! 3. **chunks**: the row is cut into `CUBE_DIM` chunks of consecutive
+//!    positions and thread `t` ends holding chunk `t`'s sum of the `dist`
+//!    weights `exp(sat(l / t) - sat(m / t))` (fixed point) of its logits in
+//!    bins above the crossing bin (all kept); each chunk is read by a few
+//!    neighbouring threads together (`chunks.rs`), and the crossing bin's
+//!    logits are gathered into shared memory (up to [`NUC_GATHER`](crate::kernels::NUC_GATHER)).
 //!
 //! The crossing bin is then resolved exactly where it was gathered: a
 //! weighted radix search over its order-preserving keys gives the crossing
@@ -66,11 +68,15 @@
 //! at `N = 1` otherwise). Read 1 and `top_p`'s histogram pass load whole
 //! vectors, each thread taking vectors `CUBE_DIM` apart (coalesced); the
 //! chunk passes (`min_p`'s read 2, `top_p`'s read 3) load whole vectors
-//! too, each thread walking its own contiguous chunk of them (a warp
-//! touches 32 cache lines a load there, 16 bytes of each); the walk of
-//! the drawn chunk's parts (a few positions a thread) and the crossing
-//! bin's resolution over the row (when it holds more than `NUC_GATHER`
-//! logits) read single lanes (`logit_at`).
+//! too, [`CHUNK_READERS`](chunks::CHUNK_READERS) neighbouring threads
+//! taking consecutive vectors of one chunk (128 bytes a load for the
+//! eight: a warp touches 4 whole cache lines, where one thread a chunk
+//! made it touch 32, 16 bytes of each), their shares added into the
+//! chunk's shared 64-bit sum; the walk of the drawn chunk's parts (a few
+//! positions a thread), the unsplit crossing bin's kept logits beyond the
+//! gather (a thread's own chunk) and the crossing bin's resolution over the
+//! row (when it holds more than `NUC_GATHER` logits) read single lanes
+//! (`logit_at`).
 //!
 //! The rule is the device recipe's (and the CPU's, up to rounding): keep a
 //! candidate iff the mass before it in canonical order (logit descending,
@@ -98,13 +104,14 @@
 //! without a cut, and its split read 2), `split.rs` `top_p`'s split
 //! histogram and read 3 passes, `draw.rs` what both share (read 1, the cut, the draw
 //! they end with), `fixed.rs` the fixed-point sums and the histogram's
-//! bins,
+//! bins, `chunks.rs` the unsplit chunk pass both kernels read coalesced,
 //! `mask.rs` the unfused `top_p`'s row write.
 
 // cubecl's frontend wants a variable declared before the branches that
 // assign it (the radix and tie passes read shared memory or the row).
 #![allow(unused_assignments)]
 
+mod chunks;
 mod draw;
 mod fixed;
 mod mask;

@@ -238,7 +238,17 @@ pub(crate) fn top_p_kept_part_rows<N: Size>(
     sync_cube();
     let row_v = width / lanes;
     let (start, end) = segment_vectors(part, seg, row_v);
-    let (h, l) = nucleus_sum_vec::<N>(logits, &head, cb, start, end, &count, &mut gathered);
+    let (h, l) = nucleus_sum_vec::<N>(
+        logits,
+        &head,
+        cb,
+        start,
+        end,
+        UNIT_POS,
+        CUBE_DIM,
+        &count,
+        &mut gathered,
+    );
     acc_hi[tid as usize] = h;
     acc_lo[tid as usize] = l;
     wide_scan(&mut acc_hi, &mut acc_lo);
@@ -264,30 +274,34 @@ pub(crate) fn top_p_kept_part_rows<N: Size>(
     }
 }
 
-/// Over the vectors `start..end` of the row, each thread taking vectors
-/// `CUBE_DIM` apart (coalesced 16-byte loads, [`LOADS_IN_FLIGHT`] of them
-/// issued before the first is used): the fixed-point `dist` weights of the
+/// Over the vectors `start..end` of the row, this thread taking vectors
+/// `start + lane`, then every `step` (`UNIT_POS` and `CUBE_DIM` when the
+/// whole workgroup reads the range; coalesced 16-byte loads,
+/// [`LOADS_IN_FLIGHT`] of them issued before the first is used): the
+/// fixed-point `dist` weights of the
 /// logits above the crossing bin `cb` summed (this thread's share), and the
 /// crossing bin's logits with a positive mass weight gathered as `(bits,
 /// position)` into `gathered` at slots counted by `count` (up to
 /// [`NUC_GATHER`]; the count goes on past it). What the one-workgroup
-/// kernel's read 3 does per logit. Every thread calls; a barrier must
-/// follow before `gathered` or `count` is read.
+/// kernel's read 3 does per logit. A barrier must follow before `gathered`
+/// or `count` is read.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn nucleus_sum_vec<N: Size>(
     logits: &[Vector<f32, N>],
     head: &RowHead,
     cb: u32,
     start: u32,
     end: u32,
+    lane: u32,
+    step: u32,
     count: &Shared<[Atomic<u32>]>,
     gathered: &mut Shared<[u32]>,
 ) -> (u32, u32) {
-    let step = CUBE_DIM;
     let base = head.base;
     let mut hi = 0u32;
     let mut lo = 0u32;
-    let mut i = start + UNIT_POS;
+    let mut i = start + lane;
     while i + (LOADS_IN_FLIGHT - 1u32) * step < end {
         let v0 = logits[(base + i) as usize];
         let v1 = logits[(base + i + step) as usize];
@@ -308,7 +322,7 @@ pub(crate) fn nucleus_sum_vec<N: Size>(
         let (h, l) = nucleus_add_vector::<N>(v, i, head, cb, hi, lo, count, gathered);
         hi = h;
         lo = l;
-        i += CUBE_DIM;
+        i += step;
     }
     (hi, lo)
 }

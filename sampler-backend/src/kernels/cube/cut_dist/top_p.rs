@@ -5,12 +5,13 @@ use burn_cubecl::cubecl;
 use burn_cubecl::cubecl::prelude::*;
 
 use super::super::common::{chunk_len, clear_atomics, logit_at, order_key, thread_chunk};
+use super::chunks::chunk_sums;
 use super::draw::{Cut, draw_token, draw_weight, read_row_head};
 use super::fixed::{
-    first_reaching, fixed_weight, histogram_range, key_logit, nucleus_bin, wide_f32, wide_ge,
-    wide_nucleus_goal, wide_scan, wide_total,
+    first_reaching, fixed_weight, histogram_range, key_logit, nucleus_bin, wide_atomic_add,
+    wide_f32, wide_ge, wide_nucleus_goal, wide_scan, wide_total,
 };
-use super::split::{nucleus_add_vector, nucleus_sum_vec};
+use super::split::nucleus_sum_vec;
 use super::{
     CUT_WORDS, GATHERED_AT, HIST_WORDS, ROW_WORDS, S_ABOVE_HI, S_ABOVE_LO, S_BIN, S_CB, S_CHUNK,
     S_GOAL_HI, S_GOAL_LO, S_LEN,
@@ -168,8 +169,9 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
     let goal_hi = sel[S_GOAL_HI];
     let goal_lo = sel[S_GOAL_LO];
 
-    // Read 3: each thread's contiguous chunk: dist weights of the logits
-    // above the crossing bin; the crossing bin's logits gathered. With
+    // Read 3, by chunks (thread `t` ends with chunk `t`'s sum): dist
+    // weights of the logits above the crossing bin; the crossing bin's
+    // logits gathered. With
     // `split`, `top_p_kept_part_rows` read the row by segments: thread `s`
     // takes segment `s`'s sum, and the row's gathered logits (and their
     // count, which goes on past `NUC_GATHER`) are copied in.
@@ -202,25 +204,49 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
             // Only the gather (no draw follows): vectors `CUBE_DIM` apart,
             // coalesced.
             if cb < 1024u32 {
-                nucleus_sum_vec::<N>(logits, &head, cb, 0u32, row_v, &counter, &mut staged);
+                nucleus_sum_vec::<N>(
+                    logits,
+                    &head,
+                    cb,
+                    0u32,
+                    row_v,
+                    tid,
+                    CUBE_DIM,
+                    &counter,
+                    &mut staged,
+                );
             }
+            sync_cube();
         } else {
-            // Each thread's contiguous chunk of whole vectors (the draw
-            // finds `u·W` in the chunks' position order): 16-byte loads,
-            // the lanes taken out of registers.
+            // Thread `t` ends with chunk `t`'s sum (the draw finds `u·W`
+            // in the chunks' position order), each chunk read coalesced by
+            // a few threads together (`chunks.rs`).
             let (vs, ve) = thread_chunk(row_v);
             start = vs * lanes;
             end = ve * lanes;
             chunk = chunk_len(row_v) * lanes;
-            for i in vs..ve {
-                let v = logits[(base + i) as usize];
-                let (h, s) =
-                    nucleus_add_vector::<N>(v, i, &head, cb, wh, wl, &counter, &mut staged);
-                wh = h;
-                wl = s;
-            }
+            let no_cut = Cut {
+                cb,
+                prefix: 0u32,
+                last_pos: 0u32,
+                thr: 0.0f32,
+            };
+            let (h, s) = chunk_sums::<N>(
+                logits,
+                &head,
+                &no_cut,
+                cb,
+                row_v,
+                &seg_sums,
+                &counter,
+                &mut staged,
+                units,
+                true,
+                false,
+            );
+            wh = h;
+            wl = s;
         }
-        sync_cube();
         let n = counter[0].load();
         let mut k = tid;
         while k < 2u32 * n && k < 2u32 * NUC_GATHER {
@@ -260,11 +286,7 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
                 let q = fixed_weight(f32::exp(l - m));
                 let key = order_key(l);
                 if nucleus_bin(l, m) == cb && q > 0u32 && (key & mask) == prefix {
-                    let slot = 2u32 * ((key >> shift) & 15u32);
-                    let old = rbin[slot as usize].fetch_add(q);
-                    if old > 0xFFFF_FFFFu32 - q {
-                        rbin[(slot + 1u32) as usize].fetch_add(1u32);
-                    }
+                    wide_atomic_add(&rbin, 2u32 * ((key >> shift) & 15u32), 0u32, q);
                 }
                 j += CUBE_DIM;
             }
@@ -441,11 +463,7 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
                     && (key > prefix || (key == prefix && pos <= last_pos))
                 {
                     let e = draw_weight(l, &head);
-                    let s = 2u32 * (pos / chunk);
-                    let old = seg_sums[s as usize].fetch_add(e);
-                    if old > 0xFFFF_FFFFu32 - e {
-                        seg_sums[(s + 1u32) as usize].fetch_add(1u32);
-                    }
+                    wide_atomic_add(&seg_sums, 2u32 * (pos / chunk), 0u32, e);
                 }
                 k += CUBE_DIM;
             }
