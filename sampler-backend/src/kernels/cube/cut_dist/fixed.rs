@@ -17,15 +17,29 @@ pub(crate) fn fixed_weight(w: f32) -> u32 {
     u32::cast_from(select(v < 2_147_483_648.0f32, v, 2_147_483_648.0f32))
 }
 
-/// The 64-bit sum `(hi, lo)` added into the shared pair `buf[at]` (low
-/// word) and `buf[at + 1]` (high word), the low word's carry into the high
-/// one: the same integers whatever order threads add them in.
+/// The 64-bit sum `(hi, lo)` added by atomics into the shared pair
+/// `buf[at]` (low word) and `buf[at + 1]` (high word), the low word's
+/// carry into the high one: exact, the same integers whatever order threads
+/// add them in (each `fetch_add` sees its own wrap of the low word).
 #[cube]
 pub(crate) fn wide_atomic_add(buf: &Shared<[Atomic<u32>]>, at: u32, hi: u32, lo: u32) {
     let old = buf[at as usize].fetch_add(lo);
     let h = hi + select(old > 0xFFFF_FFFFu32 - lo, 1u32, 0u32);
     if h > 0u32 {
         buf[(at + 1u32) as usize].fetch_add(h);
+    }
+}
+
+/// [`wide_atomic_add`] into global memory: the pair at `at` of `words`
+/// (low word first). Nothing is added for 0.
+#[cube]
+pub(crate) fn global_wide_add(words: &mut [Atomic<u32>], at: u32, hi: u32, lo: u32) {
+    if lo > 0u32 || hi > 0u32 {
+        let old = words[at as usize].fetch_add(lo);
+        let h = hi + select(old > 0xFFFF_FFFFu32 - lo, 1u32, 0u32);
+        if h > 0u32 {
+            words[(at + 1u32) as usize].fetch_add(h);
+        }
     }
 }
 

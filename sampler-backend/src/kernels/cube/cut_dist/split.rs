@@ -15,8 +15,8 @@ use super::super::common::{
 };
 use super::draw::{RowHead, draw_weight, read_row_head};
 use super::fixed::{
-    first_reaching, fixed_weight, histogram_range, nucleus_bin, wide_nucleus_goal, wide_scan,
-    wide_total,
+    first_reaching, fixed_weight, global_wide_add, histogram_range, nucleus_bin, wide_nucleus_goal,
+    wide_scan, wide_total,
 };
 use super::{GATHERED_AT, GROUP_BINS, GROUPS_AT, HIST_GROUPS, HIST_WORDS, ROW_WORDS};
 use crate::kernels::NUC_GATHER;
@@ -77,7 +77,7 @@ pub(crate) fn top_p_histogram_part_rows<N: Size>(
     while b < HIST_WORDS / 2u32 {
         let lo = pool[(2u32 * b) as usize].load();
         let hi = pool[(2u32 * b + 1u32) as usize].load();
-        wide_atomic_add(hist, words + 2u32 * b, hi, lo);
+        global_wide_add(hist, words + 2u32 * b, hi, lo);
         b += CUBE_DIM;
     }
     // The group sums: thread `g` adds its group's 32 bins.
@@ -93,21 +93,7 @@ pub(crate) fn top_p_histogram_part_rows<N: Size>(
             gh += hi + select(nl < gl, 1u32, 0u32);
             gl = nl;
         }
-        wide_atomic_add(hist, words + GROUPS_AT + 2u32 * g, gh, gl);
-    }
-}
-
-/// The 64-bit `(hi, lo)` added into the `u32` pair at `at` of `words`
-/// (low word first) by atomics, the low word's carry into the high word:
-/// exact, and the same sum in any order. Nothing is added for 0.
-#[cube]
-fn wide_atomic_add(words: &mut [Atomic<u32>], at: u32, hi: u32, lo: u32) {
-    if lo > 0u32 || hi > 0u32 {
-        let old = words[at as usize].fetch_add(lo);
-        let carry = select(old > 0xFFFF_FFFFu32 - lo, 1u32, 0u32);
-        if hi + carry > 0u32 {
-            words[(at + 1u32) as usize].fetch_add(hi + carry);
-        }
+        global_wide_add(hist, words + GROUPS_AT + 2u32 * g, gh, gl);
     }
 }
 

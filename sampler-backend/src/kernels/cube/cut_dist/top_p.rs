@@ -270,9 +270,7 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
     if resolve {
         for pass in 0..8u32 {
             let shift = 28u32 - pass * 4u32;
-            if tid < 32u32 {
-                rbin[tid as usize].store(0u32);
-            }
+            clear_atomics(&rbin, 32u32);
             sync_cube();
             let mut j = tid;
             while j < n_src {
@@ -384,9 +382,7 @@ pub(crate) fn top_p_dist_full_rows<N: Size>(
                 let shift = 28u32 - pass * 4u32;
                 // Passes above the row's highest position bit have one bin.
                 if ((width - 1u32) >> shift) != 0u32 {
-                    if tid < 16u32 {
-                        rbin[tid as usize].store(0u32);
-                    }
+                    clear_atomics(&rbin, 16u32);
                     sync_cube();
                     let mut jr = tid;
                     while jr < n_src {
