@@ -268,9 +268,7 @@ struct Scratch {
     nucleus: Nucleus,
     typical: TypicalScratch,
     typical_set: TypicalSet,
-    /// A survivor set in ascending token id, and its logits in the set's
-    /// order, for a fused tail.
-    by_id: Vec<(TokenId, f32)>,
+    /// The logits of a kept set in `ids`, in its order, for a fused tail.
     current: Vec<f32>,
     /// The running sums at every block of a fused tail over a set in id
     /// order (`tail::temp_dist_draw_in_id_order`).
@@ -284,9 +282,44 @@ struct Scratch {
     copy: Vec<u64>,
     /// A row without some of its tokens (`xtc`'s top choices).
     compact: Vec<f32>,
+    /// A kept set's logits in its sorted order (descending logit, ties by
+    /// id), for a normaliser that must be summed in that order.
+    sorted_logits: Vec<f32>,
 }
 
 impl Scratch {
+    /// The fused tail's draw (token, largest scaled logit, normaliser) over
+    /// the kept set in `ids` / `current` (ascending id), whose reference
+    /// order is sorted (descending logit, ties by id: a `top_k` set): from
+    /// the normaliser summed in id order where every order gives its bits
+    /// ([`tail::temp_dist_draw_order_free`]), else sorted first (the keys
+    /// in `keyed`, the logits in `sorted_logits`).
+    ///
+    /// # Errors
+    /// As [`temp_dist_draw`].
+    fn draw_sorted_set_in_id_order(
+        &mut self,
+        t: Option<f32>,
+        u: f64,
+    ) -> Result<(TokenId, f32, f64), SampleError> {
+        if let Some(drawn) = tail::temp_dist_draw_order_free(&self.ids, &self.current, t, u) {
+            return Ok(drawn);
+        }
+        self.keyed.clear();
+        self.keyed.extend(
+            self.ids
+                .iter()
+                .zip(&self.current)
+                .map(|(&id, &l)| (desc_key(l, id), l)),
+        );
+        self.keyed.sort_unstable_by_key(|&(key, _)| key);
+        self.sorted_logits.clear();
+        self.sorted_logits
+            .extend(self.keyed.iter().map(|&(_, l)| l));
+        let by_id = self.ids.iter().copied().zip(self.current.iter().copied());
+        temp_dist_draw(&self.sorted_logits, by_id, t, u)
+    }
+
     /// The logits of the tokens in `ids` (a kept set, in its order) into
     /// `current`.
     fn kept_logits(&mut self, logits: &[f32]) {
@@ -1046,8 +1079,12 @@ fn mirostat_token(
         buffer.clear();
         buffer.reserve(vocab);
     }
-    s.by_id.clear();
-    s.by_id.reserve(MIROSTAT_UNSORTED_FROM);
+    // A kept set below `MIROSTAT_UNSORTED_FROM` may be sorted for its
+    // normaliser (`Scratch::draw_sorted_set_in_id_order`).
+    s.keyed.clear();
+    s.keyed.reserve(MIROSTAT_UNSORTED_FROM);
+    s.sorted_logits.clear();
+    s.sorted_logits.reserve(MIROSTAT_UNSORTED_FROM);
     let u = stage_uniform(chain, at);
     if keep >= vocab {
         // The stage keeps the row in its order (id order): the whole-row
@@ -1077,14 +1114,22 @@ fn mirostat_token(
         s.kept_logits(logits);
         return tail::draw_with_reordered_sum(&s.ids, &s.current, max, u, &mut s.prefix).map(Ok);
     }
-    top_k_keys(logits, keep, &mut s.blocks, &mut s.sel, &mut s.keys).ok()?;
+    top_k_ids_in_id_order(
+        logits,
+        keep,
+        &mut s.blocks,
+        &mut s.sel,
+        &mut s.keys,
+        &mut s.copy,
+        &mut s.ids,
+    )
+    .ok()?;
+    s.kept_logits(logits);
     // `dist_select`'s arithmetic, as the fused tails.
-    keyed_set(logits, &s.keys, &mut s.current, &mut s.by_id);
-    let (token, kept_max, kept_sum) =
-        match temp_dist_draw(&s.current, s.by_id.iter().copied(), None, u) {
-            Ok(drawn) => drawn,
-            Err(e) => return Some(Err(e)),
-        };
+    let (token, kept_max, kept_sum) = match s.draw_sorted_set_in_id_order(None, u) {
+        Ok(drawn) => drawn,
+        Err(e) => return Some(Err(e)),
+    };
     // Its probability as `dist_select` writes it: `e · (1/S)` in f64, as f32.
     let e = sampler_core::numerics::exp(logits[token as usize] - kept_max);
     Some(Ok((token, (f64::from(e) * (1.0 / kept_sum)) as f32)))
@@ -1174,6 +1219,7 @@ fn penalised_top_k_token(
             .iter()
             .map(|&key| (key, logits[key_id(key) as usize])),
     );
+    let outside = s.keyed.len();
     // A history token whose penalised logit is below `thr` is beaten by `k`
     // tokens outside the history.
     for &(t, c) in &s.counts {
@@ -1185,14 +1231,7 @@ fn penalised_top_k_token(
             s.keyed.push((desc_key(l, t), l));
         }
     }
-    Some(top_k_tail_token(
-        &mut s.keyed,
-        k,
-        chain,
-        tail,
-        &mut s.by_id,
-        &mut s.current,
-    ))
+    Some(top_k_tail_token(s, outside, k, chain, tail))
 }
 
 /// The uniform in `[0, 1)` that the `dist` stage at `tail.dist_at` draws at
@@ -1212,53 +1251,46 @@ fn stage_uniform(chain: &Chain, at: usize) -> f64 {
     .uniform(0)
 }
 
-/// A set given as [`desc_key`]s (in their order) for the fused tail: its
-/// logits in that order (`current`, for the normaliser) and `(id, logit)`
-/// by ascending id (`by_id`, for the walk), into reused buffers.
-fn keyed_set(
-    logits: &[f32],
-    keys: &[u64],
-    current: &mut Vec<f32>,
-    by_id: &mut Vec<(TokenId, f32)>,
-) {
-    current.clear();
-    current.extend(keys.iter().map(|&key| logits[key_id(key) as usize]));
-    by_id.clear();
-    by_id.extend(
-        keys.iter()
-            .map(|&key| (key_id(key), logits[key_id(key) as usize])),
-    );
-    by_id.sort_unstable_by_key(|&(id, _)| id);
-}
-
-/// `top_k(k) -> [temperature] -> dist` over `(key, logit)` pairs
-/// ([`desc_key`]): the `k` best keys, sorted, then the fused tail (`by_id`:
-/// a reused buffer).
+/// `top_k(k) -> [temperature] -> dist` over the `(key, logit)` pairs
+/// ([`desc_key`]) in `s.keyed`, two runs each in ascending id (`..split`
+/// and `split..`): the `k` best keys (the k-th by a selection on a copy),
+/// merged into ascending id in `s.ids` / `s.current`, then the fused tail.
 fn top_k_tail_token(
-    keyed: &mut Vec<(u64, f32)>,
+    s: &mut Scratch,
+    split: usize,
     k: usize,
     chain: &Chain,
     tail: tail::TempDist,
-    by_id: &mut Vec<(TokenId, f32)>,
-    current: &mut Vec<f32>,
 ) -> Result<TokenId, SampleError> {
     debug_assert!(k >= 1, "top_k(0) is no lead");
-    if k < keyed.len() {
-        keyed.select_nth_unstable_by_key(k - 1, |&(key, _)| key);
-        keyed.truncate(k);
+    let kth = if k < s.keyed.len() {
+        s.copy.clear();
+        s.copy.extend(s.keyed.iter().map(|&(key, _)| key));
+        *s.copy.select_nth_unstable(k - 1).1
+    } else {
+        u64::MAX
+    };
+    let (first, second) = s.keyed.split_at(split);
+    debug_assert!(first.is_sorted_by_key(|&(key, _)| key_id(key)));
+    debug_assert!(second.is_sorted_by_key(|&(key, _)| key_id(key)));
+    s.ids.clear();
+    s.current.clear();
+    let kept = |&&(key, _): &&(u64, f32)| key <= kth;
+    let mut a = first.iter().filter(kept).peekable();
+    let mut b = second.iter().filter(kept).peekable();
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if key_id(y.0) < key_id(x.0) => b.next(),
+            (Some(_), _) => a.next(),
+            (None, _) => b.next(),
+        };
+        let Some(&(key, l)) = next else { break };
+        s.ids.push(key_id(key));
+        s.current.push(l);
     }
-    keyed.sort_unstable_by_key(|&(key, _)| key);
-    by_id.clear();
-    by_id.extend(keyed.iter().map(|&(key, l)| (key_id(key), l)));
-    by_id.sort_unstable_by_key(|&(id, _)| id);
-    current.clear();
-    current.extend(keyed.iter().map(|&(_, l)| l));
-    temp_dist_token(
-        current,
-        by_id.iter().copied(),
-        tail.t,
-        tail_uniform(chain, tail),
-    )
+    let u = tail_uniform(chain, tail);
+    s.draw_sorted_set_in_id_order(tail.t, u)
+        .map(|(token, _, _)| token)
 }
 
 /// The fused tail over the kept ids in `s.ids` (ascending, a set that holds
@@ -1296,18 +1328,26 @@ fn lead_tail_token(
 ) -> Option<Result<TokenId, SampleError>> {
     match lead {
         Lead::TopK { k, .. } => {
-            top_k_keys(logits, k, &mut s.blocks, &mut s.sel, &mut s.keys).ok()?;
-            if s.keys.is_empty() {
+            // The k best gathered in id order (no sort), the walk's order.
+            top_k_ids_in_id_order(
+                logits,
+                k,
+                &mut s.blocks,
+                &mut s.sel,
+                &mut s.keys,
+                &mut s.copy,
+                &mut s.ids,
+            )
+            .ok()?;
+            if s.ids.is_empty() {
                 return None;
             }
-            keyed_set(logits, &s.keys, &mut s.current, &mut s.by_id);
+            s.kept_logits(logits);
             let u = tail_uniform(chain, tail);
-            Some(temp_dist_token(
-                &s.current,
-                s.by_id.iter().copied(),
-                tail.t,
-                u,
-            ))
+            Some(
+                s.draw_sorted_set_in_id_order(tail.t, u)
+                    .map(|(token, _, _)| token),
+            )
         }
         Lead::MinP { p, min_keep, .. } => {
             let max = min_p_ids(logits, p.ln(), &mut s.blocks, &mut s.sel, &mut s.ids).ok()?;
@@ -1483,14 +1523,22 @@ fn run_lead(
             // penalties stage on the superset (id order, as it would see the
             // full row), then top_k on its keys and the fused tail.
             chain.apply_stages(resume..top_k_at, &mut row)?;
-            let mut keyed: Vec<(u64, f32)> = row
-                .ids()
-                .iter()
-                .zip(row.logits())
-                .map(|(&id, &l)| (desc_key(l, id), l))
-                .collect();
-            let token =
-                top_k_tail_token(&mut keyed, k, chain, tail, &mut Vec::new(), &mut Vec::new())?;
+            let token = with_scratch(|s| {
+                s.keyed.clear();
+                s.keyed.extend(
+                    row.ids()
+                        .iter()
+                        .zip(row.logits())
+                        .map(|(&id, &l)| (desc_key(l, id), l)),
+                );
+                // One run in ascending id (sorted, should the stage have
+                // reordered the row).
+                if !s.keyed.is_sorted_by_key(|&(key, _)| key_id(key)) {
+                    s.keyed.sort_unstable_by_key(|&(key, _)| key_id(key));
+                }
+                let split = s.keyed.len();
+                top_k_tail_token(s, split, k, chain, tail)
+            })?;
             chain.commit(token);
             Ok(token)
         }

@@ -284,6 +284,126 @@ pub(crate) fn draw_with_reordered_sum(
     (low == high).then_some((ids[j], low))
 }
 
+/// The most tokens [`temp_dist_draw_order_free`] takes (its exponentials
+/// sit in a stack buffer).
+pub(crate) const ORDER_FREE_MAX: usize = 128;
+
+/// Whether f64 sums of `n` nonnegative f32 values, whose nonzero ones lie in
+/// `[lo, hi]`, are exact in every order: each nonzero value is a multiple
+/// of `lo`'s ulp `2^(E(lo) - 23)` (a value at least `lo` has an ulp at
+/// least `lo`'s, both powers of two), and every partial sum is below
+/// `n · 2^(E(hi) + 1)`, so it is an integer multiple of that ulp below
+/// `2^53` of them when `⌈log2 n⌉ + E(hi) + 1 - (E(lo) - 23) <= 53`; every
+/// addition then rounds nothing.
+fn sums_are_exact(n: usize, lo: f32, hi: f32) -> bool {
+    // The unbiased exponent; a subnormal has the smallest normal's ulp.
+    let exponent = |x: f32| ((x.to_bits() >> 23) & 0xff).max(1) as i32 - 127;
+    let log2_n = n.next_power_of_two().trailing_zeros() as i32;
+    log2_n + exponent(hi) + 1 - (exponent(lo) - 23) <= 53
+}
+
+/// [`temp_dist_draw`] for a set whose reference order is another one (a
+/// sorted set), given here in ascending token id (`ids`, `logits`, at most
+/// [`ORDER_FREE_MAX`] tokens), when its normaliser does not depend on the
+/// order: the reference sums the `e_i` in f64 lanes in its own order, and
+/// when every such sum is exact ([`sums_are_exact`]: the kept `e_i` lie
+/// within about `2^-22` of the largest, 15 nats after the temperature, as
+/// in a `top_k(40)` set of most rows) it is the exact `Σ e_i`, which the
+/// plain sum here gives too; the walk is the reference's (ascending id).
+/// So the same token, maximum and normaliser, without sorting the set.
+/// `None`: not proved, or every logit `-inf` (the caller's path decides,
+/// with its errors).
+pub(crate) fn temp_dist_draw_order_free(
+    ids: &[TokenId],
+    logits: &[f32],
+    t: Option<f32>,
+    u: f64,
+) -> Option<(TokenId, f32, f64)> {
+    let n = logits.len();
+    if n > ORDER_FREE_MAX || ids.len() != n {
+        return None;
+    }
+    let t = t.filter(|&t| t != 1.0);
+    let max = max_scaled(logits, t);
+    if max == f32::NEG_INFINITY || max.is_nan() {
+        return None;
+    }
+    let mut es = [0.0f32; ORDER_FREE_MAX];
+    exps_into(logits, t, max, &mut es[..n]);
+    let es = &es[..n];
+    let (mut lo, mut hi, mut sum) = (f32::INFINITY, 0.0f32, 0.0f64);
+    for &e in es {
+        sum += f64::from(e);
+        if e > 0.0 {
+            lo = lo.min(e);
+            hi = hi.max(e);
+        }
+    }
+    if !(sum > 0.0) || !sums_are_exact(n, lo, hi) {
+        return None;
+    }
+    // The walk: the first `e > 0` whose running sum reaches `u·S`, else
+    // the last `e > 0`.
+    let target = u * sum;
+    let mut cum = 0.0f64;
+    let mut last = None;
+    for (&id, &e) in ids.iter().zip(es) {
+        if e > 0.0 {
+            cum += f64::from(e);
+            last = Some(id);
+            if cum >= target {
+                return Some((id, max, sum));
+            }
+        }
+    }
+    last.map(|id| (id, max, sum))
+}
+
+/// `e_of` of every logit into `out` (`out.len() == logits.len()`), in a
+/// loop that vectorises (AVX-512F / AVX2 chosen at run time, the same bits).
+fn exps_into(logits: &[f32], t: Option<f32>, max: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { exps_into_avx512(logits, t, max, out) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { exps_into_avx2(logits, t, max, out) };
+        }
+    }
+    exps_into_body(logits, t, max, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn exps_into_avx512(logits: &[f32], t: Option<f32>, max: f32, out: &mut [f32]) {
+    exps_into_body(logits, t, max, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn exps_into_avx2(logits: &[f32], t: Option<f32>, max: f32, out: &mut [f32]) {
+    exps_into_body(logits, t, max, out);
+}
+
+#[inline(always)]
+fn exps_into_body(logits: &[f32], t: Option<f32>, max: f32, out: &mut [f32]) {
+    match t {
+        Some(t) if t != 1.0 => {
+            for (e, &l) in out.iter_mut().zip(logits) {
+                *e = e_scaled(l, Divide(t), max);
+            }
+        }
+        _ => {
+            for (e, &l) in out.iter_mut().zip(logits) {
+                *e = e_scaled(l, AsIs, max);
+            }
+        }
+    }
+}
+
 /// The inverse CDF walk: ascending ids, `cum += e_i` (f64) over `e_i > 0`,
 /// the first with `cum >= target`, else the last with `e_i > 0`. Chunks of
 /// 64: their exponentials first (that loop vectorises; AVX-512F / AVX2
@@ -843,5 +963,110 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Where [`sums_are_exact`] holds, the f64 sum is the same in every
+    /// order (forward, backward, the lanes of `numerics::sum_f64`); a set
+    /// whose sum does depend on the order is refused.
+    #[test]
+    fn order_free_sums_are_order_free() {
+        let mut x = 0x0bad_cafeu32;
+        let mut held = 0;
+        for n in [1usize, 2, 3, 16, 40, 64, 65, 128] {
+            for depth in [1.0f32, 10.0, 15.0, 15.8, 16.5, 30.0] {
+                let e: Vec<f32> = (0..n)
+                    .map(|_| {
+                        let d = (xorshift(&mut x) % 100_000) as f32 / 100_000.0 * depth;
+                        sampler_core::numerics::exp(-d)
+                    })
+                    .collect();
+                let lo = e.iter().copied().fold(f32::INFINITY, f32::min);
+                let hi = e.iter().copied().fold(0.0f32, f32::max);
+                if !sums_are_exact(n, lo, hi) {
+                    continue;
+                }
+                held += 1;
+                let forward: f64 = e.iter().map(|&v| f64::from(v)).sum();
+                let backward: f64 = e.iter().rev().map(|&v| f64::from(v)).sum();
+                let lanes = sampler_core::numerics::sum_f64(e.iter().copied());
+                assert_eq!(forward.to_bits(), backward.to_bits(), "n {n} depth {depth}");
+                assert_eq!(forward.to_bits(), lanes.to_bits(), "n {n} depth {depth}");
+            }
+        }
+        assert!(held >= 20, "held {held}");
+        // 1 + 2^-53 rounds back to 1 (ties to even) when the two small
+        // values come one at a time, not when they come together.
+        let tiny = f32::from_bits(0x0500_0000); // 2^-117
+        let small = 2f32.powi(-53);
+        assert!(!sums_are_exact(3, small, 1.0));
+        assert!(!sums_are_exact(2, tiny, 1.0));
+        assert!(sums_are_exact(64, 2f32.powi(-23), 1.0));
+        assert!(!sums_are_exact(65, 2f32.powi(-23), 1.0));
+    }
+
+    /// The order-free draw is the sorted set's draw (its token, largest
+    /// scaled logit and normaliser, bit for bit) wherever it answers, also
+    /// for targets at the walk's running sums and an ulp around them; it
+    /// answers for every shallow set (a `top_k` set of most rows) and for
+    /// no set with an `e` far below the f64 ulp of the sum.
+    #[test]
+    fn the_order_free_draw_is_the_sorted_draw() {
+        let mut x = 0x9e37_79b9u32;
+        let (mut answered, mut checked) = (0usize, 0usize);
+        for n in [1usize, 2, 17, 40, 64, 100, 128] {
+            for depth in [2.0f32, 8.0, 14.0, 40.0] {
+                let logits: Vec<f32> = (0..n)
+                    .map(|i| match i % 29 {
+                        5 if n > 1 => f32::NEG_INFINITY,
+                        // The deepest at exactly `depth` below the top.
+                        7 => 3.0 - depth,
+                        0 => 3.0,
+                        _ => 3.0 - (xorshift(&mut x) % 100_000) as f32 / 100_000.0 * depth,
+                    })
+                    .collect();
+                // Ascending ids with gaps.
+                let ids: Vec<TokenId> = (0..n as TokenId).map(|i| 5 * i + i % 3).collect();
+                let mut order: Vec<usize> = (0..n).collect();
+                order
+                    .sort_by(|&a, &b| sampler_core::desc_cmp(logits[a], ids[a], logits[b], ids[b]));
+                let sorted: Vec<f32> = order.iter().map(|&i| logits[i]).collect();
+                for t in [None, Some(0.7f32), Some(1.5)] {
+                    let by_id = || ids.iter().copied().zip(logits.iter().copied());
+                    let (_, max, sum) = temp_dist_draw(&sorted, by_id(), t, 0.0).expect("a draw");
+                    let mut us = vec![0.0, 0.5, 0.999_999];
+                    for c in sequential_sums(&logits, t, max) {
+                        let u = c / sum;
+                        us.extend([u, u.next_up(), u.next_down()]);
+                    }
+                    let shallow = depth / t.unwrap_or(1.0) < 15.0;
+                    // An `e` below 2^-43 (30 nats) beside an `e` of 1.
+                    let deep = logits
+                        .iter()
+                        .any(|&l| l.is_finite() && (3.0 - l) / t.unwrap_or(1.0) > 30.0);
+                    for u in us.into_iter().filter(|u| (0.0..1.0).contains(u)) {
+                        let want = temp_dist_draw(&sorted, by_id(), t, u)
+                            .map(|(id, m, s)| (id, m.to_bits(), s.to_bits()));
+                        checked += 1;
+                        match temp_dist_draw_order_free(&ids, &logits, t, u) {
+                            Some((id, m, s)) => {
+                                answered += 1;
+                                assert!(!deep, "n {n} depth {depth} t {t:?}");
+                                assert_eq!(Ok((id, m.to_bits(), s.to_bits())), want);
+                            }
+                            None => assert!(!shallow, "n {n} depth {depth} t {t:?} u {u}"),
+                        }
+                    }
+                }
+            }
+        }
+        assert!(answered * 2 >= checked, "answered {answered} of {checked}");
+        let masked = [f32::NEG_INFINITY; 4];
+        assert_eq!(
+            temp_dist_draw_order_free(&[1, 2, 3, 4], &masked, None, 0.5),
+            None
+        );
+        let long = vec![0.0f32; ORDER_FREE_MAX + 1];
+        let long_ids: Vec<TokenId> = (0..long.len() as TokenId).collect();
+        assert_eq!(temp_dist_draw_order_free(&long_ids, &long, None, 0.5), None);
     }
 }
