@@ -86,7 +86,9 @@ pub trait Sampler: Send {
 
     /// The history window of a stage that penalises repeated tokens
     /// (`penalties`): one `(token, occurrences)` per distinct token in the
-    /// window, appended to `out` in no particular order. Returns `false` (and
+    /// window, appended to `out` (the built-in stage appends them in
+    /// ascending token order, which spares the reader a sort; others may
+    /// use any order). Returns `false` (and
     /// appends nothing) for stages without such a window. The CPU fast path
     /// reads it to penalise the history's tokens itself, inside its top-k
     /// selection, instead of running the stage on a candidate superset.

@@ -1206,7 +1206,10 @@ fn penalised_top_k_token(
     }
     // Tokens outside the row are never penalised (the stage matches ids).
     s.counts.retain(|&(t, c)| (t as usize) < vocab && c > 0);
-    s.counts.sort_unstable();
+    // The built-in stage hands them over sorted by token.
+    if !s.counts.is_sorted() {
+        s.counts.sort_unstable();
+    }
     if k.saturating_add(s.counts.len()) >= vocab / 4 {
         return None;
     }

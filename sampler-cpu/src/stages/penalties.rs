@@ -1,6 +1,6 @@
 //! `penalties`: repetition, frequency and presence penalties.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use sampler_core::{
     Candidates, HistoryScope, SampleError, Sampler, StageContext, StageSpec, TokenId, TokenOrigin,
@@ -26,7 +26,9 @@ pub struct Penalties {
     presence: f32,
     scope: HistoryScope,
     window: VecDeque<TokenId>,
-    counts: HashMap<TokenId, u32>,
+    /// `(token, occurrences)` of each distinct token in the window, in
+    /// ascending token order (the CPU fast path reads it as it is).
+    counts: Vec<(TokenId, u32)>,
 }
 
 impl Penalties {
@@ -45,7 +47,7 @@ impl Penalties {
             presence,
             scope,
             window: VecDeque::new(),
-            counts: HashMap::new(),
+            counts: Vec::new(),
         }
     }
 
@@ -69,7 +71,10 @@ impl Penalties {
 
     /// Occurrences of `token` in the current window.
     pub fn count(&self, token: TokenId) -> u32 {
-        self.counts.get(&token).copied().unwrap_or(0)
+        match self.counts.binary_search_by_key(&token, |&(t, _)| t) {
+            Ok(i) => self.counts[i].1,
+            Err(_) => 0,
+        }
     }
 }
 
@@ -90,10 +95,10 @@ impl Sampler for Penalties {
         if self.last_n == 0 || self.counts.is_empty() || row.is_empty() {
             return Ok(());
         }
-        let tokens: Vec<TokenId> = self.counts.keys().copied().collect();
+        let tokens: Vec<TokenId> = self.counts.iter().map(|&(t, _)| t).collect();
         let mut edits: Vec<(usize, u32)> = Vec::with_capacity(tokens.len());
         for_each_token_position(row, &tokens, |pos, k| {
-            edits.push((pos, self.count(tokens[k])));
+            edits.push((pos, self.counts[k].1));
         });
         if edits.is_empty() {
             return Ok(());
@@ -110,7 +115,7 @@ impl Sampler for Penalties {
         _ctx: &StageContext,
     ) -> Option<Result<(), SampleError>> {
         if self.last_n > 0 {
-            for (&t, &c) in &self.counts {
+            for &(t, c) in &self.counts {
                 if let Some(l) = logits.get_mut(t as usize) {
                     *l = self.penalised(*l, c);
                 }
@@ -119,7 +124,7 @@ impl Sampler for Penalties {
         Some(Ok(()))
     }
     fn history_counts(&self, out: &mut Vec<(TokenId, u32)>) -> bool {
-        out.extend(self.counts.iter().map(|(&t, &c)| (t, c)));
+        out.extend_from_slice(&self.counts);
         true
     }
     fn accept(&mut self, token: TokenId, origin: TokenOrigin) {
@@ -128,14 +133,17 @@ impl Sampler for Penalties {
             return;
         }
         self.window.push_back(token);
-        *self.counts.entry(token).or_insert(0) += 1;
+        match self.counts.binary_search_by_key(&token, |&(t, _)| t) {
+            Ok(i) => self.counts[i].1 += 1,
+            Err(i) => self.counts.insert(i, (token, 1)),
+        }
         while self.window.len() > self.last_n {
             if let Some(old) = self.window.pop_front()
-                && let Some(c) = self.counts.get_mut(&old)
+                && let Ok(i) = self.counts.binary_search_by_key(&old, |&(t, _)| t)
             {
-                *c -= 1;
-                if *c == 0 {
-                    self.counts.remove(&old);
+                self.counts[i].1 -= 1;
+                if self.counts[i].1 == 0 {
+                    self.counts.remove(i);
                 }
             }
         }
