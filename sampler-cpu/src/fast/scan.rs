@@ -139,7 +139,7 @@ pub(crate) fn candidate_blocks(
         }
         buf.push(m + 0.0);
     }
-    let max = max_of(buf);
+    let (max, min) = max_and_min_finite(buf);
     // NaN never wins a lane; +inf wins and shows up as a block maximum.
     if nan || max == f32::INFINITY {
         return Err(Invalid);
@@ -147,7 +147,7 @@ pub(crate) fn candidate_blocks(
     let thr = match filter {
         Filter::MinP(ln_p) => max + ln_p,
         Filter::TopK(1) => max,
-        Filter::TopK(k) => kth_largest_bound(buf, max, k.max(1)),
+        Filter::TopK(k) => kth_largest_bound(buf, max, min, k.max(1)),
     };
     // Room for every block: the list never grows from one row to the next
     // (how many blocks reach `T` varies with the row).
@@ -172,25 +172,99 @@ fn max_of(values: &[f32]) -> f32 {
         .fold(f32::NEG_INFINITY, |a, &m| if m > a { m } else { a })
 }
 
-/// `f(i, values[i])` for each `values[i] >= thr`, in order; a vectorised
-/// test per [`LANES`] values, so the values below `thr` cost no branch.
+/// `f(i, values[i])` for each `values[i] >= thr`, in order: one 64-bit
+/// compare mask per [`BLOCK`] values ([`for_each_at_least`]'s), so the
+/// values below `thr` cost no branch.
 #[inline(always)]
-fn for_each_reaching(values: &[f32], thr: f32, mut f: impl FnMut(usize, f32)) {
-    let chunks = values.chunks_exact(LANES);
-    let rest = values.len() - chunks.remainder().len();
-    for (c, chunk) in chunks.enumerate() {
-        let chunk = as_block(chunk);
-        if chunk.iter().fold(false, |a, &m| a | (m >= thr)) {
-            for j in set_bits(lane_mask(chunk, |m| m >= thr)) {
-                f(c * LANES + j, chunk[j]);
-            }
+fn for_each_reaching(values: &[f32], thr: f32, f: impl FnMut(usize, f32)) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { for_each_reaching_avx512(values, thr, f) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { for_each_reaching_avx2(values, thr, f) };
         }
     }
-    for (i, &m) in values.iter().enumerate().skip(rest) {
+    for_each_reaching_body(values, thr, f, ge_mask);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn for_each_reaching_avx512(values: &[f32], thr: f32, f: impl FnMut(usize, f32)) {
+    for_each_reaching_body(values, thr, f, |blk, thr| ge_mask_avx512(blk, thr));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn for_each_reaching_avx2(values: &[f32], thr: f32, f: impl FnMut(usize, f32)) {
+    for_each_reaching_body(values, thr, f, |blk, thr| ge_mask_avx2(blk, thr));
+}
+
+#[inline(always)]
+fn for_each_reaching_body(
+    values: &[f32],
+    thr: f32,
+    mut f: impl FnMut(usize, f32),
+    mask: impl Fn(&[f32; BLOCK], f32) -> u64,
+) {
+    let (chunks, rest) = values.as_chunks::<BLOCK>();
+    for (c, chunk) in chunks.iter().enumerate() {
+        let mut bits = mask(chunk, thr);
+        while bits != 0 {
+            let j = bits.trailing_zeros() as usize;
+            f(c * BLOCK + j, chunk[j]);
+            bits &= bits - 1;
+        }
+    }
+    let start = values.len() - rest.len();
+    for (i, &m) in rest.iter().enumerate() {
         if m >= thr {
-            f(i, m);
+            f(start + i, m);
         }
     }
+}
+
+/// Bit `j` set when `block[j] >= thr` (in lanes: [`lane_mask`] per 16).
+#[inline(always)]
+fn ge_mask(block: &[f32; BLOCK], thr: f32) -> u64 {
+    (0..BLOCK / LANES).fold(0u64, |m, q| {
+        let c = as_block(&block[q * LANES..][..LANES]);
+        m | u64::from(lane_mask(c, |x| x >= thr)) << (q * LANES)
+    })
+}
+
+/// [`ge_mask`] with AVX-512F compares (the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn ge_mask_avx512(block: &[f32; BLOCK], thr: f32) -> u64 {
+    use std::arch::x86_64::{_CMP_GE_OQ, _mm512_cmp_ps_mask, _mm512_loadu_ps, _mm512_set1_ps};
+    let t = _mm512_set1_ps(thr);
+    (0..BLOCK / 16).fold(0u64, |m, q| {
+        // SAFETY: `block` holds BLOCK floats; this reads 16 of them.
+        let x = unsafe { _mm512_loadu_ps(block.as_ptr().add(q * 16)) };
+        m | u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, t)) << (q * 16)
+    })
+}
+
+/// [`ge_mask`] with AVX2 compares (the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn ge_mask_avx2(block: &[f32; BLOCK], thr: f32) -> u64 {
+    use std::arch::x86_64::{
+        _CMP_GE_OQ, _mm256_cmp_ps, _mm256_loadu_ps, _mm256_movemask_ps, _mm256_set1_ps,
+    };
+    let t = _mm256_set1_ps(thr);
+    (0..BLOCK / 8).fold(0u64, |m, q| {
+        // SAFETY: `block` holds BLOCK floats; this reads 8 of them.
+        let x = unsafe { _mm256_loadu_ps(block.as_ptr().add(q * 8)) };
+        let bits = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, t)) as u8;
+        m | u64::from(bits) << (q * 8)
+    })
 }
 
 /// A threshold `T` for the `k` largest of `values` (no NaN among them): at
@@ -200,30 +274,24 @@ fn for_each_reaching(values: &[f32], thr: f32, mut f: impl FnMut(usize, f32)) {
 /// Pass 1's filters need only that: every one of the k best logits is `>=
 /// T`, and the blocks that reach `T` are few more than `k`.
 ///
-/// Found by bisection on the value between the smallest finite value and
-/// the largest, `max` (given: the caller has it), counting the values at
-/// or above the midpoint in vector lanes; about 8 counts of a few hundred
-/// block maxima on Zipf-like rows, where a selection over a buffer cost
-/// about four times as much.
-fn kth_largest_bound(values: &[f32], max: f32, k: usize) -> f32 {
+/// Found by bisection on the value between `min`, the smallest value above
+/// `-inf` (`-inf` when there is none), and `max`, the largest (the caller
+/// has both), counting the values at or above the midpoint in vector
+/// lanes; about 6 counts of a few hundred block maxima on Zipf-like rows,
+/// where a selection over a buffer cost about four times as much.
+fn kth_largest_bound(values: &[f32], max: f32, min: f32, k: usize) -> f32 {
     debug_assert!(k >= 1);
-    if k > values.len() {
+    if k > values.len() || min == f32::NEG_INFINITY {
         return f32::NEG_INFINITY;
     }
     let slack = k + k / 4 + 4;
-    let (mut lo, finite) = min_finite(values);
-    if finite < k {
-        return f32::NEG_INFINITY;
-    }
-    if finite <= slack {
-        return lo;
-    }
-    let mut hi = max;
+    let (mut lo, mut hi) = (min, max);
     if count_at_least(values, hi) >= k {
         return hi;
     }
-    // At least `k` values reach `lo`, fewer reach `hi`; halve the gap until
-    // a midpoint is reached by `k..=slack` values or no float lies between.
+    // Fewer than `k` values reach `hi`; halve the gap until a midpoint is
+    // reached by `k..=slack` values or no float lies between.
+    let mut reached = false;
     for _ in 0..64 {
         let mid = lo * 0.5 + hi * 0.5;
         if mid <= lo || mid >= hi {
@@ -231,7 +299,7 @@ fn kth_largest_bound(values: &[f32], max: f32, k: usize) -> f32 {
         }
         let c = count_at_least(values, mid);
         if c >= k {
-            lo = mid;
+            (lo, reached) = (mid, true);
             if c <= slack {
                 break;
             }
@@ -239,34 +307,46 @@ fn kth_largest_bound(values: &[f32], max: f32, k: usize) -> f32 {
             hi = mid;
         }
     }
+    // `lo` is still `min`: the finite values may be fewer than `k`.
+    if !reached && count_at_least(values, lo) < k {
+        return f32::NEG_INFINITY;
+    }
     lo
 }
 
-/// The smallest value above `-inf` (`-inf` when none) and how many values
-/// are above `-inf`; in lanes, so it vectorises.
-fn min_finite(values: &[f32]) -> (f32, usize) {
-    let mut acc = [f32::INFINITY; LANES];
-    let chunks = values.chunks_exact(LANES);
-    let rest = chunks.remainder();
+/// The largest of `values` and the smallest above `-inf` (`-inf` when
+/// there is none; no NaN among them), in lanes, so it vectorises.
+fn max_and_min_finite(values: &[f32]) -> (f32, f32) {
+    let mut high = [f32::NEG_INFINITY; LANES];
+    let mut low = [f32::INFINITY; LANES];
+    let (chunks, rest) = values.as_chunks::<LANES>();
     for c in chunks {
-        let c = as_block(c);
         for j in 0..LANES {
+            high[j] = if c[j] > high[j] { c[j] } else { high[j] };
             let v = if c[j] == f32::NEG_INFINITY {
                 f32::INFINITY
             } else {
                 c[j]
             };
-            acc[j] = if v < acc[j] { v } else { acc[j] };
+            low[j] = if v < low[j] { v } else { low[j] };
         }
     }
-    let m = acc
+    let max = high
+        .iter()
+        .chain(rest)
+        .fold(f32::NEG_INFINITY, |a, &v| if v > a { v } else { a });
+    let min = low
         .iter()
         .chain(rest.iter().filter(|&&v| v > f32::NEG_INFINITY))
         .fold(f32::INFINITY, |a, &v| if v < a { v } else { a });
-    if m == f32::INFINITY {
-        return (f32::NEG_INFINITY, 0);
-    }
-    (m, count_at_least(values, m))
+    (
+        max,
+        if min == f32::INFINITY {
+            f32::NEG_INFINITY
+        } else {
+            min
+        },
+    )
 }
 
 /// How many of `values` are `>= thr` (AVX-512F / AVX2 compares and a
@@ -337,8 +417,8 @@ fn count_at_least_body(values: &[f32], thr: f32) -> usize {
 /// Call `f(position)` for every position `i` of the row, in ascending order,
 /// in a listed block whose maximum is `>= thr` and with `row[i] >= thr` (no
 /// NaN here: the row passed [`candidate_blocks`]). A whole block's test is
-/// one 64-bit mask (AVX-512F or AVX2 compares, chosen at run time; else
-/// [`lane_mask`] per 16 floats), its set bits visited lowest first.
+/// one 64-bit mask ([`ge_mask`]; AVX-512F or AVX2 compares, chosen at run
+/// time), its set bits visited lowest first.
 #[inline(always)]
 fn for_each_at_least(row: &[f32], blocks: &[(usize, f32)], thr: f32, f: impl FnMut(usize)) {
     #[cfg(target_arch = "x86_64")]
@@ -352,43 +432,19 @@ fn for_each_at_least(row: &[f32], blocks: &[(usize, f32)], thr: f32, f: impl FnM
             return unsafe { for_each_at_least_avx2(row, blocks, thr, f) };
         }
     }
-    for_each_at_least_body(row, blocks, thr, f, |blk, thr| {
-        (0..BLOCK / LANES).fold(0u64, |m, q| {
-            let c = as_block(&blk[q * LANES..][..LANES]);
-            m | u64::from(lane_mask(c, |x| x >= thr)) << (q * LANES)
-        })
-    });
+    for_each_at_least_body(row, blocks, thr, f, ge_mask);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn for_each_at_least_avx512(row: &[f32], blocks: &[(usize, f32)], thr: f32, f: impl FnMut(usize)) {
-    use std::arch::x86_64::{_CMP_GE_OQ, _mm512_cmp_ps_mask, _mm512_loadu_ps, _mm512_set1_ps};
-    let t = _mm512_set1_ps(thr);
-    for_each_at_least_body(row, blocks, thr, f, |blk, _| {
-        (0..BLOCK / 16).fold(0u64, |m, q| {
-            // SAFETY: `blk` holds BLOCK floats; this reads 16 of them.
-            let x = unsafe { _mm512_loadu_ps(blk.as_ptr().add(q * 16)) };
-            m | u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, t)) << (q * 16)
-        })
-    });
+    for_each_at_least_body(row, blocks, thr, f, |blk, thr| ge_mask_avx512(blk, thr));
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn for_each_at_least_avx2(row: &[f32], blocks: &[(usize, f32)], thr: f32, f: impl FnMut(usize)) {
-    use std::arch::x86_64::{
-        _CMP_GE_OQ, _mm256_cmp_ps, _mm256_loadu_ps, _mm256_movemask_ps, _mm256_set1_ps,
-    };
-    let t = _mm256_set1_ps(thr);
-    for_each_at_least_body(row, blocks, thr, f, |blk, _| {
-        (0..BLOCK / 8).fold(0u64, |m, q| {
-            // SAFETY: `blk` holds BLOCK floats; this reads 8 of them.
-            let x = unsafe { _mm256_loadu_ps(blk.as_ptr().add(q * 8)) };
-            let bits = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, t)) as u8;
-            m | u64::from(bits) << (q * 8)
-        })
-    });
+    for_each_at_least_body(row, blocks, thr, f, |blk, thr| ge_mask_avx2(blk, thr));
 }
 
 /// [`for_each_at_least`] with `mask(block, thr)`: bit `j` set when
@@ -536,13 +592,15 @@ pub(crate) fn top_k_keys_outside(
             .count()
     };
     let mut want = k;
+    let mut min = None;
     loop {
         let need = k + reaching(thr);
         if need <= want {
             break;
         }
         want = need;
-        thr = kth_largest_bound(maxima, max, want);
+        let min = *min.get_or_insert_with(|| max_and_min_finite(maxima).1);
+        thr = kth_largest_bound(maxima, max, min, want);
     }
     if want > k {
         blocks.clear();
@@ -673,7 +731,16 @@ mod tests {
                     } else {
                         sorted[k - 1]
                     };
-                    let t = kth_largest_bound(&values, max, k);
+                    let (high, min) = max_and_min_finite(&values);
+                    let low = values
+                        .iter()
+                        .copied()
+                        .filter(|v| v.is_finite())
+                        .fold(f32::NEG_INFINITY, |a, v| {
+                            if a == f32::NEG_INFINITY { v } else { a.min(v) }
+                        });
+                    assert_eq!((high, min), (max, low), "n {n}");
+                    let t = kth_largest_bound(&values, max, min, k);
                     let reach = values.iter().filter(|&&v| v >= t).count();
                     let what = format!("n {n} spread {spread} k {k}: {t} against {exact}");
                     assert!(t <= exact, "{what}");
