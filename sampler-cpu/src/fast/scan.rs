@@ -606,9 +606,15 @@ pub(crate) fn top_k_keys_outside(
         blocks.clear();
         for_each_reaching(maxima, thr, |b, m| blocks.push((b, m)));
     }
+    // Positions come in ascending order, as the history's tokens: one
+    // cursor into the history skips its tokens.
+    let mut h = 0;
     for_each_at_least(row, blocks, thr, |i| {
         let id = i as TokenId;
-        if history.binary_search_by_key(&id, |&(t, _)| t).is_err() {
+        while h < history.len() && history[h].0 < id {
+            h += 1;
+        }
+        if history.get(h).is_none_or(|&(t, _)| t != id) {
             out.push(desc_key(row[i], id));
         }
     });
@@ -732,13 +738,12 @@ mod tests {
                         sorted[k - 1]
                     };
                     let (high, min) = max_and_min_finite(&values);
-                    let low = values
-                        .iter()
-                        .copied()
-                        .filter(|v| v.is_finite())
-                        .fold(f32::NEG_INFINITY, |a, v| {
+                    let low = values.iter().copied().filter(|v| v.is_finite()).fold(
+                        f32::NEG_INFINITY,
+                        |a, v| {
                             if a == f32::NEG_INFINITY { v } else { a.min(v) }
-                        });
+                        },
+                    );
                     assert_eq!((high, min), (max, low), "n {n}");
                     let t = kth_largest_bound(&values, max, min, k);
                     let reach = values.iter().filter(|&&v| v >= t).count();
