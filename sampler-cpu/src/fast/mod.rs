@@ -12,7 +12,10 @@
 //! later stage computes what it computes in the reference. Two tails are
 //! fused instead of run stage by stage, with the same arithmetic: a
 //! `[temperature] -> dist` tail after any kernel (decided from reused
-//! buffers: no `Candidates`, no allocation per token), and `penalties -> top_k ->
+//! buffers: no `Candidates`, no allocation per token; over a sorted set such
+//! as `top_k`'s taken in id order without sorting it when every `e` lies
+//! close enough to the largest that the f64 normaliser is exact in any
+//! order, `tail::temp_dist_draw_order_free`), and `penalties -> top_k ->
 //! [temperature] -> dist` as a whole (the history's tokens penalised inside
 //! the top-k selection, read from the stage through
 //! [`Sampler::history_counts`]).
@@ -20,7 +23,7 @@
 //! | first active stage | kernel | survivors |
 //! |---|---|---|
 //! | `greedy` (the only active stage) | `top_k(1)`'s kernel | the token |
-//! | `top_k(k)` | every block's maximum, the k-th largest of them as a threshold, the blocks that reach it read again; selection | `k`, sorted |
+//! | `top_k(k)` | every block's maximum, a threshold that at least `k` of them reach (bisection with vector counts), the blocks that reach it read again; selection (with a `[temperature] -> dist` tail: the `k` best in id order, no sort, where the tail's normaliser is exact in any order) | `k`, sorted |
 //! | `penalties` (never raising a logit) then `top_k(k)` | with a `[temperature] -> dist` tail: selection of the tokens outside the history down to a threshold `k` of them reach (raised by the history tokens above it), the history's tokens penalised and added where they still reach it, the `k` best keys, the fused tail; otherwise selection of `k + last_n` and the penalties stage on it | the token; otherwise `k + last_n`, id order |
 //! | `min_p(p)`, `p <= 1` | every block's maximum, the blocks that reach `max + ln p` read again | tokens `>= max + ln p`, id order |
 //! | `top_p(p)` | max; exp + sum with mass estimates per depth; gather the head down to the estimate's depth (a wide deep tier narrowed by band counts first); bucket it, sort only up to the cut | nucleus, sorted |
