@@ -856,7 +856,8 @@ fn fused_penalties_tails_match_reference() {
 /// gives the same bits (shallow sets) and in the sorted order otherwise
 /// (sets spanning 20 nats and more): both give the reference's tokens, for
 /// `k` on both sides of the order-free limit (128), with and without
-/// penalties, at draws spread over `[0, 1)` (one seed per step).
+/// penalties or `top_p` / `min_p` cuts between, at draws spread over
+/// `[0, 1)` (one seed per step).
 #[test]
 fn fused_top_k_tails_match_reference_on_shallow_and_deep_sets() {
     let vocab = 4096;
@@ -870,12 +871,25 @@ fn fused_top_k_tails_match_reference_on_shallow_and_deep_sets() {
         }
         for k in [1i64, 40, 128, 129, 300] {
             for t in [None, Some(0.5f32), Some(1.7)] {
-                for with_penalties in [false, true] {
+                for (with_penalties, cuts) in [(false, 0), (true, 0), (false, 1), (false, 2)] {
                     let mut stages = Vec::new();
                     if with_penalties {
                         stages.push(penalties(8, 1.3, 0.2, 0.1));
                     }
                     stages.push(StageSpec::TopK { k });
+                    // top_k, then top_p / min_p cuts (llama.cpp's default).
+                    if cuts >= 1 {
+                        stages.push(StageSpec::TopP {
+                            p: 0.95,
+                            min_keep: 1,
+                        });
+                    }
+                    if cuts >= 2 {
+                        stages.push(StageSpec::MinP {
+                            p: 0.05,
+                            min_keep: 3,
+                        });
+                    }
                     stages.extend(t.map(temp));
                     stages.push(StageSpec::Dist);
                     let spec = ChainSpec::new(stages, Some(k.unsigned_abs() ^ 0x77));
@@ -886,7 +900,8 @@ fn fused_top_k_tails_match_reference_on_shallow_and_deep_sets() {
                         assert_eq!(
                             sample_row(&logits, &mut fast),
                             want,
-                            "slope {slope} k {k} t {t:?} penalties {with_penalties} step {step}"
+                            "slope {slope} k {k} t {t:?} penalties {with_penalties} cuts {cuts} \
+                             step {step}"
                         );
                     }
                 }

@@ -66,6 +66,19 @@ fn fused_chains_allocate_nothing_per_token() {
         vec![StageSpec::Greedy],
         vec![StageSpec::TopK { k: 40 }, temp.clone(), StageSpec::Dist],
         vec![
+            StageSpec::TopK { k: 40 },
+            StageSpec::TopP {
+                p: 0.95,
+                min_keep: 1,
+            },
+            StageSpec::MinP {
+                p: 0.05,
+                min_keep: 1,
+            },
+            temp.clone(),
+            StageSpec::Dist,
+        ],
+        vec![
             StageSpec::MinP {
                 p: 0.05,
                 min_keep: 1,

@@ -23,6 +23,7 @@
 //! | first active stage | kernel | survivors |
 //! |---|---|---|
 //! | `greedy` (the only active stage) | `top_k(1)`'s kernel | the token |
+//! | `top_k(k)` then `top_p` / `min_p` cuts and a `[temperature] -> dist` tail | `top_k`'s kernel, the `k` best in id order sorted once; each cut's count on the sorted logits with the stage's arithmetic (`cuts`); the kept prefix taken in id order, the fused tail | the token |
 //! | `top_k(k)` | every block's maximum, a threshold that at least `k` of them reach (bisection with vector counts), the blocks that reach it read again; selection (with a `[temperature] -> dist` tail: the `k` best in id order, no sort, where the tail's normaliser is exact in any order) | `k`, sorted |
 //! | `penalties` (never raising a logit) then `top_k(k)` | with a `[temperature] -> dist` tail: selection of the tokens outside the history down to a threshold `k` of them reach (raised by the history tokens above it), the history's tokens penalised and added where they still reach it, the `k` best keys, the fused tail; otherwise selection of `k + last_n` and the penalties stage on it | the token; otherwise `k + last_n`, id order |
 //! | `min_p(p)`, `p <= 1` | every block's maximum, the blocks that reach `max + ln p` read again | tokens `>= max + ln p`, id order |
@@ -61,6 +62,7 @@
 // which is how the kernels route NaN to their (erroring) slow path.
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
+mod cuts;
 pub(crate) mod scan;
 mod simd;
 mod tail;
@@ -1466,6 +1468,15 @@ fn run_lead(
     | Lead::Xtc { at, .. } = lead
         && let Some(tail) = temp_dist_tail(chain.stages(), at + 1)
         && let Some(token) = with_scratch(|s| lead_tail_token(logits, lead, chain, tail, s))
+    {
+        let token = token?;
+        chain.commit(token);
+        return Ok(token);
+    }
+    // top_k, then top_p / min_p cuts, then the tail (llama.cpp's default).
+    if let Lead::TopK { at, k } = lead
+        && let Some(cuts) = cuts::cuts_tail(chain.stages(), at + 1)
+        && let Some(token) = with_scratch(|s| cuts::top_k_cuts_token(logits, k, &cuts, chain, s))
     {
         let token = token?;
         chain.commit(token);

@@ -306,9 +306,10 @@ fn sums_are_exact(n: usize, lo: f32, hi: f32) -> bool {
 /// sorted set), given here in ascending token id (`ids`, `logits`, at most
 /// [`ORDER_FREE_MAX`] tokens), when its normaliser does not depend on the
 /// order: the reference sums the `e_i` in f64 lanes in its own order, and
-/// when every such sum is exact ([`sums_are_exact`]: the kept `e_i` lie
-/// within about `2^-22` of the largest, 15 nats after the temperature, as
-/// in a `top_k(40)` set of most rows) it is the exact `Σ e_i`, which the
+/// when every such sum is exact ([`sums_are_exact`]: every kept `e_i` at
+/// least `2^-23` for up to 64 tokens, `2^-22` for up to 128, the largest
+/// being 1: within about 15 nats after the temperature, as in a
+/// `top_k(40)` set of most rows) it is the exact `Σ e_i`, which the
 /// plain sum here gives too; the walk is the reference's (ascending id).
 /// So the same token, maximum and normaliser, without sorting the set.
 /// `None`: not proved, or every logit `-inf` (the caller's path decides,
