@@ -14,7 +14,7 @@
 use sampler_core::numerics::{exp, fixed_weight, nucleus_goal};
 use sampler_core::{Chain, SampleError, Sampler, StageSpec, TokenId};
 
-use super::scan::{desc_key, key_id, top_k_ids_in_id_order};
+use super::scan::{desc_key, key_id};
 use super::{Scratch, tail, tail_uniform};
 
 /// One cut after `top_k`.
@@ -74,16 +74,7 @@ pub(super) fn top_k_cuts_token(
     chain: &Chain,
     s: &mut Scratch,
 ) -> Option<Result<TokenId, SampleError>> {
-    top_k_ids_in_id_order(
-        logits,
-        k,
-        &mut s.blocks,
-        &mut s.sel,
-        &mut s.keys,
-        &mut s.copy,
-        &mut s.ids,
-    )
-    .ok()?;
+    s.top_k_in_id_order(logits, k)?;
     // The set in the stages' order: descending logit, ties by id.
     s.copy.clear();
     s.copy

@@ -325,6 +325,24 @@ impl Scratch {
         temp_dist_draw(&self.sorted_logits, by_id, t, u)
     }
 
+    /// The `k` best tokens of the raw row `logits` in ascending id into
+    /// `ids`, their logits into `current` (`scan::top_k_ids_in_id_order`).
+    /// `None` for a row with a NaN or `+inf`.
+    fn top_k_in_id_order(&mut self, logits: &[f32], k: usize) -> Option<()> {
+        top_k_ids_in_id_order(
+            logits,
+            k,
+            &mut self.blocks,
+            &mut self.sel,
+            &mut self.keys,
+            &mut self.copy,
+            &mut self.ids,
+        )
+        .ok()?;
+        self.kept_logits(logits);
+        Some(())
+    }
+
     /// The logits of the tokens in `ids` (a kept set, in its order) into
     /// `current`.
     fn kept_logits(&mut self, logits: &[f32]) {
@@ -1106,30 +1124,10 @@ fn mirostat_token(
         // A large kept set: not sorted (the stage sorts it and sums its
         // normaliser in that order), gathered in id order, the token and
         // its probability proved from the sum in id order.
-        top_k_ids_in_id_order(
-            logits,
-            keep,
-            &mut s.blocks,
-            &mut s.sel,
-            &mut s.keys,
-            &mut s.copy,
-            &mut s.ids,
-        )
-        .ok()?;
-        s.kept_logits(logits);
+        s.top_k_in_id_order(logits, keep)?;
         return tail::draw_with_reordered_sum(&s.ids, &s.current, max, u, &mut s.prefix).map(Ok);
     }
-    top_k_ids_in_id_order(
-        logits,
-        keep,
-        &mut s.blocks,
-        &mut s.sel,
-        &mut s.keys,
-        &mut s.copy,
-        &mut s.ids,
-    )
-    .ok()?;
-    s.kept_logits(logits);
+    s.top_k_in_id_order(logits, keep)?;
     // `dist_select`'s arithmetic, as the fused tails.
     let (token, kept_max, kept_sum) = match s.draw_sorted_set_in_id_order(None, u) {
         Ok(drawn) => drawn,
@@ -1337,20 +1335,10 @@ fn lead_tail_token(
     match lead {
         Lead::TopK { k, .. } => {
             // The k best gathered in id order (no sort), the walk's order.
-            top_k_ids_in_id_order(
-                logits,
-                k,
-                &mut s.blocks,
-                &mut s.sel,
-                &mut s.keys,
-                &mut s.copy,
-                &mut s.ids,
-            )
-            .ok()?;
+            s.top_k_in_id_order(logits, k)?;
             if s.ids.is_empty() {
                 return None;
             }
-            s.kept_logits(logits);
             let u = tail_uniform(chain, tail);
             Some(
                 s.draw_sorted_set_in_id_order(tail.t, u)
