@@ -135,7 +135,7 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
         fp,
         last_n,
         tau_eta,
-        0u8..36,
+        0u8..38,
     )
         .prop_map(
             |(k, p, mp, t, mk, rep, freq, pres, last_n, (tau, eta), which)| match which {
@@ -360,6 +360,18 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
                         threshold: 0.1,
                         min_keep: 1,
                     },
+                    StageSpec::Dist,
+                ],
+                // llama.cpp's default chain with its penalties active.
+                36 => vec![
+                    penalties(last_n, rep, freq, pres),
+                    StageSpec::TopK { k },
+                    StageSpec::TopP { p, min_keep: mk },
+                    StageSpec::MinP {
+                        p: mp,
+                        min_keep: mk,
+                    },
+                    temp(t),
                     StageSpec::Dist,
                 ],
                 _ => vec![temp(t), StageSpec::TopK { k }, StageSpec::Dist],
@@ -871,7 +883,9 @@ fn fused_top_k_tails_match_reference_on_shallow_and_deep_sets() {
         }
         for k in [1i64, 40, 128, 129, 300] {
             for t in [None, Some(0.5f32), Some(1.7)] {
-                for (with_penalties, cuts) in [(false, 0), (true, 0), (false, 1), (false, 2)] {
+                for (with_penalties, cuts) in
+                    [(false, 0), (true, 0), (false, 1), (false, 2), (true, 2)]
+                {
                     let mut stages = Vec::new();
                     if with_penalties {
                         stages.push(penalties(8, 1.3, 0.2, 0.1));

@@ -106,6 +106,26 @@ fn fused_chains_allocate_nothing_per_token() {
             temp.clone(),
             StageSpec::Dist,
         ],
+        vec![
+            StageSpec::Penalties {
+                last_n: 64,
+                repeat: 1.1,
+                frequency: 0.0,
+                presence: 0.0,
+                scope: HistoryScope::PromptAndOutput,
+            },
+            StageSpec::TopK { k: 40 },
+            StageSpec::TopP {
+                p: 0.95,
+                min_keep: 1,
+            },
+            StageSpec::MinP {
+                p: 0.05,
+                min_keep: 1,
+            },
+            temp.clone(),
+            StageSpec::Dist,
+        ],
         // The whole-row tail, epsilon / eta, Mirostat v1 and v2, xtc, typical.
         vec![temp.clone(), StageSpec::Dist],
         vec![StageSpec::Dist],

@@ -14,7 +14,7 @@
 use sampler_core::numerics::{exp, fixed_weight, nucleus_goal};
 use sampler_core::{Chain, SampleError, Sampler, StageSpec, TokenId};
 
-use super::scan::{desc_key, key_id};
+use super::scan::desc_key;
 use super::{Scratch, tail, tail_uniform};
 
 /// One cut after `top_k`.
@@ -27,7 +27,7 @@ enum Cut {
 /// The most cuts recognised between `top_k` and the tail.
 const MAX_CUTS: usize = 4;
 
-/// The stages after a `top_k`: one to [`MAX_CUTS`] active `top_p` / `min_p`
+/// The stages after a `top_k`: up to [`MAX_CUTS`] active `top_p` / `min_p`
 /// stages (no-op stages between them skipped), then the tail.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Cuts {
@@ -36,13 +36,32 @@ pub(super) struct Cuts {
     tail: tail::TempDist,
 }
 
-/// Recognise `stages[from..]` as [`Cuts`].
+impl Cuts {
+    /// No cut: the tail right after the `top_k`.
+    pub(super) fn none(tail: tail::TempDist) -> Self {
+        Self {
+            cuts: [Cut::MinP {
+                p: 0.0,
+                min_keep: 0,
+            }; MAX_CUTS],
+            len: 0,
+            tail,
+        }
+    }
+
+    /// Whether there is no cut before the tail.
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Recognise `stages[from..]` as [`Cuts`] (none, or up to [`MAX_CUTS`],
+/// then a `[temperature] -> dist` tail).
 pub(super) fn cuts_tail(stages: &[Box<dyn Sampler>], from: usize) -> Option<Cuts> {
-    let mut cuts = [Cut::MinP {
-        p: 0.0,
-        min_keep: 0,
-    }; MAX_CUTS];
-    let mut len = 0;
+    let mut found = Cuts::none(tail::TempDist {
+        t: None,
+        dist_at: 0,
+    });
     for (i, stage) in stages.iter().enumerate().skip(from) {
         if stage.is_noop() {
             continue;
@@ -50,23 +69,23 @@ pub(super) fn cuts_tail(stages: &[Box<dyn Sampler>], from: usize) -> Option<Cuts
         let cut = match stage.spec()? {
             StageSpec::TopP { p, min_keep } => Cut::TopP { p, min_keep },
             StageSpec::MinP { p, min_keep } => Cut::MinP { p, min_keep },
-            _ if len > 0 => {
-                return tail::temp_dist_tail(stages, i).map(|tail| Cuts { cuts, len, tail });
+            _ => {
+                found.tail = tail::temp_dist_tail(stages, i)?;
+                return Some(found);
             }
-            _ => return None,
         };
-        if len == MAX_CUTS {
+        if found.len == MAX_CUTS {
             return None;
         }
-        cuts[len] = cut;
-        len += 1;
+        found.cuts[found.len] = cut;
+        found.len += 1;
     }
     None
 }
 
 /// The token of `top_k(k)`, `cuts` and their tail on the raw row `logits`.
-/// `None`: not decided here (a bad row, every logit `-inf`: the reference
-/// decides, with its errors).
+/// `None`: not decided here (a bad row, every logit `-inf` before a cut:
+/// the reference decides, with its errors).
 pub(super) fn top_k_cuts_token(
     logits: &[f32],
     k: usize,
@@ -75,32 +94,61 @@ pub(super) fn top_k_cuts_token(
     s: &mut Scratch,
 ) -> Option<Result<TokenId, SampleError>> {
     s.top_k_in_id_order(logits, k)?;
-    // The set in the stages' order: descending logit, ties by id.
-    s.copy.clear();
-    s.copy
-        .extend(s.ids.iter().map(|&id| desc_key(logits[id as usize], id)));
-    s.copy.sort_unstable();
-    s.sorted_logits.clear();
-    s.sorted_logits
-        .extend(s.copy.iter().map(|&key| logits[key_id(key) as usize]));
-    let sorted = &s.sorted_logits;
-    // `top_p`'s softmax fails on a set of `-inf` only; its maximum (the
-    // first) is never cut, so it stays finite through every cut.
-    if sorted.first().is_none_or(|&max| max == f32::NEG_INFINITY) {
+    if s.ids.is_empty() {
         return None;
     }
-    let mut n = sorted.len();
-    for cut in &cuts.cuts[..cuts.len] {
-        n = match *cut {
-            Cut::TopP { p, min_keep } => top_p_keeps(&sorted[..n], p, min_keep),
-            Cut::MinP { p, min_keep } => min_p_keeps(&sorted[..n], p, min_keep),
-        };
+    cut_and_draw(s, cuts, chain)
+}
+
+/// The token for a `top_k` set given in ascending id in `s.ids` /
+/// `s.current` (its logits, as the stages after the `top_k` see them):
+/// the cuts' prefix of the set in the stages' order (descending logit, ties
+/// by id), sorted once, taken back in id order, then the fused tail
+/// (`Scratch::draw_sorted_set_in_id_order`). `None` when a cut would meet
+/// a set of `-inf` (`top_p`'s softmax fails there: the reference decides).
+pub(super) fn cut_and_draw(
+    s: &mut Scratch,
+    cuts: &Cuts,
+    chain: &Chain,
+) -> Option<Result<TokenId, SampleError>> {
+    if !cuts.is_empty() {
+        s.keyed.clear();
+        s.keyed.extend(
+            s.ids
+                .iter()
+                .zip(&s.current)
+                .map(|(&id, &l)| (desc_key(l, id), l)),
+        );
+        s.keyed.sort_unstable_by_key(|&(key, _)| key);
+        s.sorted_logits.clear();
+        s.sorted_logits.extend(s.keyed.iter().map(|&(_, l)| l));
+        let sorted = &s.sorted_logits;
+        // The maximum (the first) is never cut, so it stays what it is
+        // through every cut.
+        if sorted.first().is_none_or(|&max| max == f32::NEG_INFINITY) {
+            return None;
+        }
+        let mut n = sorted.len();
+        for cut in &cuts.cuts[..cuts.len] {
+            n = match *cut {
+                Cut::TopP { p, min_keep } => top_p_keeps(&sorted[..n], p, min_keep, &mut s.weights),
+                Cut::MinP { p, min_keep } => min_p_keeps(&sorted[..n], p, min_keep),
+            };
+        }
+        // The kept prefix, in id order: the set up to its last key.
+        let last = s.keyed[n - 1].0;
+        let mut kept = 0;
+        for i in 0..s.ids.len() {
+            let (id, l) = (s.ids[i], s.current[i]);
+            if desc_key(l, id) <= last {
+                s.ids[kept] = id;
+                s.current[kept] = l;
+                kept += 1;
+            }
+        }
+        s.ids.truncate(kept);
+        s.current.truncate(kept);
     }
-    // The kept prefix, in id order: the gathered set up to its last key.
-    let last = s.copy[n - 1];
-    s.ids
-        .retain(|&id| desc_key(logits[id as usize], id) <= last);
-    s.kept_logits(logits);
     let u = tail_uniform(chain, cuts.tail);
     Some(
         s.draw_sorted_set_in_id_order(cuts.tail.t, u)
@@ -113,7 +161,8 @@ pub(super) fn top_k_cuts_token(
 /// max))`, summed exactly; the shortest prefix whose running mass reaches
 /// `nucleus_goal(p, W)` and holds `min_keep` (capped at the finite ones),
 /// else the finite ones; at least one. `p >= 1` keeps all.
-fn top_p_keeps(l: &[f32], p: f32, min_keep: usize) -> usize {
+/// `weights` is scratch.
+fn top_p_keeps(l: &[f32], p: f32, min_keep: usize, weights: &mut Vec<u32>) -> usize {
     let n = l.len();
     if p >= 1.0 || n == 0 {
         return n;
@@ -121,13 +170,18 @@ fn top_p_keeps(l: &[f32], p: f32, min_keep: usize) -> usize {
     let finite = l.iter().filter(|x| x.is_finite()).count();
     let min_keep = min_keep.min(finite);
     let max = l[0];
-    let weight = |x: f32| u64::from(fixed_weight(exp(x - max)));
-    let total: u64 = l.iter().map(|&x| weight(x)).sum();
+    // The weights in a loop of their own (it vectorises), then the sums.
+    weights.clear();
+    weights.resize(n, 0);
+    for (w, &x) in weights.iter_mut().zip(l) {
+        *w = fixed_weight(exp(x - max));
+    }
+    let total: u64 = weights.iter().map(|&w| u64::from(w)).sum();
     let goal = nucleus_goal(p, total);
     let mut cum = 0u64;
     let mut keep = finite;
-    for (i, &x) in l.iter().enumerate() {
-        cum += weight(x);
+    for (i, &w) in weights.iter().enumerate() {
+        cum += u64::from(w);
         if cum >= goal && i + 1 >= min_keep {
             keep = i + 1;
             break;
@@ -201,7 +255,7 @@ mod tests {
                             .apply(&mut want, &ctx())
                             .unwrap();
                         assert_eq!(
-                            top_p_keeps(&l, p, min_keep),
+                            top_p_keeps(&l, p, min_keep, &mut Vec::new()),
                             want.len(),
                             "top_p {p} {min_keep}"
                         );

@@ -290,6 +290,8 @@ struct Scratch {
     /// A kept set's logits in its sorted order (descending logit, ties by
     /// id), for a normaliser that must be summed in that order.
     sorted_logits: Vec<f32>,
+    /// `top_p`'s fixed-point weights of a set after `top_k` (`cuts`).
+    weights: Vec<u32>,
 }
 
 impl Scratch {
@@ -1188,7 +1190,7 @@ fn penalised_top_k_token(
     chain: &Chain,
     at: usize,
     k: usize,
-    tail: tail::TempDist,
+    cuts: &cuts::Cuts,
     s: &mut Scratch,
 ) -> Option<Result<TokenId, SampleError>> {
     let stage = &chain.stages()[at];
@@ -1237,7 +1239,7 @@ fn penalised_top_k_token(
             s.keyed.push((desc_key(l, t), l));
         }
     }
-    Some(top_k_tail_token(s, outside, k, chain, tail))
+    top_k_tail_token(s, outside, k, chain, cuts)
 }
 
 /// The uniform in `[0, 1)` that the `dist` stage at `tail.dist_at` draws at
@@ -1257,17 +1259,18 @@ fn stage_uniform(chain: &Chain, at: usize) -> f64 {
     .uniform(0)
 }
 
-/// `top_k(k) -> [temperature] -> dist` over the `(key, logit)` pairs
-/// ([`desc_key`]) in `s.keyed`, two runs each in ascending id (`..split`
-/// and `split..`): the `k` best keys (the k-th by a selection on a copy),
-/// merged into ascending id in `s.ids` / `s.current`, then the fused tail.
+/// `top_k(k)`, `cuts` and their `[temperature] -> dist` tail over the
+/// `(key, logit)` pairs ([`desc_key`]) in `s.keyed`, two runs each in
+/// ascending id (`..split` and `split..`): the `k` best keys (the k-th by
+/// a selection on a copy), merged into ascending id in `s.ids` /
+/// `s.current`, then [`cuts::cut_and_draw`] (`None` as there).
 fn top_k_tail_token(
     s: &mut Scratch,
     split: usize,
     k: usize,
     chain: &Chain,
-    tail: tail::TempDist,
-) -> Result<TokenId, SampleError> {
+    cuts: &cuts::Cuts,
+) -> Option<Result<TokenId, SampleError>> {
     debug_assert!(k >= 1, "top_k(0) is no lead");
     let kth = if k < s.keyed.len() {
         s.copy.clear();
@@ -1294,9 +1297,7 @@ fn top_k_tail_token(
         s.ids.push(key_id(key));
         s.current.push(l);
     }
-    let u = tail_uniform(chain, tail);
-    s.draw_sorted_set_in_id_order(tail.t, u)
-        .map(|(token, _, _)| token)
+    cuts::cut_and_draw(s, cuts, chain)
 }
 
 /// The fused tail over the kept ids in `s.ids` (ascending, a set that holds
@@ -1440,8 +1441,8 @@ fn run_lead(
     if let Lead::PenaltiesTopK {
         at, top_k_at, k, ..
     } = lead
-        && let Some(tail) = temp_dist_tail(chain.stages(), top_k_at + 1)
-        && let Some(token) = with_scratch(|s| penalised_top_k_token(logits, chain, at, k, tail, s))
+        && let Some(cuts) = cuts::cuts_tail(chain.stages(), top_k_at + 1)
+        && let Some(token) = with_scratch(|s| penalised_top_k_token(logits, chain, at, k, &cuts, s))
     {
         let token = token?;
         chain.commit(token);
@@ -1464,6 +1465,7 @@ fn run_lead(
     // top_k, then top_p / min_p cuts, then the tail (llama.cpp's default).
     if let Lead::TopK { at, k } = lead
         && let Some(cuts) = cuts::cuts_tail(chain.stages(), at + 1)
+        && !cuts.is_empty()
         && let Some(token) = with_scratch(|s| cuts::top_k_cuts_token(logits, k, &cuts, chain, s))
     {
         let token = token?;
@@ -1528,7 +1530,7 @@ fn run_lead(
             // penalties stage on the superset (id order, as it would see the
             // full row), then top_k on its keys and the fused tail.
             chain.apply_stages(resume..top_k_at, &mut row)?;
-            let token = with_scratch(|s| {
+            let drawn = with_scratch(|s| {
                 s.keyed.clear();
                 s.keyed.extend(
                     row.ids()
@@ -1542,10 +1544,17 @@ fn run_lead(
                     s.keyed.sort_unstable_by_key(|&(key, _)| key_id(key));
                 }
                 let split = s.keyed.len();
-                top_k_tail_token(s, split, k, chain, tail)
-            })?;
-            chain.commit(token);
-            Ok(token)
+                top_k_tail_token(s, split, k, chain, &cuts::Cuts::none(tail))
+            });
+            match drawn {
+                Some(token) => {
+                    let token = token?;
+                    chain.commit(token);
+                    Ok(token)
+                }
+                // Not decided there: the stages from `top_k` on.
+                None => chain.sample_from(top_k_at, &mut row),
+            }
         }
         Survivors::Set {
             mut row,
@@ -1887,9 +1896,9 @@ mod tests {
                     else {
                         panic!("{at}: lead {lead:?}");
                     };
-                    let tail = temp_dist_tail(fast.stages(), top_k_at + 1).unwrap();
+                    let cuts = cuts::cuts_tail(fast.stages(), top_k_at + 1).unwrap();
                     let decided =
-                        with_scratch(|s| penalised_top_k_token(&logits, &fast, p_at, k, tail, s));
+                        with_scratch(|s| penalised_top_k_token(&logits, &fast, p_at, k, &cuts, s));
                     assert!(decided.is_some(), "{at}: the fused path fell back");
                     let got = sample_row(&logits, &mut fast);
                     let want = slow.sample_from(0, &mut Candidates::from_logits(&logits));
