@@ -62,22 +62,31 @@ fn fused_chains_allocate_nothing_per_token() {
         dynatemp_range: 0.0,
         dynatemp_exponent: 1.0,
     };
+    let penalties = StageSpec::Penalties {
+        last_n: 64,
+        repeat: 1.1,
+        frequency: 0.0,
+        presence: 0.0,
+        scope: HistoryScope::PromptAndOutput,
+    };
+    // llama.cpp's default shape: top_k, top_p and min_p cuts, the tail.
+    let cuts = vec![
+        StageSpec::TopK { k: 40 },
+        StageSpec::TopP {
+            p: 0.95,
+            min_keep: 1,
+        },
+        StageSpec::MinP {
+            p: 0.05,
+            min_keep: 1,
+        },
+        temp.clone(),
+        StageSpec::Dist,
+    ];
     let chains = [
         vec![StageSpec::Greedy],
         vec![StageSpec::TopK { k: 40 }, temp.clone(), StageSpec::Dist],
-        vec![
-            StageSpec::TopK { k: 40 },
-            StageSpec::TopP {
-                p: 0.95,
-                min_keep: 1,
-            },
-            StageSpec::MinP {
-                p: 0.05,
-                min_keep: 1,
-            },
-            temp.clone(),
-            StageSpec::Dist,
-        ],
+        cuts.clone(),
         vec![
             StageSpec::MinP {
                 p: 0.05,
@@ -95,37 +104,12 @@ fn fused_chains_allocate_nothing_per_token() {
             StageSpec::Dist,
         ],
         vec![
-            StageSpec::Penalties {
-                last_n: 64,
-                repeat: 1.1,
-                frequency: 0.0,
-                presence: 0.0,
-                scope: HistoryScope::PromptAndOutput,
-            },
+            penalties.clone(),
             StageSpec::TopK { k: 40 },
             temp.clone(),
             StageSpec::Dist,
         ],
-        vec![
-            StageSpec::Penalties {
-                last_n: 64,
-                repeat: 1.1,
-                frequency: 0.0,
-                presence: 0.0,
-                scope: HistoryScope::PromptAndOutput,
-            },
-            StageSpec::TopK { k: 40 },
-            StageSpec::TopP {
-                p: 0.95,
-                min_keep: 1,
-            },
-            StageSpec::MinP {
-                p: 0.05,
-                min_keep: 1,
-            },
-            temp.clone(),
-            StageSpec::Dist,
-        ],
+        [vec![penalties], cuts].concat(),
         // The whole-row tail, epsilon / eta, Mirostat v1 and v2, xtc, typical.
         vec![temp.clone(), StageSpec::Dist],
         vec![StageSpec::Dist],
