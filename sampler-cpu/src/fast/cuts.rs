@@ -112,16 +112,7 @@ pub(super) fn cut_and_draw(
     chain: &Chain,
 ) -> Option<Result<TokenId, SampleError>> {
     if !cuts.is_empty() {
-        s.keyed.clear();
-        s.keyed.extend(
-            s.ids
-                .iter()
-                .zip(&s.current)
-                .map(|(&id, &l)| (desc_key(l, id), l)),
-        );
-        s.keyed.sort_unstable_by_key(|&(key, _)| key);
-        s.sorted_logits.clear();
-        s.sorted_logits.extend(s.keyed.iter().map(|&(_, l)| l));
+        s.sort_kept();
         let sorted = &s.sorted_logits;
         // The maximum (the first) is never cut, so it stays what it is
         // through every cut.

@@ -312,6 +312,15 @@ impl Scratch {
         if let Some(drawn) = tail::temp_dist_draw_order_free(&self.ids, &self.current, t, u) {
             return Ok(drawn);
         }
+        self.sort_kept();
+        let by_id = self.ids.iter().copied().zip(self.current.iter().copied());
+        temp_dist_draw(&self.sorted_logits, by_id, t, u)
+    }
+
+    /// The kept set in `ids` / `current` in its sorted order (descending
+    /// logit, ties by id): `(key, logit)` in `keyed`, the logits alone in
+    /// `sorted_logits`.
+    fn sort_kept(&mut self) {
         self.keyed.clear();
         self.keyed.extend(
             self.ids
@@ -323,8 +332,6 @@ impl Scratch {
         self.sorted_logits.clear();
         self.sorted_logits
             .extend(self.keyed.iter().map(|&(_, l)| l));
-        let by_id = self.ids.iter().copied().zip(self.current.iter().copied());
-        temp_dist_draw(&self.sorted_logits, by_id, t, u)
     }
 
     /// The `k` best tokens of the raw row `logits` in ascending id into
