@@ -89,6 +89,9 @@ pub(crate) struct TopPScratch {
     next: Vec<u32>,
     /// The row's block maxima (the max pass).
     maxima: Vec<f32>,
+    /// The walked bucket's exponentials and fixed-point weights.
+    exps: Vec<f32>,
+    weights: Vec<u32>,
 }
 
 /// The bucket of logit `l`: `(max - l) · PER_NAT` rounded to an integer and
@@ -582,6 +585,8 @@ fn top_p_from(
         starts,
         next,
         maxima,
+        exps,
+        weights,
     } = scratch;
     let max = max_checked(row, maxima)?;
     // The fixed-point total is summed in f64, exact up to 2^53: at most
@@ -638,21 +643,39 @@ fn top_p_from(
         for b in 0..=hi - lo {
             let bucket_keys = &mut sorted[starts[b] as usize..starts[b + 1] as usize];
             bucket_keys.sort_unstable();
-            for &k in bucket_keys.iter() {
-                let id = key_id(k);
-                let l = row[id as usize];
-                let e = exp_nonpos(l - max);
-                out.ids.push(id);
-                out.logits.push(l);
-                if probs {
-                    out.probs.push((f64::from(e) * inv) as f32);
-                }
-                cum += u64::from(fixed_weight(e));
-                if cum >= goal && out.ids.len() >= min_keep {
+            // The bucket's tokens taken whole, their exponentials and
+            // weights in one loop over them (it vectorises), then the walk
+            // adds the weights; the tokens after the cut are dropped again.
+            let base = out.ids.len();
+            out.ids.extend(bucket_keys.iter().map(|&k| key_id(k)));
+            out.logits
+                .extend(out.ids[base..].iter().map(|&id| row[id as usize]));
+            exps.clear();
+            exps.resize(bucket_keys.len(), 0.0);
+            weights.clear();
+            weights.resize(bucket_keys.len(), 0);
+            for ((e, w), &l) in exps
+                .iter_mut()
+                .zip(weights.iter_mut())
+                .zip(&out.logits[base..])
+            {
+                *e = exp_nonpos(l - max);
+                *w = fixed_weight(*e);
+            }
+            for (j, (&w, &k)) in weights.iter().zip(bucket_keys.iter()).enumerate() {
+                cum += u64::from(w);
+                let kept = base + j + 1;
+                if cum >= goal && kept >= min_keep {
+                    out.ids.truncate(kept);
+                    out.logits.truncate(kept);
+                    if probs {
+                        out.probs
+                            .extend(exps[..=j].iter().map(|&e| (f64::from(e) * inv) as f32));
+                    }
                     // A cut that reaches a `-inf` candidate (min_keep beyond
                     // the finite ones), or keeps the whole row, is left to
                     // the reference.
-                    if out.ids.len() >= row.len() || !l.is_finite() {
+                    if kept >= row.len() || !out.logits[kept - 1].is_finite() {
                         return Ok(false);
                     }
                     // The kept set in id order: the ranges before this one
@@ -668,6 +691,10 @@ fn top_p_from(
                     }
                     return Ok(true);
                 }
+            }
+            if probs {
+                out.probs
+                    .extend(exps.iter().map(|&e| (f64::from(e) * inv) as f32));
             }
         }
         lo = hi + 1;
