@@ -69,6 +69,32 @@ pub(crate) fn desc_key(logit: f32, id: TokenId) -> u64 {
     (u64::from(!ord) << 32) | u64::from(id)
 }
 
+/// The logit of a [`desc_key`], read back from its bits: `l + 0.0`, so a
+/// `-0.0` comes back as `+0.0` (a caller that must keep the sign of a zero
+/// reads such a logit from the row).
+#[inline(always)]
+pub(crate) fn key_logit(key: u64) -> f32 {
+    let ord = !((key >> 32) as u32);
+    f32::from_bits(if ord >> 31 == 1 {
+        ord & 0x7fff_ffff
+    } else {
+        !ord
+    })
+}
+
+/// The row's logit at a [`desc_key`]: [`key_logit`], and the row itself
+/// for a zero (whose sign the key does not keep). No random read of the
+/// row for the others.
+#[inline(always)]
+pub(crate) fn key_row_logit(key: u64, row: &[f32]) -> f32 {
+    let l = key_logit(key);
+    if l == 0.0 {
+        row[key_id(key) as usize]
+    } else {
+        l
+    }
+}
+
 /// Token id of a [`desc_key`].
 #[inline(always)]
 pub(crate) fn key_id(key: u64) -> TokenId {
@@ -662,6 +688,40 @@ pub(crate) fn ids_at_least(
 mod tests {
     use super::*;
     use sampler_core::desc_cmp;
+
+    /// A key's logit comes back bit for bit (zeros through the row, with
+    /// their sign), for every kind of float a row can hold.
+    #[test]
+    fn key_logit_reads_the_logit_back() {
+        let mut vals = vec![
+            f32::NEG_INFINITY,
+            -f32::MAX,
+            f32::MAX,
+            -1.0,
+            1.0,
+            -0.0,
+            0.0,
+            1e-45,
+            -1e-45,
+            1e-40,
+            -1.2e-38,
+        ];
+        let mut x = 0x2545_f491u32;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let v = f32::from_bits(x);
+            if !v.is_nan() && v != f32::INFINITY {
+                vals.push(v);
+            }
+        }
+        for (i, &l) in vals.iter().enumerate() {
+            let key = desc_key(l, i as TokenId);
+            assert_eq!(key_logit(key).to_bits(), (l + 0.0).to_bits(), "{l:e}");
+            assert_eq!(key_row_logit(key, &vals).to_bits(), l.to_bits(), "{l:e}");
+        }
+    }
 
     #[test]
     fn desc_key_matches_desc_cmp() {

@@ -39,7 +39,9 @@ use sampler_core::numerics::{
     nucleus_goal,
 };
 
-use super::scan::{Invalid, as_block, blocks, desc_key, key_id, lane_mask, max_checked, set_bits};
+use super::scan::{
+    Invalid, as_block, blocks, desc_key, key_id, key_row_logit, lane_mask, max_checked, set_bits,
+};
 use super::simd::LANES;
 
 /// The longest row whose fixed-point total the exp pass sums exactly.
@@ -649,7 +651,7 @@ fn top_p_from(
             let base = out.ids.len();
             out.ids.extend(bucket_keys.iter().map(|&k| key_id(k)));
             out.logits
-                .extend(out.ids[base..].iter().map(|&id| row[id as usize]));
+                .extend(bucket_keys.iter().map(|&k| key_row_logit(k, row)));
             exps.clear();
             exps.resize(bucket_keys.len(), 0.0);
             weights.clear();
@@ -684,7 +686,7 @@ fn top_p_from(
                         keys[..from]
                             .iter()
                             .chain(keys[from..].iter().filter(|&&key| key <= k))
-                            .map(|&key| (key_id(key), row[key_id(key) as usize])),
+                            .map(|&key| (key_id(key), key_row_logit(key, row))),
                     );
                     if from > 0 {
                         out.by_id.sort_unstable_by_key(|&(id, _)| id);
