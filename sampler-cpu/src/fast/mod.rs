@@ -77,7 +77,8 @@ use sampler_core::{
 
 use self::scan::{
     Filter, candidate_blocks, desc_key, ids_at_least, key_id, max_checked, min_p_ids,
-    top_k_ids_in_id_order, top_k_keys, top_k_keys_outside,
+    row_block_maxima, top_k_ids_in_id_order, top_k_ids_in_id_order_of, top_k_keys, top_k_keys_of,
+    top_k_keys_outside,
 };
 use self::tail::{
     temp_dist_draw, temp_dist_draw_in_id_order, temp_dist_tail, temp_dist_token,
@@ -265,6 +266,9 @@ struct Scratch {
     ids: Vec<TokenId>,
     blocks: Vec<(usize, f32)>,
     sel: Vec<f32>,
+    /// The row's block maxima ([`scan::row_block_maxima`]), for a kernel
+    /// that filters the row more than once after one read.
+    maxima: Vec<f32>,
     /// The penalties' history window, sorted by token.
     counts: Vec<(TokenId, u32)>,
     /// `(key, logit)` of the penalised top-k superset.
@@ -350,6 +354,21 @@ impl Scratch {
         .ok()?;
         self.kept_logits(logits);
         Some(())
+    }
+
+    /// [`Self::top_k_in_id_order`] of a row whose block maxima are in
+    /// `maxima` ([`scan::row_block_maxima`]): no read for them.
+    fn top_k_in_id_order_of_maxima(&mut self, logits: &[f32], k: usize) {
+        top_k_ids_in_id_order_of(
+            logits,
+            k,
+            &self.maxima,
+            &mut self.blocks,
+            &mut self.keys,
+            &mut self.copy,
+            &mut self.ids,
+        );
+        self.kept_logits(logits);
     }
 
     /// The logits of the tokens in `ids` (a kept set, in its order) into
@@ -1093,12 +1112,15 @@ fn mirostat_token(
     s: &mut Scratch,
 ) -> Option<Result<(TokenId, f32), SampleError>> {
     let vocab = logits.len();
-    let max = max_checked(logits, &mut s.sel).ok()?;
+    // One read for the maximum and the block maxima, which both selections
+    // below (the `m` best, then the kept set) filter without a read of
+    // their own.
+    let max = row_block_maxima(logits, &mut s.maxima).ok()?;
     if max == f32::NEG_INFINITY || m == 0 {
         return None;
     }
     let inv = 1.0 / sampler_core::numerics::exp_sum(logits, max);
-    top_k_keys(logits, m.min(vocab), &mut s.blocks, &mut s.sel, &mut s.keys).ok()?;
+    top_k_keys_of(logits, m.min(vocab), &s.maxima, &mut s.blocks, &mut s.keys);
     s.current.clear();
     s.current.extend(s.keys.iter().map(|&key| {
         let e = sampler_core::numerics::exp(logits[key_id(key) as usize] - max);
@@ -1129,14 +1151,13 @@ fn mirostat_token(
         let e = sampler_core::numerics::exp(logits[token as usize] - kept_max);
         return Some(Ok((token, (f64::from(e) * (1.0 / kept_sum)) as f32)));
     }
+    s.top_k_in_id_order_of_maxima(logits, keep);
     if keep >= MIROSTAT_UNSORTED_FROM {
         // A large kept set: not sorted (the stage sorts it and sums its
         // normaliser in that order), gathered in id order, the token and
         // its probability proved from the sum in id order.
-        s.top_k_in_id_order(logits, keep)?;
         return tail::draw_with_reordered_sum(&s.ids, &s.current, max, u, &mut s.prefix).map(Ok);
     }
-    s.top_k_in_id_order(logits, keep)?;
     // `dist_select`'s arithmetic, as the fused tails.
     let (token, kept_max, kept_sum) = match s.draw_sorted_set_in_id_order(None, u) {
         Ok(drawn) => drawn,

@@ -152,8 +152,21 @@ pub(crate) fn candidate_blocks(
     buf: &mut Vec<f32>,
 ) -> Result<(f32, f32), Invalid> {
     out.clear();
+    row_block_maxima(row, buf)?;
+    Ok(blocks_from_maxima(buf, filter, out))
+}
+
+/// The read of [`candidate_blocks`]: every block's maximum (the row's
+/// short last block too) into `maxima`, and the row's validation; returns
+/// the row's maximum. [`blocks_from_maxima`] then filters without reading
+/// the row again, as often as a kernel needs (Mirostat's `m` best, then its
+/// kept set).
+///
+/// # Errors
+/// [`Invalid`] if the row holds a NaN or `+inf`.
+pub(crate) fn row_block_maxima(row: &[f32], maxima: &mut Vec<f32>) -> Result<f32, Invalid> {
     let full = row.len() - row.len() % BLOCK;
-    let nan = block_maxima(&row[..full], buf);
+    let nan = block_maxima(&row[..full], maxima);
     let tail = &row[full..];
     if !tail.is_empty() {
         let mut m = f32::NEG_INFINITY;
@@ -163,13 +176,27 @@ pub(crate) fn candidate_blocks(
             }
             m = if x > m { x } else { m };
         }
-        buf.push(m + 0.0);
+        maxima.push(m + 0.0);
     }
-    let (max, min) = max_and_min_finite(buf);
+    let max = max_of(maxima);
     // NaN never wins a lane; +inf wins and shows up as a block maximum.
     if nan || max == f32::INFINITY {
         return Err(Invalid);
     }
+    Ok(max)
+}
+
+/// The choice of [`candidate_blocks`] from the block maxima of
+/// [`row_block_maxima`]: the listed blocks in `out`, the threshold and the
+/// row's maximum.
+pub(crate) fn blocks_from_maxima(
+    maxima: &[f32],
+    filter: Filter,
+    out: &mut Vec<(usize, f32)>,
+) -> (f32, f32) {
+    out.clear();
+    let buf = maxima;
+    let (max, min) = max_and_min_finite(buf);
     let thr = match filter {
         Filter::MinP(ln_p) => max + ln_p,
         Filter::TopK(1) => max,
@@ -179,7 +206,7 @@ pub(crate) fn candidate_blocks(
     // (how many blocks reach `T` varies with the row).
     out.reserve(buf.len());
     for_each_reaching(buf, thr, |b, m| out.push((b, m)));
-    Ok((thr, max))
+    (thr, max)
 }
 
 /// The largest of `values` (no NaN among them), `-inf` when empty; in
@@ -527,9 +554,23 @@ pub(crate) fn top_k_keys(
     out: &mut Vec<u64>,
 ) -> Result<(), Invalid> {
     out.clear();
-    let (thr, _) = candidate_blocks(row, Filter::TopK(k), blocks, sel)?;
+    row_block_maxima(row, sel)?;
+    top_k_keys_of(row, k, sel, blocks, out);
+    Ok(())
+}
+
+/// [`top_k_keys`] of a validated row from its [`row_block_maxima`].
+pub(crate) fn top_k_keys_of(
+    row: &[f32],
+    k: usize,
+    maxima: &[f32],
+    blocks: &mut Vec<(usize, f32)>,
+    out: &mut Vec<u64>,
+) {
+    out.clear();
+    let (thr, _) = blocks_from_maxima(maxima, Filter::TopK(k), blocks);
     if k == 0 {
-        return Ok(());
+        return;
     }
     for_each_at_least(row, blocks, thr, |i| {
         out.push(desc_key(row[i], i as TokenId));
@@ -539,7 +580,6 @@ pub(crate) fn top_k_keys(
         out.truncate(k);
     }
     out.sort_unstable();
-    Ok(())
 }
 
 /// The ids of the `k` best candidates of the row (the set [`top_k_keys`]
@@ -561,13 +601,49 @@ pub(crate) fn top_k_ids_in_id_order(
 ) -> Result<(), Invalid> {
     keys.clear();
     ids.clear();
-    let (thr, _) = candidate_blocks(row, Filter::TopK(k), blocks, sel)?;
+    row_block_maxima(row, sel)?;
+    top_k_ids_in_id_order_of(row, k, sel, blocks, keys, copy, ids);
+    Ok(())
+}
+
+/// [`top_k_ids_in_id_order`] of a validated row from its
+/// [`row_block_maxima`].
+pub(crate) fn top_k_ids_in_id_order_of(
+    row: &[f32],
+    k: usize,
+    maxima: &[f32],
+    blocks: &mut Vec<(usize, f32)>,
+    keys: &mut Vec<u64>,
+    copy: &mut Vec<u64>,
+    ids: &mut Vec<TokenId>,
+) {
+    keys.clear();
+    ids.clear();
+    let (thr, _) = blocks_from_maxima(maxima, Filter::TopK(k), blocks);
     if k == 0 {
-        return Ok(());
+        return;
     }
-    for_each_at_least(row, blocks, thr, |i| {
-        keys.push(desc_key(row[i], i as TokenId));
-    });
+    let gather = |thr: f32, keys: &mut Vec<u64>| {
+        keys.clear();
+        for_each_at_least(row, blocks, thr, |i| {
+            keys.push(desc_key(row[i], i as TokenId));
+        });
+    };
+    // A k of the order of the block count (Mirostat's kept sets): the
+    // k-th largest block maximum says little, and most of the row would be
+    // gathered and selected from. A higher threshold from a sample of the
+    // row (every `STRIDE`-th logit), taken only when at least `k` logits
+    // reach it (then the `k` best all do): about `k + 8.5·sqrt(k)` gathered.
+    let sampled = k > maxima.len() / 2
+        && sample_bound(row, k, copy).is_some_and(|t| {
+            t > thr && {
+                gather(t, keys);
+                keys.len() >= k
+            }
+        });
+    if !sampled {
+        gather(thr, keys);
+    }
     let kth = if keys.len() > k {
         copy.clear();
         copy.extend_from_slice(keys);
@@ -580,7 +656,24 @@ pub(crate) fn top_k_ids_in_id_order(
             .filter(|&&key| key <= kth)
             .map(|&key| key_id(key)),
     );
-    Ok(())
+}
+
+/// A likely lower bound of the k-th largest logit of `row` (a validated
+/// row): the `(k/8 + 3·sqrt(k/8) + 4)`-th largest of every 8th logit (`copy`
+/// is scratch), about three standard deviations of the sample below the
+/// k-th; `None` when the sample is too short. The caller checks it.
+fn sample_bound(row: &[f32], k: usize, copy: &mut Vec<u64>) -> Option<f32> {
+    const STRIDE: usize = 8;
+    copy.clear();
+    copy.extend(
+        row.iter()
+            .step_by(STRIDE)
+            .enumerate()
+            .map(|(j, &l)| desc_key(l, j as TokenId)),
+    );
+    let share = k / STRIDE;
+    let rank = share + 3 * share.isqrt() + 4;
+    (rank < copy.len()).then(|| key_logit(*copy.select_nth_unstable(rank).1))
 }
 
 /// Pass 1 of `penalties -> top_k(k)`: the keys ([`desc_key`], raw logits)
@@ -688,6 +781,92 @@ pub(crate) fn ids_at_least(
 mod tests {
     use super::*;
     use sampler_core::desc_cmp;
+
+    /// The `k` best in id order, for k from a few to the whole row: where
+    /// the bound from a sample of the row holds (random rows) and where it
+    /// misleads (every 8th logit far above the rest, so the sample's bound
+    /// lets fewer than `k` through and the block maxima's threshold is
+    /// used), with ties, `-inf` and a short last block; always the set of a
+    /// full sort.
+    #[test]
+    fn top_k_in_id_order_is_the_sorted_selection() {
+        let mut x = 0x9e37_79b9u32;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        let len = 5000 + 37;
+        let rows: Vec<(&str, Vec<f32>)> = vec![
+            (
+                "random",
+                (0..len)
+                    .map(|_| (next() % 100_000) as f32 / 1000.0)
+                    .collect(),
+            ),
+            ("ties", (0..len).map(|_| (next() % 7) as f32).collect()),
+            (
+                "-inf",
+                (0..len)
+                    .map(|_| match next() % 4 {
+                        0 => f32::NEG_INFINITY,
+                        v => v as f32,
+                    })
+                    .collect(),
+            ),
+            (
+                "stride 8",
+                (0..len)
+                    .map(|i| {
+                        if i % 8 == 0 {
+                            100.0 + (next() % 100) as f32
+                        } else {
+                            (next() % 100) as f32
+                        }
+                    })
+                    .collect(),
+            ),
+        ];
+        let (mut blocks, mut sel, mut keys, mut copy, mut ids) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut held, mut misled) = (0, 0);
+        for (name, row) in &rows {
+            let mut sorted: Vec<u64> = (0..len).map(|i| desc_key(row[i], i as TokenId)).collect();
+            sorted.sort_unstable();
+            for k in [
+                1usize, 40, 100, 200, 500, 700, 1000, 2000, 4000, 5036, 5037, 6000,
+            ] {
+                top_k_ids_in_id_order(
+                    row,
+                    k,
+                    &mut blocks,
+                    &mut sel,
+                    &mut keys,
+                    &mut copy,
+                    &mut ids,
+                )
+                .unwrap();
+                let mut want: Vec<TokenId> = sorted[..k.min(len)]
+                    .iter()
+                    .map(|&key| key_id(key))
+                    .collect();
+                want.sort_unstable();
+                assert_eq!(ids, want, "{name}, k {k}");
+                if let Some(t) = sample_bound(row, k, &mut copy) {
+                    if row.iter().filter(|&&l| l >= t).count() >= k {
+                        held += 1;
+                    } else {
+                        misled += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            held > 0 && misled > 0,
+            "sample bound held {held}, misled {misled}"
+        );
+    }
 
     /// A key's logit comes back bit for bit (zeros through the row, with
     /// their sign), for every kind of float a row can hold.
