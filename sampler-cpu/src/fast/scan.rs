@@ -567,14 +567,7 @@ pub(crate) fn top_k_keys_of(
     blocks: &mut Vec<(usize, f32)>,
     out: &mut Vec<u64>,
 ) {
-    out.clear();
-    let (thr, _) = blocks_from_maxima(maxima, Filter::TopK(k), blocks);
-    if k == 0 {
-        return;
-    }
-    for_each_at_least(row, blocks, thr, |i| {
-        out.push(desc_key(row[i], i as TokenId));
-    });
+    gather_best(row, k, maxima, blocks, out);
     if out.len() > k {
         out.select_nth_unstable(k - 1);
         out.truncate(k);
@@ -617,33 +610,8 @@ pub(crate) fn top_k_ids_in_id_order_of(
     copy: &mut Vec<u64>,
     ids: &mut Vec<TokenId>,
 ) {
-    keys.clear();
     ids.clear();
-    let (thr, _) = blocks_from_maxima(maxima, Filter::TopK(k), blocks);
-    if k == 0 {
-        return;
-    }
-    let gather = |thr: f32, keys: &mut Vec<u64>| {
-        keys.clear();
-        for_each_at_least(row, blocks, thr, |i| {
-            keys.push(desc_key(row[i], i as TokenId));
-        });
-    };
-    // A k of the order of the block count (Mirostat's kept sets): the
-    // k-th largest block maximum says little, and most of the row would be
-    // gathered and selected from. A higher threshold from a sample of the
-    // row (every `STRIDE`-th logit), taken only when at least `k` logits
-    // reach it (then the `k` best all do): about `k + 8.5·sqrt(k)` gathered.
-    let sampled = k > maxima.len() / 2
-        && sample_bound(row, k, copy).is_some_and(|t| {
-            t > thr && {
-                gather(t, keys);
-                keys.len() >= k
-            }
-        });
-    if !sampled {
-        gather(thr, keys);
-    }
+    gather_best(row, k, maxima, blocks, keys);
     let kth = if keys.len() > k {
         copy.clear();
         copy.extend_from_slice(keys);
@@ -658,14 +626,54 @@ pub(crate) fn top_k_ids_in_id_order_of(
     );
 }
 
+/// The keys ([`desc_key`]) of a superset of the `k` best of a validated
+/// row, in id order, into `keys` (empty for `k = 0`): the logits that reach
+/// a threshold reached by at least `k` of them, from the block maxima
+/// ([`blocks_from_maxima`]). For a k of the order of the block count
+/// (Mirostat's kept sets, a wide `top_k`) the k-th largest block maximum
+/// says little and most of the row would come through; there a higher
+/// threshold from a sample of the row ([`sample_bound`]) is taken when at
+/// least `k` logits reach it (then the `k` best all do): about
+/// `k + 8.5·sqrt(k)` keys.
+fn gather_best(
+    row: &[f32],
+    k: usize,
+    maxima: &[f32],
+    blocks: &mut Vec<(usize, f32)>,
+    keys: &mut Vec<u64>,
+) {
+    keys.clear();
+    let (thr, _) = blocks_from_maxima(maxima, Filter::TopK(k), blocks);
+    if k == 0 {
+        return;
+    }
+    let gather = |thr: f32, keys: &mut Vec<u64>| {
+        keys.clear();
+        for_each_at_least(row, blocks, thr, |i| {
+            keys.push(desc_key(row[i], i as TokenId));
+        });
+    };
+    // The sample goes through `keys` before the gather empties it.
+    if k > maxima.len() / 2
+        && let Some(t) = sample_bound(row, k, keys)
+        && t > thr
+    {
+        gather(t, keys);
+        if keys.len() >= k {
+            return;
+        }
+    }
+    gather(thr, keys);
+}
+
 /// A likely lower bound of the k-th largest logit of `row` (a validated
 /// row): the `(k/8 + 3·sqrt(k/8) + 4)`-th largest of every 8th logit (`copy`
 /// is scratch), about three standard deviations of the sample below the
 /// k-th; `None` when the sample is too short. The caller checks it.
-fn sample_bound(row: &[f32], k: usize, copy: &mut Vec<u64>) -> Option<f32> {
+fn sample_bound(row: &[f32], k: usize, sample: &mut Vec<u64>) -> Option<f32> {
     const STRIDE: usize = 8;
-    copy.clear();
-    copy.extend(
+    sample.clear();
+    sample.extend(
         row.iter()
             .step_by(STRIDE)
             .enumerate()
@@ -673,7 +681,7 @@ fn sample_bound(row: &[f32], k: usize, copy: &mut Vec<u64>) -> Option<f32> {
     );
     let share = k / STRIDE;
     let rank = share + 3 * share.isqrt() + 4;
-    (rank < copy.len()).then(|| key_logit(*copy.select_nth_unstable(rank).1))
+    (rank < sample.len()).then(|| key_logit(*sample.select_nth_unstable(rank).1))
 }
 
 /// Pass 1 of `penalties -> top_k(k)`: the keys ([`desc_key`], raw logits)
@@ -853,6 +861,8 @@ mod tests {
                     .collect();
                 want.sort_unstable();
                 assert_eq!(ids, want, "{name}, k {k}");
+                top_k_keys(row, k, &mut blocks, &mut sel, &mut keys).unwrap();
+                assert_eq!(keys, sorted[..k.min(len)], "{name}, k {k}: sorted keys");
                 if let Some(t) = sample_bound(row, k, &mut copy) {
                     if row.iter().filter(|&&l| l >= t).count() >= k {
                         held += 1;
