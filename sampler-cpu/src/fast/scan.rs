@@ -95,6 +95,68 @@ pub(crate) fn key_row_logit(key: u64, row: &[f32]) -> f32 {
     }
 }
 
+/// Append the [`desc_key`]s of the lanes of `x` (16 logits, token ids
+/// `first..first + 16`) set in `mask` to `keys`, in lane order: the key
+/// transform on the floats' bits in one vector, the hits compressed out
+/// (two vectors of 8 keys); no branch on the mask.
+///
+/// # Safety
+/// AVX-512F, and room for 16 more keys in `keys` (its capacity); the
+/// stores may write past the hits, into that room.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,popcnt")]
+#[inline]
+pub(crate) unsafe fn compress_keys_avx512(
+    x: std::arch::x86_64::__m512,
+    first: TokenId,
+    mask: u16,
+    keys: &mut Vec<u64>,
+) {
+    use std::arch::x86_64::{
+        _mm512_add_epi32, _mm512_add_ps, _mm512_castps_si512, _mm512_castsi512_si256,
+        _mm512_cvtepu32_epi64, _mm512_extracti64x4_epi64, _mm512_maskz_compress_epi64,
+        _mm512_or_si512, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32, _mm512_slli_epi64,
+        _mm512_srai_epi32, _mm512_storeu_si512, _mm512_xor_si512,
+    };
+    // desc_key: the order-preserving bits of `l + 0.0`, inverted.
+    let bits = _mm512_castps_si512(_mm512_add_ps(x, _mm512_set1_ps(0.0)));
+    let ord = _mm512_xor_si512(
+        bits,
+        _mm512_or_si512(_mm512_srai_epi32::<31>(bits), _mm512_set1_epi32(i32::MIN)),
+    );
+    let high = _mm512_xor_si512(ord, _mm512_set1_epi32(-1));
+    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let ids = _mm512_add_epi32(_mm512_set1_epi32(first as i32), lanes);
+    let (high_lo, high_hi) = (
+        _mm512_cvtepu32_epi64(_mm512_castsi512_si256(high)),
+        _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64::<1>(high)),
+    );
+    let (ids_lo, ids_hi) = (
+        _mm512_cvtepu32_epi64(_mm512_castsi512_si256(ids)),
+        _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64::<1>(ids)),
+    );
+    let n_lo = (mask & 0xff).count_ones() as usize;
+    let n = mask.count_ones() as usize;
+    let len = keys.len();
+    let at = keys.as_mut_ptr();
+    // SAFETY: the caller leaves room for 16 keys past `len`; the first
+    // store writes 8 at `len`, the second 8 at `len + n_lo <= len + 8`.
+    // Then exactly the compressed keys are counted in.
+    unsafe {
+        let k = _mm512_or_si512(_mm512_slli_epi64::<32>(high_lo), ids_lo);
+        _mm512_storeu_si512(
+            at.add(len).cast(),
+            _mm512_maskz_compress_epi64(mask as u8, k),
+        );
+        let k = _mm512_or_si512(_mm512_slli_epi64::<32>(high_hi), ids_hi);
+        _mm512_storeu_si512(
+            at.add(len + n_lo).cast(),
+            _mm512_maskz_compress_epi64((mask >> 8) as u8, k),
+        );
+        keys.set_len(len + n);
+    }
+}
+
 /// Token id of a [`desc_key`].
 #[inline(always)]
 pub(crate) fn key_id(key: u64) -> TokenId {
@@ -649,6 +711,14 @@ fn gather_best(
     }
     let gather = |thr: f32, keys: &mut Vec<u64>| {
         keys.clear();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("popcnt") {
+                // SAFETY: the CPU has AVX-512F and POPCNT (checked just above).
+                unsafe { keys_at_least_avx512(row, blocks, thr, keys) };
+                return;
+            }
+        }
         for_each_at_least(row, blocks, thr, |i| {
             keys.push(desc_key(row[i], i as TokenId));
         });
@@ -664,6 +734,39 @@ fn gather_best(
         }
     }
     gather(thr, keys);
+}
+
+/// The keys of the logits `>= thr` of the listed blocks whose maximum
+/// reaches it, in id order, appended to `keys` ([`for_each_at_least`]'s
+/// tokens): one compare per 16 floats and the hits compressed out
+/// ([`compress_keys_avx512`]), no token looked at one by one.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,popcnt")]
+fn keys_at_least_avx512(row: &[f32], blocks: &[(usize, f32)], thr: f32, keys: &mut Vec<u64>) {
+    use std::arch::x86_64::{_CMP_GE_OQ, _mm512_cmp_ps_mask, _mm512_loadu_ps, _mm512_set1_ps};
+    let t = _mm512_set1_ps(thr);
+    for &(b, _) in blocks.iter().filter(|&&(_, m)| m >= thr) {
+        let start = b * BLOCK;
+        let blk = &row[start..row.len().min(start + BLOCK)];
+        if blk.len() < BLOCK {
+            // The row's last, short block.
+            for (j, &x) in blk.iter().enumerate() {
+                if x >= thr {
+                    keys.push(desc_key(x, (start + j) as TokenId));
+                }
+            }
+            continue;
+        }
+        keys.reserve(BLOCK + 16);
+        for q in 0..BLOCK / 16 {
+            // SAFETY: the block holds BLOCK floats; this reads 16 of them.
+            let x = unsafe { _mm512_loadu_ps(blk.as_ptr().add(q * 16)) };
+            let mask = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, t);
+            // SAFETY: AVX-512F and POPCNT (this function's); the reserve
+            // above leaves room for 16 keys past the block's hits so far.
+            unsafe { compress_keys_avx512(x, (start + q * 16) as TokenId, mask, keys) };
+        }
+    }
 }
 
 /// A likely lower bound of the k-th largest logit of `row` (a validated
@@ -876,6 +979,44 @@ mod tests {
             held > 0 && misled > 0,
             "sample bound held {held}, misled {misled}"
         );
+    }
+
+    /// The compressed gather is the lane-by-lane one: the same keys, in id
+    /// order, for thresholds from above the row to `-inf`, with `-0.0`,
+    /// `-inf` and a short last block, appended after what `keys` held.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn compressed_keys_are_the_lane_by_lane_keys() {
+        if !(std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("popcnt")) {
+            eprintln!("SKIP compressed_keys_are_the_lane_by_lane_keys: no AVX-512F on this CPU");
+            return;
+        }
+        let mut x = 0x1234_5679u32;
+        let row: Vec<f32> = (0..3000 + 21)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                match i % 97 {
+                    3 => f32::NEG_INFINITY,
+                    5 => -0.0,
+                    _ => (x % 2000) as f32 / 100.0 - 10.0,
+                }
+            })
+            .collect();
+        let (mut maxima, mut blocks) = (Vec::new(), Vec::new());
+        row_block_maxima(&row, &mut maxima).unwrap();
+        for thr in [11.0f32, 9.9, 5.0, 0.0, -0.0, -9.99, f32::NEG_INFINITY] {
+            blocks_from_maxima(&maxima, Filter::MinP(thr - 10.0), &mut blocks);
+            let mut want = vec![7u64];
+            for_each_at_least(&row, &blocks, thr, |i| {
+                want.push(desc_key(row[i], i as TokenId))
+            });
+            let mut got = vec![7u64];
+            // SAFETY: the CPU has AVX-512F and POPCNT (checked above).
+            unsafe { keys_at_least_avx512(&row, &blocks, thr, &mut got) };
+            assert_eq!(got, want, "threshold {thr}");
+        }
     }
 
     /// A key's logit comes back bit for bit (zeros through the row, with

@@ -39,6 +39,8 @@ use sampler_core::numerics::{
     nucleus_goal,
 };
 
+#[cfg(target_arch = "x86_64")]
+use super::scan::compress_keys_avx512;
 use super::scan::{
     Invalid, as_block, blocks, desc_key, key_id, key_row_logit, lane_mask, max_checked, set_bits,
 };
@@ -327,9 +329,9 @@ fn gather_lanes(
 
 /// [`gather`] with AVX-512F: per 16 floats the buckets of [`bucket`] (the
 /// same operations: `min((max - l) · PER_NAT, 511) + 2^23`, the integer in
-/// the low bits), the lanes in `lo..=hi` compressed into `keys` (the
-/// [`desc_key`] transform on the float's bits, two vectors of 8 keys) and
-/// `buckets`; the row's last `len % 16` floats lane by lane.
+/// the low bits), the lanes in `lo..=hi` compressed into `keys`
+/// ([`compress_keys_avx512`]) and `buckets`; the row's last `len % 16`
+/// floats lane by lane.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,popcnt")]
 fn gather_avx512(
@@ -341,13 +343,10 @@ fn gather_avx512(
     buckets: &mut Vec<u16>,
 ) {
     use std::arch::x86_64::{
-        _mm256_storeu_si256, _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512,
-        _mm512_castps_si512, _mm512_castsi512_si256, _mm512_cmpge_epi32_mask,
-        _mm512_cmple_epi32_mask, _mm512_cvtepi32_epi16, _mm512_cvtepu32_epi64,
-        _mm512_extracti64x4_epi64, _mm512_loadu_ps, _mm512_maskz_compress_epi32,
-        _mm512_maskz_compress_epi64, _mm512_min_ps, _mm512_mul_ps, _mm512_or_si512,
-        _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32, _mm512_slli_epi64, _mm512_srai_epi32,
-        _mm512_storeu_si512, _mm512_sub_ps, _mm512_xor_si512,
+        _mm256_storeu_si256, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512,
+        _mm512_cmpge_epi32_mask, _mm512_cmple_epi32_mask, _mm512_cvtepi32_epi16, _mm512_loadu_ps,
+        _mm512_maskz_compress_epi32, _mm512_min_ps, _mm512_mul_ps, _mm512_set1_epi32,
+        _mm512_set1_ps, _mm512_sub_ps,
     };
     const STEP: usize = 16;
     let full = row.len() - row.len() % STEP;
@@ -357,10 +356,6 @@ fn gather_avx512(
     let last = _mm512_set1_ps((BUCKETS - 1) as f32);
     let magic = _mm512_set1_ps(8_388_608.0);
     let low_bits = _mm512_set1_epi32(BUCKETS as i32 - 1);
-    let zero = _mm512_set1_ps(0.0);
-    let top_bit = _mm512_set1_epi32(i32::MIN);
-    let ones = _mm512_set1_epi32(-1);
-    let lane_ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for start in (0..full).step_by(1024) {
         let end = (start + 1024).min(full);
         // Room for every lane of this stretch, and one vector's overhang.
@@ -374,41 +369,16 @@ fn gather_avx512(
             // No branch on the mask: where a fraction of the lanes hits at
             // random, a branch mispredicts more than the stores cost.
             let mask = _mm512_cmpge_epi32_mask(b, lo_v) & _mm512_cmple_epi32_mask(b, hi_v);
-            // desc_key: the order-preserving bits of `l + 0.0`, inverted.
-            let bits = _mm512_castps_si512(_mm512_add_ps(x, zero));
-            let ord = _mm512_xor_si512(
-                bits,
-                _mm512_or_si512(_mm512_srai_epi32::<31>(bits), top_bit),
-            );
-            let high = _mm512_xor_si512(ord, ones);
-            let ids = _mm512_add_epi32(_mm512_set1_epi32(at as i32), lane_ids);
-            let half = |v, h: i32| {
-                let v = if h == 0 {
-                    _mm512_castsi512_si256(v)
-                } else {
-                    _mm512_extracti64x4_epi64::<1>(v)
-                };
-                _mm512_cvtepu32_epi64(v)
-            };
-            let (n_lo, n_hi) = (
-                (mask & 0xff).count_ones() as usize,
-                (mask >> 8).count_ones() as usize,
-            );
-            let len = keys.len();
-            for (h, m, off) in [(0, mask as u8, 0), (1, (mask >> 8) as u8, n_lo)] {
-                let k = _mm512_or_si512(_mm512_slli_epi64::<32>(half(high, h)), half(ids, h));
-                let packed = _mm512_maskz_compress_epi64(m, k);
-                // SAFETY: the reserve above leaves room for 16 more keys.
-                unsafe { _mm512_storeu_si512(keys.as_mut_ptr().add(len + off).cast(), packed) };
-            }
-            let packed = _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(mask, b));
             let blen = buckets.len();
+            // SAFETY: AVX-512F and POPCNT (this function's); the reserve
+            // above leaves room for 16 more keys.
+            unsafe { compress_keys_avx512(x, at as TokenId, mask, keys) };
+            let packed = _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(mask, b));
             // SAFETY: as above, room for 16 more buckets; then exactly the
             // compressed lanes are counted in.
             unsafe {
                 _mm256_storeu_si256(buckets.as_mut_ptr().add(blen).cast(), packed);
-                keys.set_len(len + n_lo + n_hi);
-                buckets.set_len(blen + n_lo + n_hi);
+                buckets.set_len(blen + mask.count_ones() as usize);
             }
         }
     }
