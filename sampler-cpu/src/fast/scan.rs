@@ -101,7 +101,7 @@ pub(crate) fn key_row_logit(key: u64, row: &[f32]) -> f32 {
 /// (two vectors of 8 keys); no branch on the mask.
 ///
 /// # Safety
-/// AVX-512F, and room for 16 more keys in `keys` (its capacity); the
+/// AVX-512F and POPCNT, and room for 16 more keys in `keys` (its capacity); the
 /// stores may write past the hits, into that room.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,popcnt")]

@@ -301,8 +301,8 @@ fn gather(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked just above).
+        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("popcnt") {
+            // SAFETY: the CPU has AVX-512F and POPCNT (checked just above).
             unsafe { gather_avx512(row, max, lo, hi, keys, buckets) };
             return;
         }
