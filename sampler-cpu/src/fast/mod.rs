@@ -724,7 +724,8 @@ fn sorted_set(logits: &[f32], keys: &[u64], resume: usize) -> Survivors {
 /// or two), and the stage's test keeps it. `None`: a bad or all-`-inf` row
 /// (the reference reports it).
 fn mirostat_v2_candidates(logits: &[f32], mu: f32, s: &mut Scratch) -> Option<(f32, f64, f32)> {
-    let max = max_checked(logits, &mut s.sel).ok()?;
+    // One read for the maximum and the block maxima the gather filters.
+    let max = row_block_maxima(logits, &mut s.maxima).ok()?;
     if max == f32::NEG_INFINITY {
         return None;
     }
@@ -752,7 +753,7 @@ fn mirostat_v2_candidates(logits: &[f32], mu: f32, s: &mut Scratch) -> Option<(f
     } else {
         (0.0, f32::INFINITY)
     };
-    min_p_ids(logits, ln_cut, &mut s.blocks, &mut s.sel, &mut s.ids).ok()?;
+    ids_at_least(logits, max + ln_cut, &s.maxima, &mut s.blocks, &mut s.ids);
     Some((max, 1.0 / sum, sure))
 }
 
@@ -865,7 +866,8 @@ fn cut_ids(
     s: &mut Scratch,
 ) -> Option<(f32, f64)> {
     let vocab = logits.len();
-    let max = max_checked(logits, &mut s.sel).ok()?;
+    // One read for the maximum and the block maxima both selections filter.
+    let max = row_block_maxima(logits, &mut s.maxima).ok()?;
     if max == f32::NEG_INFINITY {
         return None;
     }
@@ -880,14 +882,13 @@ fn cut_ids(
     let kth = if min_keep <= 1 {
         max
     } else {
-        top_k_keys(
+        top_k_keys_of(
             logits,
             min_keep.min(vocab),
+            &s.maxima,
             &mut s.blocks,
-            &mut s.sel,
             &mut s.keys,
-        )
-        .ok()?;
+        );
         // Fewer finite logits than `min_keep`: the reference's clamp.
         let l = logits[key_id(*s.keys.last()?) as usize];
         if l == f32::NEG_INFINITY {
@@ -902,7 +903,13 @@ fn cut_ids(
         .min(f64::from(kth) - f64::from(max))
         .min(0.0)
         - margin;
-    min_p_ids(logits, ln_p as f32, &mut s.blocks, &mut s.sel, &mut s.ids).ok()?;
+    ids_at_least(
+        logits,
+        max + ln_p as f32,
+        &s.maxima,
+        &mut s.blocks,
+        &mut s.ids,
+    );
     s.ids.retain(|&i| {
         let l = logits[i as usize];
         cut_prob(l, max, inv) >= cutoff || l >= kth
@@ -1020,7 +1027,8 @@ fn xtc_tail_token(
     tail: tail::TempDist,
     s: &mut Scratch,
 ) -> Option<Result<TokenId, SampleError>> {
-    let max = max_checked(logits, &mut s.sel).ok()?;
+    // One read for the maximum and the block maxima the gather filters.
+    let max = row_block_maxima(logits, &mut s.maxima).ok()?;
     if max == f32::NEG_INFINITY {
         return None;
     }
@@ -1036,7 +1044,7 @@ fn xtc_tail_token(
     let inv = 1.0 / sum;
     let margin = 1e-3 + 8.0 * f64::from(max.abs() * f32::EPSILON);
     let ln_p = ((f64::from(threshold) * sum).ln() - margin).min(0.0) as f32;
-    min_p_ids(logits, ln_p, &mut s.blocks, &mut s.sel, &mut s.ids).ok()?;
+    ids_at_least(logits, max + ln_p, &s.maxima, &mut s.blocks, &mut s.ids);
     s.ids.retain(|&i| {
         let p = cut_prob(logits[i as usize], max, inv);
         p >= threshold && p > 0.0
