@@ -601,8 +601,10 @@ fn for_each_at_least_body(
 /// Pass 1 ([`candidate_blocks`]) bounds the k-th largest logit from below by
 /// a value `T` that at least k block maxima reach; every one of the k best
 /// lies in a block whose maximum is `>= T`, and only those (about k) blocks
-/// are read again, from cache. Then a selection over the keys that reach
-/// `T` and a sort of k.
+/// are read again, from cache ([`gather_best`]: for a `k` above half the
+/// block count a higher `T` from a sample of the row, when at least `k`
+/// logits reach it). Then a selection over the keys that reach `T` and a
+/// sort of k.
 ///
 /// `k == 0` yields nothing; `k >= len` yields the whole row, sorted.
 ///
@@ -639,7 +641,8 @@ pub(crate) fn top_k_keys_of(
 
 /// The ids of the `k` best candidates of the row (the set [`top_k_keys`]
 /// gives), in ascending id and without sorting them, into `ids`: the keys
-/// reaching pass 1's threshold gathered in id order (`keys`), the k-th
+/// reaching pass 1's threshold ([`gather_best`]) gathered in id order
+/// (`keys`), the k-th
 /// smallest of them by a selection on a copy (`copy`), and the keys up to
 /// it kept.
 ///
@@ -770,8 +773,8 @@ fn keys_at_least_avx512(row: &[f32], blocks: &[(usize, f32)], thr: f32, keys: &m
 }
 
 /// A likely lower bound of the k-th largest logit of `row` (a validated
-/// row): the `(k/8 + 3·sqrt(k/8) + 4)`-th largest of every 8th logit (`copy`
-/// is scratch), about three standard deviations of the sample below the
+/// row): the `(k/8 + 3·sqrt(k/8) + 4)`-th largest of every 8th logit
+/// (`sample` is scratch), about three standard deviations of the sample below the
 /// k-th; `None` when the sample is too short. The caller checks it.
 fn sample_bound(row: &[f32], k: usize, sample: &mut Vec<u64>) -> Option<f32> {
     const STRIDE: usize = 8;
@@ -966,7 +969,15 @@ mod tests {
                 assert_eq!(ids, want, "{name}, k {k}");
                 top_k_keys(row, k, &mut blocks, &mut sel, &mut keys).unwrap();
                 assert_eq!(keys, sorted[..k.min(len)], "{name}, k {k}: sorted keys");
-                if let Some(t) = sample_bound(row, k, &mut copy) {
+                // Where `gather_best` tries the sample's threshold: held
+                // (taken) or misled (the block maxima's used instead).
+                let mut maxima = Vec::new();
+                row_block_maxima(row, &mut maxima).unwrap();
+                let (thr, _) = blocks_from_maxima(&maxima, Filter::TopK(k), &mut blocks);
+                if k > maxima.len() / 2
+                    && let Some(t) = sample_bound(row, k, &mut copy)
+                    && t > thr
+                {
                     if row.iter().filter(|&&l| l >= t).count() >= k {
                         held += 1;
                     } else {
