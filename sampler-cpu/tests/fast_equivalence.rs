@@ -79,6 +79,17 @@ fn temp(t: f32) -> StageSpec {
     }
 }
 
+/// llama.cpp's default shape: `top_k`, `top_p` and `min_p` cuts, the tail.
+fn cuts(k: i64, p: f32, min_p: f32, min_keep: usize, t: f32) -> Vec<StageSpec> {
+    vec![
+        StageSpec::TopK { k },
+        StageSpec::TopP { p, min_keep },
+        StageSpec::MinP { p: min_p, min_keep },
+        temp(t),
+        StageSpec::Dist,
+    ]
+}
+
 fn penalties(last_n: usize, repeat: f32, frequency: f32, presence: f32) -> StageSpec {
     StageSpec::Penalties {
         last_n,
@@ -141,16 +152,7 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
             |(k, p, mp, t, mk, rep, freq, pres, last_n, (tau, eta), which)| match which {
                 0 => vec![StageSpec::Greedy],
                 1 => vec![StageSpec::TopK { k }, temp(t), StageSpec::Dist],
-                2 => vec![
-                    StageSpec::TopK { k },
-                    StageSpec::TopP { p, min_keep: mk },
-                    StageSpec::MinP {
-                        p: mp,
-                        min_keep: mk,
-                    },
-                    temp(t),
-                    StageSpec::Dist,
-                ],
+                2 => cuts(k, p, mp, mk, t),
                 3 => vec![
                     StageSpec::TopP { p, min_keep: mk },
                     temp(t),
@@ -363,17 +365,11 @@ fn chain_strategy() -> impl Strategy<Value = Vec<StageSpec>> {
                     StageSpec::Dist,
                 ],
                 // llama.cpp's default chain with its penalties active.
-                36 => vec![
-                    penalties(last_n, rep, freq, pres),
-                    StageSpec::TopK { k },
-                    StageSpec::TopP { p, min_keep: mk },
-                    StageSpec::MinP {
-                        p: mp,
-                        min_keep: mk,
-                    },
-                    temp(t),
-                    StageSpec::Dist,
-                ],
+                36 => [
+                    vec![penalties(last_n, rep, freq, pres)],
+                    cuts(k, p, mp, mk, t),
+                ]
+                .concat(),
                 _ => vec![temp(t), StageSpec::TopK { k }, StageSpec::Dist],
             },
         )

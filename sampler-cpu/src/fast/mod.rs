@@ -77,8 +77,7 @@ use sampler_core::{
 
 use self::scan::{
     Filter, candidate_blocks, desc_key, ids_at_least, key_id, max_checked, min_p_ids,
-    row_block_maxima, top_k_ids_in_id_order, top_k_ids_in_id_order_of, top_k_keys, top_k_keys_of,
-    top_k_keys_outside,
+    row_block_maxima, top_k_ids_in_id_order, top_k_keys, top_k_keys_of, top_k_keys_outside,
 };
 use self::tail::{
     temp_dist_draw, temp_dist_draw_in_id_order, temp_dist_tail, temp_dist_token,
@@ -342,24 +341,15 @@ impl Scratch {
     /// `ids`, their logits into `current` (`scan::top_k_ids_in_id_order`).
     /// `None` for a row with a NaN or `+inf`.
     fn top_k_in_id_order(&mut self, logits: &[f32], k: usize) -> Option<()> {
-        top_k_ids_in_id_order(
-            logits,
-            k,
-            &mut self.blocks,
-            &mut self.sel,
-            &mut self.keys,
-            &mut self.copy,
-            &mut self.ids,
-        )
-        .ok()?;
-        self.kept_logits(logits);
+        row_block_maxima(logits, &mut self.maxima).ok()?;
+        self.top_k_in_id_order_of_maxima(logits, k);
         Some(())
     }
 
     /// [`Self::top_k_in_id_order`] of a row whose block maxima are in
     /// `maxima` ([`scan::row_block_maxima`]): no read for them.
     fn top_k_in_id_order_of_maxima(&mut self, logits: &[f32], k: usize) {
-        top_k_ids_in_id_order_of(
+        top_k_ids_in_id_order(
             logits,
             k,
             &self.maxima,

@@ -640,33 +640,12 @@ pub(crate) fn top_k_keys_of(
 }
 
 /// The ids of the `k` best candidates of the row (the set [`top_k_keys`]
-/// gives), in ascending id and without sorting them, into `ids`: the keys
-/// reaching pass 1's threshold ([`gather_best`]) gathered in id order
-/// (`keys`), the k-th
-/// smallest of them by a selection on a copy (`copy`), and the keys up to
-/// it kept.
-///
-/// # Errors
-/// [`Invalid`] if the row holds a NaN or `+inf`.
+/// gives), in ascending id and without sorting them, into `ids`, from the
+/// block maxima of one read ([`row_block_maxima`], which validated the
+/// row): the keys reaching pass 1's threshold ([`gather_best`]) gathered in
+/// id order (`keys`), the k-th smallest of them by a selection on a copy
+/// (`copy`), and the keys up to it kept.
 pub(crate) fn top_k_ids_in_id_order(
-    row: &[f32],
-    k: usize,
-    blocks: &mut Vec<(usize, f32)>,
-    sel: &mut Vec<f32>,
-    keys: &mut Vec<u64>,
-    copy: &mut Vec<u64>,
-    ids: &mut Vec<TokenId>,
-) -> Result<(), Invalid> {
-    keys.clear();
-    ids.clear();
-    row_block_maxima(row, sel)?;
-    top_k_ids_in_id_order_of(row, k, sel, blocks, keys, copy, ids);
-    Ok(())
-}
-
-/// [`top_k_ids_in_id_order`] of a validated row from its
-/// [`row_block_maxima`].
-pub(crate) fn top_k_ids_in_id_order_of(
     row: &[f32],
     k: usize,
     maxima: &[f32],
@@ -951,16 +930,8 @@ mod tests {
             for k in [
                 1usize, 40, 100, 200, 500, 700, 1000, 2000, 4000, 5036, 5037, 6000,
             ] {
-                top_k_ids_in_id_order(
-                    row,
-                    k,
-                    &mut blocks,
-                    &mut sel,
-                    &mut keys,
-                    &mut copy,
-                    &mut ids,
-                )
-                .unwrap();
+                row_block_maxima(row, &mut sel).unwrap();
+                top_k_ids_in_id_order(row, k, &sel, &mut blocks, &mut keys, &mut copy, &mut ids);
                 let mut want: Vec<TokenId> = sorted[..k.min(len)]
                     .iter()
                     .map(|&key| key_id(key))
