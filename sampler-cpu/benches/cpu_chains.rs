@@ -21,7 +21,9 @@
 //!
 //! Groups: `stages/V=...` (every registered stage as a chain's first
 //! stage, `stage; dist`, and after `top_k(40)`, through
-//! `Chain::sample_logits`, with the floor) and `stages_batch32/V=...` (the
+//! `Chain::sample_logits`, with the floor and the softmax floor: the
+//! maximum and the normaliser `numerics::exp_sum`, what any stage that
+//! needs the whole row's softmax pays at least) and `stages_batch32/V=...` (the
 //! first-stage chains, 32 rows); `batch1/V=...` (floor, the seven chains through
 //! `sampler_cpu::fast::sample_row`; at the largest vocabulary also the
 //! README's loop `Chain::sample(&mut Candidates::from_logits(row))`,
@@ -615,6 +617,17 @@ fn bench_stages(c: &mut Criterion) {
             b.iter(|| {
                 r = (r + 1) % rows;
                 black_box(floor_read(&pool[r * vocab..(r + 1) * vocab]))
+            })
+        });
+        // The least a stage that needs the whole row's softmax can cost
+        // with the project's numerics: the maximum, then the normaliser
+        // (`numerics::exp_sum`, the pinned `exp` and the f64 lane sums).
+        let mut r = 0usize;
+        group.bench_function("softmax_floor", |b| {
+            b.iter(|| {
+                r = (r + 1) % rows;
+                let row = &pool[r * vocab..(r + 1) * vocab];
+                black_box(sampler_core::numerics::exp_sum(row, floor_read(row)))
             })
         });
         for after_top_k in [false, true] {

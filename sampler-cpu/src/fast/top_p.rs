@@ -35,8 +35,8 @@
 
 use sampler_core::TokenId;
 use sampler_core::numerics::{
-    LANES as SUM_LANES, add_to_lanes, combine, exp, exp_nonpos, fixed_weight, fixed_weight_f64,
-    nucleus_goal,
+    CHUNK, LANES as SUM_LANES, add_to_lanes, combine, exp, exp_nonpos, fixed_weight,
+    fixed_weight_f64, for_each_chunk, nucleus_goal,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -187,40 +187,41 @@ fn exp_sum_levels_body<const SUM: bool>(
     thresholds: &[f32; LEVELS],
 ) -> (f64, f64, [f32; LEVELS]) {
     // The sum in the lanes of `numerics::sum_f64` (position mod its LANES;
-    // a chunk of 64 starts at a multiple of them).
+    // a chunk starts at a multiple of them).
+    const _: () = assert!(CHUNK.is_multiple_of(MASS_LANES) && CHUNK.is_multiple_of(SUM_LANES));
     let mut lanes = [0.0f64; SUM_LANES];
     let mut mass = [[0.0f32; MASS_LANES]; LEVELS];
     // Fixed-point weights are integers below 2^31: their f64 sums are exact.
     let mut fixed = [0.0f64; MASS_LANES];
-    let mut e = [0.0f32; 64];
-    for chunk in row.chunks(64) {
-        let n = chunk.len();
-        for (ei, &l) in e.iter_mut().zip(chunk) {
-            // `l - max <= 0` (a validated row, its maximum): `exp`'s bits.
-            *ei = exp_nonpos(l - max);
-        }
-        // A chunk of 64 starts at a multiple of the lanes.
-        if SUM {
-            add_to_lanes(&mut lanes, &e[..n]);
-        }
-        // The tail of a short chunk holds the previous chunk's values:
-        // zero them for the estimates.
-        e[n..].fill(0.0);
-        for block in e.chunks_exact(MASS_LANES) {
-            let block: &[f32; MASS_LANES] = block.try_into().unwrap_or(&[0.0; MASS_LANES]);
-            // A zeroed tail slot weighs `fixed_weight(0) = 0`.
-            for (f, &x) in fixed.iter_mut().zip(block) {
-                *f += fixed_weight_f64(x);
+    let mut e = [0.0f32; CHUNK];
+    for_each_chunk(
+        row,
+        #[inline(always)]
+        |chunk, _| {
+            for (ei, &l) in e.iter_mut().zip(chunk) {
+                // `l - max <= 0` (a validated row, its maximum): `exp`'s bits.
+                // A padding `-inf` gives 0, which adds nothing below.
+                *ei = exp_nonpos(l - max);
             }
-            // Written out level by level: as a loop, LLVM vectorises across
-            // the levels (gathers and scatters) instead of across the lanes.
-            macro_rules! levels {
+            // A chunk starts at a multiple of the lanes.
+            if SUM {
+                add_to_lanes(&mut lanes, &e);
+            }
+            for block in e.as_chunks::<MASS_LANES>().0 {
+                // A padding slot weighs `fixed_weight(0) = 0`.
+                for (f, &x) in fixed.iter_mut().zip(block) {
+                    *f += fixed_weight_f64(x);
+                }
+                // Written out level by level: as a loop, LLVM vectorises across
+                // the levels (gathers and scatters) instead of across the lanes.
+                macro_rules! levels {
                 ($($j:literal)*) => { $( add_at_or_above(&mut mass[$j], block, thresholds[$j]); )* };
             }
-            const _: () = assert!(LEVELS == 11);
-            levels!(0 1 2 3 4 5 6 7 8 9 10);
-        }
-    }
+                const _: () = assert!(LEVELS == 11);
+                levels!(0 1 2 3 4 5 6 7 8 9 10);
+            }
+        },
+    );
     (
         combine(lanes),
         fixed.iter().sum(),
