@@ -144,7 +144,7 @@ pub(crate) fn typical_full(
             return unsafe { typical_full_avx2(logits, p, min_keep, maxima, s, out) };
         }
     }
-    typical_full_body(logits, p, min_keep, maxima, s, out)
+    typical_full_body(logits, p, min_keep, maxima, s, out, near_mask)
 }
 
 /// [`typical_full`] compiled for AVX-512F (the same operations, so the same
@@ -159,7 +159,9 @@ fn typical_full_avx512(
     s: &mut TypicalScratch,
     out: &mut TypicalSet,
 ) -> bool {
-    typical_full_body(logits, p, min_keep, maxima, s, out)
+    typical_full_body(logits, p, min_keep, maxima, s, out, |block, near| {
+        near_mask_avx512(block, near)
+    })
 }
 
 /// [`typical_full`] compiled for AVX2.
@@ -173,7 +175,76 @@ fn typical_full_avx2(
     s: &mut TypicalScratch,
     out: &mut TypicalSet,
 ) -> bool {
-    typical_full_body(logits, p, min_keep, maxima, s, out)
+    typical_full_body(logits, p, min_keep, maxima, s, out, |block, near| {
+        near_mask_avx2(block, near)
+    })
+}
+
+/// The gather's test, `|(l − max) − center| <= bound`, for one block of
+/// the row: bit `j` set when `block[j]` passes.
+#[derive(Clone, Copy, Debug)]
+struct Near {
+    max: f32,
+    center: f32,
+    bound: f32,
+}
+
+impl Near {
+    #[inline(always)]
+    fn test(self, l: f32) -> bool {
+        ((l - self.max) - self.center).abs() <= self.bound
+    }
+}
+
+/// [`Near`]'s mask in plain code ([`lane_mask`]).
+#[inline(always)]
+fn near_mask(block: &[f32; LANES], near: Near) -> u32 {
+    lane_mask(block, |l| near.test(l))
+}
+
+/// [`near_mask`] with AVX-512F operations: the same subtractions, the
+/// absolute value as a cleared sign bit, an ordered `<=`, so the same bits.
+/// (LLVM compiled [`lane_mask`]'s fold to a shift of the mask register per
+/// lane here.)
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn near_mask_avx512(block: &[f32; LANES], near: Near) -> u32 {
+    use std::arch::x86_64::{
+        _CMP_LE_OQ, _mm512_abs_ps, _mm512_cmp_ps_mask, _mm512_loadu_ps, _mm512_set1_ps,
+        _mm512_sub_ps,
+    };
+    const _: () = assert!(LANES == 16);
+    // SAFETY: `block` holds 16 floats.
+    let x = unsafe { _mm512_loadu_ps(block.as_ptr()) };
+    let d = _mm512_sub_ps(
+        _mm512_sub_ps(x, _mm512_set1_ps(near.max)),
+        _mm512_set1_ps(near.center),
+    );
+    u32::from(_mm512_cmp_ps_mask::<_CMP_LE_OQ>(
+        _mm512_abs_ps(d),
+        _mm512_set1_ps(near.bound),
+    ))
+}
+
+/// [`near_mask`] with AVX2 operations (the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn near_mask_avx2(block: &[f32; LANES], near: Near) -> u32 {
+    use std::arch::x86_64::{
+        _CMP_LE_OQ, _mm256_andnot_ps, _mm256_cmp_ps, _mm256_loadu_ps, _mm256_movemask_ps,
+        _mm256_set1_ps, _mm256_sub_ps,
+    };
+    let (max, center) = (_mm256_set1_ps(near.max), _mm256_set1_ps(near.center));
+    let (sign, bound) = (_mm256_set1_ps(-0.0), _mm256_set1_ps(near.bound));
+    let half = |h: usize| {
+        // SAFETY: `block` holds 16 floats; this reads 8 of them.
+        let x = unsafe { _mm256_loadu_ps(block.as_ptr().add(8 * h)) };
+        let d = _mm256_andnot_ps(sign, _mm256_sub_ps(_mm256_sub_ps(x, max), center));
+        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(d, bound)) as u32 & 0xff
+    };
+    half(0) | (half(1) << 8)
 }
 
 #[inline(always)]
@@ -184,6 +255,7 @@ fn typical_full_body(
     maxima: &mut Vec<f32>,
     s: &mut TypicalScratch,
     out: &mut TypicalSet,
+    mask: impl Fn(&[f32; LANES], Near) -> u32,
 ) -> bool {
     use sampler_core::numerics;
     let Ok(max) = max_checked(logits, maxima) else {
@@ -271,7 +343,7 @@ fn typical_full_body(
     // Everything within `reach + 1/16` of the center, by exact key: a
     // vectorised test per block, the tokens that pass one by one.
     let bound = reach + 1.0 / PER_NAT;
-    let near = |l: f32| ((l - max) - center).abs() <= bound;
+    let near = Near { max, center, bound };
     s.keys.clear();
     s.xs.clear();
     let mut push = |i: usize| {
@@ -283,12 +355,12 @@ fn typical_full_body(
     };
     let (full, rest) = blocks(logits);
     for (k, block) in full.enumerate() {
-        for j in set_bits(lane_mask(as_block(block), near)) {
+        for j in set_bits(mask(as_block(block), near)) {
             push(k * LANES + j);
         }
     }
     for (i, &l) in logits.iter().enumerate().skip(rest) {
-        if near(l) {
+        if near.test(l) {
             push(i);
         }
     }
@@ -376,6 +448,66 @@ fn typical_full_body(
 mod tests {
     use super::*;
     use sampler_core::{Candidates, ChainSpec, StageSpec};
+
+    /// The gather's vector masks are the scalar test lane by lane: random
+    /// blocks with `-inf`, signed zeros, the maximum itself and values
+    /// exactly `bound` from the center (where `<=` decides) among them.
+    #[test]
+    fn near_masks_are_the_test_lane_by_lane() {
+        let mut x = 0x9e37_79b9u32;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        let (mut levels, mut hits) = (0usize, 0u32);
+        for _ in 0..4000 {
+            let max = (next() % 2000) as f32 / 100.0 - 5.0;
+            let center = -((next() % 1600) as f32) / 100.0;
+            let bound = (next() % 800) as f32 / 100.0;
+            let near = Near { max, center, bound };
+            let block: [f32; LANES] = std::array::from_fn(|_| match next() % 8 {
+                0 => f32::NEG_INFINITY,
+                1 => -0.0,
+                2 => max,
+                3 => (max + center) + bound,
+                4 => (max + center) - bound,
+                _ => max - (next() % 3000) as f32 / 100.0,
+            });
+            let want = (0..LANES).fold(0u32, |m, j| m | u32::from(near.test(block[j])) << j);
+            assert_eq!(near_mask(&block, near), want, "{near:?} {block:?}");
+            hits += want.count_ones();
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2.
+                    let got = unsafe { near_mask_avx2(&block, near) };
+                    assert_eq!(got, want, "avx2: {near:?} {block:?}");
+                    levels |= 1;
+                }
+                if std::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F.
+                    let got = unsafe { near_mask_avx512(&block, near) };
+                    assert_eq!(got, want, "avx512f: {near:?} {block:?}");
+                    levels |= 2;
+                }
+            }
+        }
+        // Neither all in nor all out.
+        assert!(
+            hits > 4000 && hits < 4000 * 15,
+            "{hits} of {}",
+            4000 * LANES
+        );
+        if levels != 3 {
+            println!(
+                "SKIP: vector masks checked on this CPU: avx2 {}, avx512f {}",
+                levels & 1,
+                levels >> 1
+            );
+        }
+    }
 
     /// On ordinary rows (`-c·ln(rank)`, ranks scattered over ids, the top
     /// logit `-0.0`) the kernel decides, with and without the band counts
