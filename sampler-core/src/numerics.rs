@@ -147,6 +147,7 @@ pub fn add_f64_to_lanes(lanes: &mut [f64; LANES], values: &[f64]) {
 
 /// Values per chunk of the vectorised passes over a row ([`for_each_chunk`]).
 pub const CHUNK: usize = 64;
+const _: () = assert!(CHUNK.is_multiple_of(LANES));
 
 /// Calls `f(chunk, n)` on `row`'s chunks of [`CHUNK`] values in order, `n`
 /// the chunk's own length: the last, shorter chunk comes padded with `-inf`

@@ -215,8 +215,8 @@ fn exp_sum_levels_body<const SUM: bool>(
                 // Written out level by level: as a loop, LLVM vectorises across
                 // the levels (gathers and scatters) instead of across the lanes.
                 macro_rules! levels {
-                ($($j:literal)*) => { $( add_at_or_above(&mut mass[$j], block, thresholds[$j]); )* };
-            }
+                    ($($j:literal)*) => { $( add_at_or_above(&mut mass[$j], block, thresholds[$j]); )* };
+                }
                 const _: () = assert!(LEVELS == 11);
                 levels!(0 1 2 3 4 5 6 7 8 9 10);
             }

@@ -114,7 +114,7 @@ fn band_sums<const COUNT: bool>(
     mass: &mut [f64],
 ) -> (f64, f64) {
     sampler_core::numerics::exp_entropy_sums_visit(logits, max, |chunk, e| {
-        let mut bands = [0u16; 64];
+        let mut bands = [0u16; sampler_core::numerics::CHUNK];
         for (b, &l) in bands.iter_mut().zip(chunk) {
             *b = band_or_masked(l - max);
         }
@@ -180,8 +180,7 @@ fn typical_full_avx2(
     })
 }
 
-/// The gather's test, `|(l − max) − center| <= bound`, for one block of
-/// the row: bit `j` set when `block[j]` passes.
+/// The gather's test, `|(l − max) − center| <= bound`.
 #[derive(Clone, Copy, Debug)]
 struct Near {
     max: f32,
@@ -196,7 +195,8 @@ impl Near {
     }
 }
 
-/// [`Near`]'s mask in plain code ([`lane_mask`]).
+/// [`Near`]'s test on a block of the row: bit `j` set when `block[j]`
+/// passes. In plain code ([`lane_mask`]).
 #[inline(always)]
 fn near_mask(block: &[f32; LANES], near: Near) -> u32 {
     lane_mask(block, |l| near.test(l))
@@ -236,13 +236,14 @@ fn near_mask_avx2(block: &[f32; LANES], near: Near) -> u32 {
         _CMP_LE_OQ, _mm256_andnot_ps, _mm256_cmp_ps, _mm256_loadu_ps, _mm256_movemask_ps,
         _mm256_set1_ps, _mm256_sub_ps,
     };
+    const _: () = assert!(LANES == 16);
     let (max, center) = (_mm256_set1_ps(near.max), _mm256_set1_ps(near.center));
     let (sign, bound) = (_mm256_set1_ps(-0.0), _mm256_set1_ps(near.bound));
     let half = |h: usize| {
         // SAFETY: `block` holds 16 floats; this reads 8 of them.
         let x = unsafe { _mm256_loadu_ps(block.as_ptr().add(8 * h)) };
         let d = _mm256_andnot_ps(sign, _mm256_sub_ps(_mm256_sub_ps(x, max), center));
-        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(d, bound)) as u32 & 0xff
+        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(d, bound)) as u32
     };
     half(0) | (half(1) << 8)
 }
@@ -451,7 +452,8 @@ mod tests {
 
     /// The gather's vector masks are the scalar test lane by lane: random
     /// blocks with `-inf`, signed zeros, the maximum itself and values
-    /// exactly `bound` from the center (where `<=` decides) among them.
+    /// exactly `bound` from the center (where `<=` decides; all values are
+    /// multiples of 1/64, so those distances are exact) among them.
     #[test]
     fn near_masks_are_the_test_lane_by_lane() {
         let mut x = 0x9e37_79b9u32;
@@ -461,11 +463,14 @@ mod tests {
             x ^= x << 5;
             x
         };
-        let (mut levels, mut hits) = (0usize, 0u32);
+        let (mut hits, mut on_bound) = (0u32, 0usize);
+        // Which vector copies ran (set only on x86-64).
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+        let (mut avx2, mut avx512) = (false, false);
         for _ in 0..4000 {
-            let max = (next() % 2000) as f32 / 100.0 - 5.0;
-            let center = -((next() % 1600) as f32) / 100.0;
-            let bound = (next() % 800) as f32 / 100.0;
+            let max = (next() % 1280) as f32 / 64.0 - 5.0;
+            let center = -((next() % 1024) as f32) / 64.0;
+            let bound = (next() % 512) as f32 / 64.0;
             let near = Near { max, center, bound };
             let block: [f32; LANES] = std::array::from_fn(|_| match next() % 8 {
                 0 => f32::NEG_INFINITY,
@@ -473,8 +478,12 @@ mod tests {
                 2 => max,
                 3 => (max + center) + bound,
                 4 => (max + center) - bound,
-                _ => max - (next() % 3000) as f32 / 100.0,
+                _ => max - (next() % 2048) as f32 / 64.0,
             });
+            on_bound += block
+                .iter()
+                .filter(|&&l| ((l - max) - center).abs() == bound)
+                .count();
             let want = (0..LANES).fold(0u32, |m, j| m | u32::from(near.test(block[j])) << j);
             assert_eq!(near_mask(&block, near), want, "{near:?} {block:?}");
             hits += want.count_ones();
@@ -484,28 +493,25 @@ mod tests {
                     // SAFETY: the CPU has AVX2.
                     let got = unsafe { near_mask_avx2(&block, near) };
                     assert_eq!(got, want, "avx2: {near:?} {block:?}");
-                    levels |= 1;
+                    avx2 = true;
                 }
                 if std::is_x86_feature_detected!("avx512f") {
                     // SAFETY: the CPU has AVX-512F.
                     let got = unsafe { near_mask_avx512(&block, near) };
                     assert_eq!(got, want, "avx512f: {near:?} {block:?}");
-                    levels |= 2;
+                    avx512 = true;
                 }
             }
         }
-        // Neither all in nor all out.
+        // Neither all in nor all out, and many lanes exactly on the bound.
         assert!(
             hits > 4000 && hits < 4000 * 15,
             "{hits} of {}",
             4000 * LANES
         );
-        if levels != 3 {
-            println!(
-                "SKIP: vector masks checked on this CPU: avx2 {}, avx512f {}",
-                levels & 1,
-                levels >> 1
-            );
+        assert!(on_bound > 1000, "{on_bound} lanes on the bound");
+        if !(avx2 && avx512) {
+            println!("SKIP: vector masks checked on this CPU: avx2 {avx2}, avx512f {avx512}");
         }
     }
 
