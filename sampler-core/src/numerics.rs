@@ -175,6 +175,29 @@ pub fn for_each_chunk(row: &[f32], mut f: impl FnMut(&[f32; CHUNK], usize)) {
     }
 }
 
+/// [`for_each_chunk`] with each chunk's exponentials: `f(chunk, e, n)`,
+/// `e[i] = exp(chunk[i] − max)` (as [`exp_nonpos`]: `max` is the row's
+/// maximum), 0 for the padding. Give `f` as an `#[inline(always)]` closure,
+/// for the reason [`for_each_chunk`] names.
+#[inline(always)]
+pub fn for_each_exp_chunk(
+    row: &[f32],
+    max: f32,
+    mut f: impl FnMut(&[f32; CHUNK], &[f32; CHUNK], usize),
+) {
+    let mut e = [0.0f32; CHUNK];
+    for_each_chunk(
+        row,
+        #[inline(always)]
+        |chunk, n| {
+            for (ei, &l) in e.iter_mut().zip(chunk) {
+                *ei = exp_nonpos(l - max);
+            }
+            f(chunk, &e, n);
+        },
+    );
+}
+
 /// Lanes `[a0..a7]` -> `((a0+a1)+(a2+a3)) + ((a4+a5)+(a6+a7))`.
 #[inline]
 pub fn combine(l: [f64; LANES]) -> f64 {
@@ -220,16 +243,11 @@ fn exp_sum_body(row: &[f32], max: f32) -> f64 {
     // Exponentials into a buffer (that loop vectorises), then the lane sums;
     // a chunk starts at a multiple of the lanes. A padding `-inf` adds 0.
     let mut lanes = [0.0f64; LANES];
-    let mut e = [0.0f32; CHUNK];
-    for_each_chunk(
+    for_each_exp_chunk(
         row,
+        max,
         #[inline(always)]
-        |chunk, _| {
-            for (ei, &l) in e.iter_mut().zip(chunk) {
-                *ei = exp_nonpos(l - max);
-            }
-            add_to_lanes(&mut lanes, &e);
-        },
+        |_, e, _| add_to_lanes(&mut lanes, e),
     );
     combine(lanes)
 }
@@ -286,18 +304,16 @@ pub fn exp_entropy_sums_visit(
 ) -> (f64, f64) {
     let mut lanes_e = [0.0f64; LANES];
     let mut lanes_t = [0.0f64; LANES];
-    let mut e = [0.0f32; CHUNK];
     let mut t = [0.0f64; CHUNK];
-    for_each_chunk(
+    for_each_exp_chunk(
         row,
+        max,
         #[inline(always)]
-        |chunk, n| {
-            // Two loops, so that the exponentials vectorise at the f32 width
-            // (in one loop with the f64 products they ran at half of it).
-            for (ei, &l) in e.iter_mut().zip(chunk) {
-                *ei = exp_nonpos(l - max);
-            }
-            for ((ti, &v), &l) in t.iter_mut().zip(&e).zip(chunk) {
+        |chunk, e, n| {
+            // The products in their own loop, so that the exponentials
+            // vectorise at the f32 width (in one loop with the f64 products
+            // they ran at half of it).
+            for ((ti, &v), &l) in t.iter_mut().zip(e).zip(chunk) {
                 // Adding 0.0 leaves a lane as skipping it would (a lane is
                 // never -0.0 before: it starts at +0.0); so does a padding
                 // `-inf`, whose `e` is 0.
@@ -307,7 +323,7 @@ pub fn exp_entropy_sums_visit(
                     0.0
                 };
             }
-            add_to_lanes(&mut lanes_e, &e);
+            add_to_lanes(&mut lanes_e, e);
             add_f64_to_lanes(&mut lanes_t, &t);
             visit(&chunk[..n], &e[..n]);
         },

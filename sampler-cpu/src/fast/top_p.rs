@@ -36,7 +36,7 @@
 use sampler_core::TokenId;
 use sampler_core::numerics::{
     CHUNK, LANES as SUM_LANES, add_to_lanes, combine, exp, exp_nonpos, fixed_weight,
-    fixed_weight_f64, for_each_chunk, nucleus_goal,
+    fixed_weight_f64, for_each_exp_chunk, nucleus_goal,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -193,19 +193,16 @@ fn exp_sum_levels_body<const SUM: bool>(
     let mut mass = [[0.0f32; MASS_LANES]; LEVELS];
     // Fixed-point weights are integers below 2^31: their f64 sums are exact.
     let mut fixed = [0.0f64; MASS_LANES];
-    let mut e = [0.0f32; CHUNK];
-    for_each_chunk(
+    // `l - max <= 0` (a validated row, its maximum): `exp`'s bits. A padding
+    // `-inf` gives 0, which adds nothing below.
+    for_each_exp_chunk(
         row,
+        max,
         #[inline(always)]
-        |chunk, _| {
-            for (ei, &l) in e.iter_mut().zip(chunk) {
-                // `l - max <= 0` (a validated row, its maximum): `exp`'s bits.
-                // A padding `-inf` gives 0, which adds nothing below.
-                *ei = exp_nonpos(l - max);
-            }
+        |_, e, _| {
             // A chunk starts at a multiple of the lanes.
             if SUM {
-                add_to_lanes(&mut lanes, &e);
+                add_to_lanes(&mut lanes, e);
             }
             for block in e.as_chunks::<MASS_LANES>().0 {
                 // A padding slot weighs `fixed_weight(0) = 0`.
