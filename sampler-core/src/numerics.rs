@@ -145,7 +145,7 @@ pub fn add_f64_to_lanes(lanes: &mut [f64; LANES], values: &[f64]) {
     }
 }
 
-/// Values per chunk of the vectorised passes over a row ([`for_each_chunk`]).
+/// Values per chunk of the vectorised passes over a row ([`for_each_exp_chunk`]).
 pub const CHUNK: usize = 64;
 const _: () = assert!(CHUNK.is_multiple_of(LANES));
 
@@ -163,7 +163,7 @@ const _: () = assert!(CHUNK.is_multiple_of(LANES));
 /// times slower (a chunk iterator chained from the two parts instead of two
 /// calls was 50 % slower).
 #[inline(always)]
-pub fn for_each_chunk(row: &[f32], mut f: impl FnMut(&[f32; CHUNK], usize)) {
+fn for_each_chunk(row: &[f32], mut f: impl FnMut(&[f32; CHUNK], usize)) {
     let (chunks, rest) = row.as_chunks::<CHUNK>();
     for chunk in chunks {
         f(chunk, CHUNK);
@@ -175,10 +175,15 @@ pub fn for_each_chunk(row: &[f32], mut f: impl FnMut(&[f32; CHUNK], usize)) {
     }
 }
 
-/// [`for_each_chunk`] with each chunk's exponentials: `f(chunk, e, n)`,
+/// Calls `f(chunk, e, n)` on `row`'s chunks of [`CHUNK`] values in order,
+/// with each chunk's exponentials and its own length `n` (the last, shorter
+/// chunk padded with `-inf`, `for_each_chunk`),
 /// `e[i] = exp(chunk[i] − max)` (as [`exp_nonpos`]: `max` is the row's
-/// maximum), 0 for the padding. Give `f` as an `#[inline(always)]` closure,
-/// for the reason [`for_each_chunk`] names.
+/// maximum), 0 for the padding, which adds `+0.0` to a [`sum_f64`] lane and
+/// so leaves it as it was. Whole chunks keep a caller's lane sums in
+/// registers. Give `f` as an `#[inline(always)]` closure: a closure is
+/// compiled without the caller's target features, and one LLVM did not
+/// inline ran as SSE2 code, three times slower.
 #[inline(always)]
 pub fn for_each_exp_chunk(
     row: &[f32],

@@ -456,13 +456,9 @@ mod tests {
     /// multiples of 1/64, so those distances are exact) among them.
     #[test]
     fn near_masks_are_the_test_lane_by_lane() {
-        let mut x = 0x9e37_79b9u32;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x
-        };
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x9e37_79b9);
+        let mut next = move || rng.random::<u32>();
         let (mut hits, mut on_bound) = (0u32, 0usize);
         // Which vector copies ran (set only on x86-64).
         #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
