@@ -44,7 +44,7 @@ use super::scan::compress_keys_avx512;
 use super::scan::{
     Invalid, as_block, blocks, desc_key, key_id, key_row_logit, lane_mask, max_checked, set_bits,
 };
-use super::simd::LANES;
+use super::simd::{BLOCK, LANES};
 
 /// The longest row whose fixed-point total the exp pass sums exactly.
 const FIXED_ROW_MAX: usize = 1 << 22;
@@ -60,7 +60,7 @@ const BUCKETS: usize = 512;
 /// first whose estimate reaches the cut (or a band of it: `narrowed_end`),
 /// in one pass, and gathers the rest of that tier or a deeper one (one more
 /// pass each) only when the exact walk gets there.
-const TIER_LAST: [usize; 12] = [24, 32, 40, 48, 56, 68, 80, 96, 112, 160, 224, BUCKETS - 1];
+const TIER_LAST: [usize; 7] = [56, 68, 80, 96, 112, 160, BUCKETS - 1];
 const TIERS: usize = TIER_LAST.len();
 /// Tier ends with a mass estimate (the last tier is the whole row).
 const LEVELS: usize = TIERS - 1;
@@ -214,8 +214,8 @@ fn exp_sum_levels_body<const SUM: bool>(
                 macro_rules! levels {
                     ($($j:literal)*) => { $( add_at_or_above(&mut mass[$j], block, thresholds[$j]); )* };
                 }
-                const _: () = assert!(LEVELS == 11);
-                levels!(0 1 2 3 4 5 6 7 8 9 10);
+                const _: () = assert!(LEVELS == 6);
+                levels!(0 1 2 3 4 5);
             }
         },
     );
@@ -234,6 +234,18 @@ fn add_at_or_above(acc: &mut [f32; MASS_LANES], e: &[f32; MASS_LANES], thr: f32)
     }
 }
 
+/// A bound below every logit of buckets `..=hi`: a logit more than
+/// `hi + 1` buckets below the maximum has a bucket above `hi` (`-inf` when
+/// `hi` is the last bucket, which holds everything deeper).
+#[inline(always)]
+fn reach(max: f32, hi: usize) -> f32 {
+    if hi < BUCKETS - 1 {
+        max - (hi + 1) as f32 / PER_NAT
+    } else {
+        f32::NEG_INFINITY
+    }
+}
+
 /// Call `put(bucket, key)` for the logits of `chunk` (the row from position
 /// `start`, at most 64 floats) whose bucket is in `lo..=hi`, in id order.
 #[inline(always)]
@@ -245,28 +257,11 @@ fn gather_chunk(
     hi: usize,
     mut put: impl FnMut(usize, u64),
 ) {
-    // A logit more than `hi + 1` buckets below the maximum has a bucket
-    // above `hi`: a float compare against `reach` finds a superset of the
-    // lanes (it vectorises), and only a chunk whose maximum reaches it is
-    // looked at lane by lane.
-    let reach = if hi < BUCKETS - 1 {
-        max - (hi + 1) as f32 / PER_NAT
-    } else {
-        f32::NEG_INFINITY
-    };
+    // A float compare against `reach` finds a superset of the lanes (it
+    // vectorises); only those are looked at one by one.
+    let reach = reach(max, hi);
     let (blocks_of, tail) = blocks(chunk);
-    if hi < BUCKETS - 1 && tail == chunk.len() {
-        let mut top = [f32::NEG_INFINITY; LANES];
-        for block in blocks_of {
-            for (t, &l) in top.iter_mut().zip(as_block(block)) {
-                *t = if l > *t { l } else { *t };
-            }
-        }
-        if !top.iter().any(|&t| t >= reach) {
-            return;
-        }
-    }
-    for (b, block) in chunk.chunks_exact(LANES).enumerate() {
+    for (b, block) in blocks_of.enumerate() {
         let block = as_block(block);
         let mask = lane_mask(block, |l| l >= reach);
         for j in set_bits(mask) {
@@ -285,40 +280,51 @@ fn gather_chunk(
 }
 
 /// Gather the tokens of buckets `lo..=hi` of `row` in id order into `keys`
-/// and `buckets` (appended). With AVX-512F (checked at run time) each
-/// 16 floats' buckets are computed in one vector and the hits compressed
-/// out (no token looked at one by one); the same keys and buckets
-/// (tested below).
+/// and `buckets` (appended). `maxima`: the maximum of each whole block of
+/// [`BLOCK`] floats of the row, in order ([`max_checked`]'s); a block whose
+/// maximum lies below [`reach`] holds none of the range and is not read
+/// (rows whose nucleus lies within a few nats of the maximum skip most of
+/// the row). With AVX-512F (checked at run time) each 16 floats' buckets are
+/// computed in one vector and the hits compressed out (no token looked at
+/// one by one); the same keys and buckets (tested below).
 fn gather(
     row: &[f32],
+    maxima: &[f32],
     max: f32,
     lo: usize,
     hi: usize,
     keys: &mut Vec<u64>,
     buckets: &mut Vec<u16>,
 ) {
+    debug_assert_eq!(maxima.len(), row.len() / BLOCK);
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("popcnt") {
             // SAFETY: the CPU has AVX-512F and POPCNT (checked just above).
-            unsafe { gather_avx512(row, max, lo, hi, keys, buckets) };
+            unsafe { gather_avx512(row, maxima, max, lo, hi, keys, buckets) };
             return;
         }
     }
-    gather_lanes(row, max, lo, hi, keys, buckets);
+    gather_lanes(row, maxima, max, lo, hi, keys, buckets);
 }
 
 /// [`gather`] lane by lane (any CPU).
 fn gather_lanes(
     row: &[f32],
+    maxima: &[f32],
     max: f32,
     lo: usize,
     hi: usize,
     keys: &mut Vec<u64>,
     buckets: &mut Vec<u16>,
 ) {
-    for (c, chunk) in row.chunks(64).enumerate() {
-        gather_chunk(chunk, c * 64, max, lo, hi, |b, key| {
+    let reach = reach(max, hi);
+    for (c, chunk) in row.chunks(BLOCK).enumerate() {
+        // The last, partial block has no maximum: it is read.
+        if maxima.get(c).is_some_and(|&m| m < reach) {
+            continue;
+        }
+        gather_chunk(chunk, c * BLOCK, max, lo, hi, |b, key| {
             keys.push(key);
             buckets.push(b as u16);
         });
@@ -328,12 +334,13 @@ fn gather_lanes(
 /// [`gather`] with AVX-512F: per 16 floats the buckets of [`bucket`] (the
 /// same operations: `min((max - l) · PER_NAT, 511) + 2^23`, the integer in
 /// the low bits), the lanes in `lo..=hi` compressed into `keys`
-/// ([`compress_keys_avx512`]) and `buckets`; the row's last `len % 16`
-/// floats lane by lane.
+/// ([`compress_keys_avx512`]) and `buckets`, in the blocks whose maximum
+/// reaches the range; the row's last `len % 16` floats lane by lane.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,popcnt")]
 fn gather_avx512(
     row: &[f32],
+    maxima: &[f32],
     max: f32,
     lo: usize,
     hi: usize,
@@ -354,18 +361,28 @@ fn gather_avx512(
     let last = _mm512_set1_ps((BUCKETS - 1) as f32);
     let magic = _mm512_set1_ps(8_388_608.0);
     let low_bits = _mm512_set1_epi32(BUCKETS as i32 - 1);
-    for start in (0..full).step_by(1024) {
-        let end = (start + 1024).min(full);
+    // A block whose maximum lies below `reach` holds no logit of the range
+    // (as in `gather_lanes`): it is not read. After the whole blocks, the
+    // whole vectors of the last, partial one.
+    let reach = reach(max, hi);
+    let stretches = maxima
+        .iter()
+        .enumerate()
+        .filter(|&(_, &m)| m >= reach)
+        .map(|(blk, _)| (blk * BLOCK, (blk + 1) * BLOCK))
+        .chain(std::iter::once((maxima.len() * BLOCK, full)));
+    for (start, end) in stretches {
         // Room for every lane of this stretch, and one vector's overhang.
         keys.reserve(end - start + STEP);
         buckets.reserve(end - start + STEP);
         for at in (start..end).step_by(STEP) {
-            // SAFETY: `at + 16 <= full <= row.len()`.
+            // SAFETY: `at + 16 <= end <= full <= row.len()`.
             let x = unsafe { _mm512_loadu_ps(row.as_ptr().add(at)) };
             let v = _mm512_min_ps(_mm512_mul_ps(_mm512_sub_ps(max_v, x), per_nat), last);
             let b = _mm512_and_si512(_mm512_castps_si512(_mm512_add_ps(v, magic)), low_bits);
-            // No branch on the mask: where a fraction of the lanes hits at
-            // random, a branch mispredicts more than the stores cost.
+            // No branch on the mask: in a block that reaches the range, a
+            // fraction of the lanes hits at random, and a branch would
+            // mispredict more than the stores cost.
             let mask = _mm512_cmpge_epi32_mask(b, lo_v) & _mm512_cmple_epi32_mask(b, hi_v);
             let blen = buckets.len();
             // SAFETY: AVX-512F and POPCNT (this function's); the reserve
@@ -401,7 +418,7 @@ fn first_tier(mass: &[f32; LEVELS], target: f64) -> usize {
 const BANDS: usize = 8;
 /// The first tier wide enough to narrow (8.5 - 10 nats and deeper; the last
 /// tier, the rest of the row, is not narrowed).
-const FIRST_WIDE: usize = 6;
+const FIRST_WIDE: usize = 2;
 
 /// Where the first gathered range should end when the estimate's tier
 /// `start` is wide: the tier's buckets split into [`BANDS`] bands, the
@@ -416,6 +433,7 @@ const FIRST_WIDE: usize = 6;
 /// falls short, so only the speed depends on it.
 fn narrowed_end(
     row: &[f32],
+    maxima: &[f32],
     max: f32,
     mass: &[f32; LEVELS],
     start: usize,
@@ -435,7 +453,7 @@ fn narrowed_end(
             band_end(j - 1) as f32 + 0.5
         }
     });
-    let counts = band_counts(row, max, &limits);
+    let counts = band_counts(row, maxima, max, &limits);
     let mut cum = f64::from(mass[start - 1]);
     for j in 0..BANDS {
         let n = counts[j + 1].saturating_sub(counts[j]);
@@ -450,51 +468,74 @@ fn narrowed_end(
 
 /// For each limit `d`, the logits with `(max - l) · PER_NAT < d`
 /// (cumulative counts; vectorised, AVX-512F / AVX2 chosen at run time).
-fn band_counts(row: &[f32], max: f32, limits: &[f32; BANDS + 1]) -> [u32; BANDS + 1] {
+fn band_counts(
+    row: &[f32],
+    maxima: &[f32],
+    max: f32,
+    limits: &[f32; BANDS + 1],
+) -> [u32; BANDS + 1] {
+    debug_assert_eq!(maxima.len(), row.len() / BLOCK);
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F (checked just above).
-            return unsafe { band_counts_avx512(row, max, limits) };
+            return unsafe { band_counts_avx512(row, maxima, max, limits) };
         }
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { band_counts_avx2(row, max, limits) };
+            return unsafe { band_counts_avx2(row, maxima, max, limits) };
         }
     }
-    band_counts_body(row, max, limits)
+    band_counts_body(row, maxima, max, limits)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn band_counts_avx512(row: &[f32], max: f32, limits: &[f32; BANDS + 1]) -> [u32; BANDS + 1] {
-    band_counts_body(row, max, limits)
+fn band_counts_avx512(
+    row: &[f32],
+    maxima: &[f32],
+    max: f32,
+    limits: &[f32; BANDS + 1],
+) -> [u32; BANDS + 1] {
+    band_counts_body(row, maxima, max, limits)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn band_counts_avx2(row: &[f32], max: f32, limits: &[f32; BANDS + 1]) -> [u32; BANDS + 1] {
-    band_counts_body(row, max, limits)
+fn band_counts_avx2(
+    row: &[f32],
+    maxima: &[f32],
+    max: f32,
+    limits: &[f32; BANDS + 1],
+) -> [u32; BANDS + 1] {
+    band_counts_body(row, maxima, max, limits)
 }
 
 #[inline(always)]
-fn band_counts_body(row: &[f32], max: f32, limits: &[f32; BANDS + 1]) -> [u32; BANDS + 1] {
+fn band_counts_body(
+    row: &[f32],
+    maxima: &[f32],
+    max: f32,
+    limits: &[f32; BANDS + 1],
+) -> [u32; BANDS + 1] {
     // Counts in f32 lanes (exact: at most 2^24 per lane), as the mass
     // estimates, which vectorise the same way.
     let mut acc = [[0.0f32; MASS_LANES]; BANDS + 1];
-    let mut d = [0.0f32; MASS_LANES];
-    let chunks = row.chunks_exact(MASS_LANES);
-    let rest = chunks.remainder();
+    // A block whose maximum `m` has `(max - m) · PER_NAT >= ` the last limit
+    // counts in no band: every `l <= m` has a depth at least `m`'s (the same
+    // roundings, monotone), so it is not read.
+    let last = limits[BANDS];
+    let (whole, _) = row.as_chunks::<BLOCK>();
+    for (block, &m) in whole.iter().zip(maxima) {
+        if (max - m) * PER_NAT < last {
+            for c in block.as_chunks::<MASS_LANES>().0 {
+                count_chunk(&mut acc, c, max, limits);
+            }
+        }
+    }
+    let (chunks, rest) = row[maxima.len() * BLOCK..].as_chunks::<MASS_LANES>();
     for c in chunks {
-        for (di, &l) in d.iter_mut().zip(c) {
-            *di = (max - l) * PER_NAT;
-        }
-        // Band by band (a loop over the bands vectorises across them).
-        macro_rules! bands {
-            ($($j:literal)*) => { $( count_below(&mut acc[$j], &d, limits[$j]); )* };
-        }
-        const _: () = assert!(BANDS == 8);
-        bands!(0 1 2 3 4 5 6 7 8);
+        count_chunk(&mut acc, c, max, limits);
     }
     let mut out = acc.map(|a| a.iter().sum::<f32>() as u32);
     for &l in rest {
@@ -504,6 +545,26 @@ fn band_counts_body(row: &[f32], max: f32, limits: &[f32; BANDS + 1]) -> [u32; B
         }
     }
     out
+}
+
+/// [`band_counts_body`]'s counts of 16 logits.
+#[inline(always)]
+fn count_chunk(
+    acc: &mut [[f32; MASS_LANES]; BANDS + 1],
+    c: &[f32; MASS_LANES],
+    max: f32,
+    limits: &[f32; BANDS + 1],
+) {
+    let mut d = [0.0f32; MASS_LANES];
+    for (di, &l) in d.iter_mut().zip(c) {
+        *di = (max - l) * PER_NAT;
+    }
+    // Band by band (a loop over the bands vectorises across them).
+    macro_rules! bands {
+        ($($j:literal)*) => { $( count_below(&mut acc[$j], &d, limits[$j]); )* };
+    }
+    const _: () = assert!(BANDS == 8);
+    bands!(0 1 2 3 4 5 6 7 8);
 }
 
 /// `acc[i] += 1` where `d[i] < limit` (lane-wise, so it vectorises).
@@ -586,12 +647,12 @@ fn top_p_from(
     let mut lo = 0;
     let start = start.unwrap_or_else(|| first_tier(&mass, target));
     // A wide tier's first range ends at the band where the mass crosses.
-    let first = narrowed_end(row, max, &mass, start, target).unwrap_or(TIER_LAST[start]);
+    let first = narrowed_end(row, maxima, max, &mass, start, target).unwrap_or(TIER_LAST[start]);
     let ends =
         std::iter::once(first).chain(TIER_LAST[start..].iter().copied().filter(|&h| h > first));
     for hi in ends {
         let from = keys.len();
-        gather(row, max, lo, hi, keys, buckets);
+        gather(row, maxima, max, lo, hi, keys, buckets);
         // Counting sort of the range by bucket.
         starts.clear();
         starts.resize(hi - lo + 2, 0);
@@ -766,6 +827,8 @@ mod tests {
     #[test]
     fn gather_takes_exactly_its_buckets() {
         let specials = [f32::NEG_INFINITY, -f32::MAX, -1e30, -0.0, 0.0];
+        // Blocks left unread (their maximum below the range's reach).
+        let mut skipped = 0;
         for (len, scale) in [
             (5usize, 40.0f32),
             (1000, 40.0),
@@ -780,17 +843,28 @@ mod tests {
                 }
             });
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut maxima = Vec::new();
+            assert_eq!(max_checked(&row, &mut maxima), Ok(max));
             let mut ranges: Vec<(usize, usize)> = (0..TIERS)
                 .map(|t| (if t == 0 { 0 } else { TIER_LAST[t - 1] + 1 }, TIER_LAST[t]))
                 .collect();
             ranges.extend(TIER_LAST.iter().map(|&hi| (0, hi)));
             for (lo, hi) in ranges {
+                skipped += maxima.iter().filter(|&&m| m < reach(max, hi)).count();
                 let (mut keys, mut buckets) = (Vec::new(), Vec::new());
-                gather(&row, max, lo, hi, &mut keys, &mut buckets);
+                gather(&row, &maxima, max, lo, hi, &mut keys, &mut buckets);
                 // The lane-by-lane path (the one without AVX-512F), appended
                 // after a stale entry: the same tokens.
                 let (mut lane_keys, mut lane_buckets) = (vec![7u64], vec![7u16]);
-                gather_lanes(&row, max, lo, hi, &mut lane_keys, &mut lane_buckets);
+                gather_lanes(
+                    &row,
+                    &maxima,
+                    max,
+                    lo,
+                    hi,
+                    &mut lane_keys,
+                    &mut lane_buckets,
+                );
                 assert_eq!(
                     (&lane_keys[1..], &lane_buckets[1..]),
                     (&keys[..], &buckets[..])
@@ -814,6 +888,7 @@ mod tests {
                 );
             }
         }
+        assert!(skipped > 100, "skipped {skipped} blocks");
     }
 
     /// Cuts in every tier (p-driven in the first ones, `min_keep`-driven
@@ -890,11 +965,13 @@ mod tests {
     fn a_wide_tier_is_narrowed_to_the_cut() {
         let vocab = 151_936;
         let mut narrowed = 0;
+        let mut skipped = 0;
         for c in [0.9f32, 1.0, 1.1, 1.2] {
             let row: Vec<f32> = (0..vocab)
                 .map(|i| -c * ((((i * 7919 + 13) % vocab) + 1) as f32).ln())
                 .collect();
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut maxima = Vec::new();
+            let max = max_checked(&row, &mut maxima).unwrap();
             for p in [0.8f32, 0.9, 0.95] {
                 let (sum, _, mass) = exp_sum_levels(&row, max, &level_thresholds(), true);
                 let target = f64::from(p) * sum;
@@ -904,7 +981,7 @@ mod tests {
                     top_p_full(&row, p, 1, true, &mut TopPScratch::default(), &mut got).unwrap()
                 );
                 let cut = bucket(max, *got.logits.last().unwrap());
-                let Some(end) = narrowed_end(&row, max, &mass, start, target) else {
+                let Some(end) = narrowed_end(&row, &maxima, max, &mass, start, target) else {
                     assert!(start < FIRST_WIDE, "c {c} p {p}: tier {start}");
                     continue;
                 };
@@ -914,25 +991,41 @@ mod tests {
                 );
                 narrowed += usize::from(end < TIER_LAST[start]);
             }
-            let limits = [3.0f32, 10.5, 40.0, 80.25, 100.0, 150.5, 200.0, 300.0, 600.0];
-            let counts = band_counts(&row, max, &limits);
-            for (j, &lim) in limits.iter().enumerate() {
-                let want = row.iter().filter(|&&l| (max - l) * PER_NAT < lim).count();
-                assert_eq!(counts[j] as usize, want, "c {c} limit {lim}");
-            }
-            assert_eq!(band_counts_body(&row, max, &limits), counts);
-            #[cfg(target_arch = "x86_64")]
-            {
-                if std::is_x86_feature_detected!("avx2") {
-                    // SAFETY: the CPU has AVX2.
-                    assert_eq!(unsafe { band_counts_avx2(&row, max, &limits) }, counts);
+            // Deep limits (no block skipped) and shallow ones (most blocks
+            // lie wholly below the last and are skipped), over whole blocks
+            // and with a partial last block.
+            let deep = [3.0f32, 10.5, 40.0, 80.25, 100.0, 150.5, 200.0, 300.0, 600.0];
+            let shallow = [1.0f32, 2.0, 4.5, 8.0, 16.0, 24.0, 32.0, 40.25, 48.0];
+            for (len, limits) in [(vocab, deep), (vocab, shallow), (vocab - 36, shallow)] {
+                let row = &row[..len];
+                let mut maxima = Vec::new();
+                let max = max_checked(row, &mut maxima).unwrap();
+                let counts = band_counts(row, &maxima, max, &limits);
+                for (j, &lim) in limits.iter().enumerate() {
+                    let want = row.iter().filter(|&&l| (max - l) * PER_NAT < lim).count();
+                    assert_eq!(counts[j] as usize, want, "c {c} len {len} limit {lim}");
                 }
-                if std::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the CPU has AVX-512F.
-                    assert_eq!(unsafe { band_counts_avx512(&row, max, &limits) }, counts);
+                skipped += maxima
+                    .iter()
+                    .filter(|&&m| (max - m) * PER_NAT >= limits[BANDS])
+                    .count();
+                assert_eq!(band_counts_body(row, &maxima, max, &limits), counts);
+                #[cfg(target_arch = "x86_64")]
+                {
+                    if std::is_x86_feature_detected!("avx2") {
+                        // SAFETY: the CPU has AVX2.
+                        let got = unsafe { band_counts_avx2(row, &maxima, max, &limits) };
+                        assert_eq!(got, counts);
+                    }
+                    if std::is_x86_feature_detected!("avx512f") {
+                        // SAFETY: the CPU has AVX-512F.
+                        let got = unsafe { band_counts_avx512(row, &maxima, max, &limits) };
+                        assert_eq!(got, counts);
+                    }
                 }
             }
         }
+        assert!(skipped > 1000, "skipped {skipped} blocks");
         assert!(narrowed >= 3, "narrowed {narrowed} first ranges");
     }
 
