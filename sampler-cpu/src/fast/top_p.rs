@@ -14,11 +14,15 @@
 //! 1. one pass for the maximum (and the row's validation);
 //! 2. one vectorised pass for `e_i`, `S` and `W` (exact: integers below
 //!    `2^53` summed in f64), which also estimates (in f32)
-//!    the mass within each tier end's depth below the maximum (3, 4, 5, 6, 7,
-//!    8.5, 10, 12, 14, 20, 28 nats);
+//!    the mass within each tier end's depth below the maximum (7, 8.5, 10,
+//!    12, 14, 20 nats: six compares and masked adds per 16 logits, a quarter
+//!    of the pass; the head within 7 nats is gathered whole, since it holds
+//!    few tokens and finer tiers there cost more in this pass than their
+//!    tokens cost the walk);
 //! 3. one pass gathers the tokens down to the first tier end whose estimate
 //!    reaches `p · S` (a vectorised compare; only tokens that reach it are
-//!    looked at one by one), and the exact running sum walks them: they are
+//!    looked at one by one; a block of 64 logits whose maximum, from pass 1,
+//!    lies below the range is not read), and the exact running sum walks them: they are
 //!    counting-sorted into buckets of 1/8 nat (linear in their number), and
 //!    each bucket is sorted only when the walk gets there, so no comparison
 //!    sort runs past the cut's bucket. When the exact walk has not reached
@@ -27,8 +31,8 @@
 //!    tier (or the rest of the current one) and the walk goes on; the result
 //!    never depends on the estimate. When the first tier is a wide deep one
 //!    (8.5 nats and deeper), its tokens are first counted per band
-//!    (`narrowed_end`) and the first gather stops at the band where the
-//!    estimated mass crosses.
+//!    (`narrowed_end`, again skipping the blocks wholly below the tier) and
+//!    the first gather stops at the band where the estimated mass crosses.
 //!
 //! If the running sum never reaches `p` (the reference then keeps the whole
 //! set) the caller falls back to the reference.
@@ -54,8 +58,9 @@ const PER_NAT: f32 = 8.0;
 /// Buckets; the last one collects everything from 63.8125 nats below on.
 const BUCKETS: usize = 512;
 /// The tiers of the head: tier `t` holds the tokens of buckets
-/// `TIER_LAST[t - 1] + 1 ..= TIER_LAST[t]` (3, 4, 5, 6, 7, 8.5, 10, 12, 14,
-/// 20, 28 nats, then the rest of the row). The exp pass estimates the mass
+/// `TIER_LAST[t - 1] + 1 ..= TIER_LAST[t]` (7, 8.5, 10, 12, 14, 20 nats,
+/// then the rest of the row, whose deeper tokens weigh at most `e^-20` of
+/// the maximum each). The exp pass estimates the mass
 /// within each tier's end; the walk starts by gathering every tier up to the
 /// first whose estimate reaches the cut (or a band of it: `narrowed_end`),
 /// in one pass, and gathers the rest of that tier or a deeper one (one more
