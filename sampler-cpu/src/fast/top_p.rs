@@ -21,18 +21,19 @@
 //!    tokens cost the walk);
 //! 3. one pass gathers the tokens down to the first tier end whose estimate
 //!    reaches `p · S` (a vectorised compare; only tokens that reach it are
-//!    looked at one by one; a block of 64 logits whose maximum, from pass 1,
-//!    lies below the range is not read), and the exact running sum walks them: they are
-//!    counting-sorted into buckets of 1/8 nat (linear in their number), and
-//!    each bucket is sorted only when the walk gets there, so no comparison
-//!    sort runs past the cut's bucket. When the exact walk has not reached
-//!    the cut at the end of the gathered tokens (the estimate is only an
-//!    estimate, or `min_keep` asks for more), one more pass gathers the next
-//!    tier (or the rest of the current one) and the walk goes on; the result
-//!    never depends on the estimate. When the first tier is a wide deep one
-//!    (8.5 nats and deeper), its tokens are first counted per band
-//!    (`narrowed_end`, again skipping the blocks wholly below the tier) and
-//!    the first gather stops at the band where the estimated mass crosses.
+//!    looked at one by one; a block of 64 logits whose maximum, from pass
+//!    1, lies below the range is not read), and the exact running sum walks
+//!    them: they are counting-sorted into buckets of 1/8 nat (linear in
+//!    their number), and each bucket is sorted only when the walk gets
+//!    there, so no comparison sort runs past the cut's bucket. When the
+//!    exact walk has not reached the cut at the end of the gathered tokens
+//!    (the estimate is only an estimate, or `min_keep` asks for more), one
+//!    more pass gathers the next tier (or the rest of the current one) and
+//!    the walk goes on; the result never depends on the estimate. When the
+//!    first tier is a wide deep one (8.5 nats and deeper), its tokens are
+//!    first counted per band (`narrowed_end`, again skipping the blocks
+//!    wholly below the tier) and the first gather stops at the band where
+//!    the estimated mass crosses.
 //!
 //! If the running sum never reaches `p` (the reference then keeps the whole
 //! set) the caller falls back to the reference.
@@ -471,8 +472,10 @@ fn narrowed_end(
     Some(b_hi)
 }
 
-/// For each limit `d`, the logits with `(max - l) · PER_NAT < d`
-/// (cumulative counts; vectorised, AVX-512F / AVX2 chosen at run time).
+/// For each limit `d` (ascending), the logits with `(max - l) · PER_NAT < d`
+/// (cumulative counts; vectorised, AVX-512F / AVX2 chosen at run time);
+/// `maxima` as for [`gather`]: a block wholly at or past the last limit is
+/// not read.
 fn band_counts(
     row: &[f32],
     maxima: &[f32],
@@ -480,6 +483,7 @@ fn band_counts(
     limits: &[f32; BANDS + 1],
 ) -> [u32; BANDS + 1] {
     debug_assert_eq!(maxima.len(), row.len() / BLOCK);
+    debug_assert!(limits.is_sorted());
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx512f") {
