@@ -71,10 +71,16 @@ fn band(x: f32) -> usize {
 }
 
 /// [`band`] of a finite or `-inf` `x <= 0`, `BANDS` for `-inf`, in
-/// operations that vectorise (a truncating conversion and selects).
+/// operations that vectorise: a floor, and 2^23 added so that the integer
+/// (at most `BANDS - 1`) lands in the low mantissa bits, then selects. (A
+/// float-to-integer `as` saturates, which LLVM compiled to a scalar convert
+/// and two conditional moves per token: a seventh of the stage at V =
+/// 128256 on an AVX2 machine.)
 #[inline(always)]
 fn band_or_masked(x: f32) -> u16 {
-    let b = (-x * PER_NAT).min((BANDS - 1) as f32) as i32 as u16;
+    const _: () = assert!(BANDS.is_power_of_two() && BANDS <= 1 << 15);
+    let v = (-x * PER_NAT).min((BANDS - 1) as f32).floor();
+    let b = ((v + 8_388_608.0).to_bits() & (BANDS as u32 - 1)) as u16;
     if x > f32::NEG_INFINITY {
         b
     } else {
@@ -449,6 +455,25 @@ fn typical_full_body(
 mod tests {
     use super::*;
     use sampler_core::{Candidates, ChainSpec, StageSpec};
+
+    /// The vectorisable band is the truncating one on every kind of `x`:
+    /// band edges (multiples of 1/16) and the floats either side of them,
+    /// signed zeros, the last band's edge and far below it, and `-inf`.
+    #[test]
+    fn band_or_masked_is_band() {
+        let mut xs = vec![0.0f32, -0.0, -1e-30, -1e30, -f32::MAX, -64.0, -1e3];
+        for k in 0..=(BANDS as u32 + 8) {
+            let edge = -(k as f32) / PER_NAT;
+            xs.extend([edge, edge.next_up().min(0.0), edge.next_down()]);
+            xs.push(edge - 0.5 / PER_NAT);
+        }
+        for &x in &xs {
+            assert_eq!(usize::from(band_or_masked(x)), band(x), "x = {x:e}");
+        }
+        assert_eq!(band(-64.0 + 1.0 / PER_NAT), BANDS - 1);
+        assert_eq!(band((-64.0f32 + 1.0 / PER_NAT).next_up()), BANDS - 2);
+        assert_eq!(band_or_masked(f32::NEG_INFINITY), BANDS as u16);
+    }
 
     /// The gather's vector masks are the scalar test lane by lane: random
     /// blocks with `-inf`, signed zeros, the maximum itself and values
