@@ -28,7 +28,7 @@
 //! | `penalties` (never raising a logit) then `top_k(k)` | with a `[temperature] -> dist` tail: selection of the tokens outside the history down to a threshold `k` of them reach (raised by the history tokens above it), the history's tokens penalised and added where they still reach it, the `k` best keys, the fused tail; otherwise selection of `k + last_n` and the penalties stage on it | the token; otherwise `k + last_n`, id order |
 //! | `min_p(p)`, `p <= 1` | every block's maximum, the blocks that reach `max + ln p` read again | tokens `>= max + ln p`, id order |
 //! | `top_p(p)` | max; exp + sum with mass estimates per depth; gather the head down to the estimate's depth from the blocks that reach it (a wide deep tier narrowed by band counts first); bucket it, sort only up to the cut | nucleus, sorted |
-//! | `typical(p)` | max; one pass for the stage's `S` and entropy with, from the same exponentials, the mass (and for `min_keep > 1` the count) per 1/16-nat band of `l - max`; bands taken by their distance from `ln S - H` until they hold `p + 1e-4`; the tokens within that distance gathered (a vectorised test per block), counting-sorted by score into 1/256-nat buckets, each sorted when the walk (the stage's f32 running sum) reaches it; accepted when the walk ends inside | the kept tokens in score order with their probabilities, and in id order for a fused tail |
+//! | `typical(p)` | max; one pass for the stage's `S` and entropy with, from the same exponentials, the mass (and for `min_keep > 1` the count) per 1/16-nat band of `l - max`; bands taken by their distance from `ln S - H` until they hold `p + 1e-4`; the tokens within that distance gathered (a vectorised test per block, the hits' positions written without a branch per lane), counting-sorted by score into buckets (below and above `ln S - H` apart), each ordered when the walk (the stage's f32 running sum) reaches it (below: the canonical key; above: rising logit, then merged); accepted when the walk ends inside | the kept tokens in score order with their probabilities, and in id order for a fused tail |
 //! | `epsilon` / `eta` | max; exp + sum (`eta`: the entropy pass, which gives the sum too); the `min_keep`-th logit by selection; tokens within 1e-3 nats of the cut gathered by `min_p`'s block scan, tested with the stage's test | the kept tokens, id order, the row's probabilities |
 //! | `top_n_sigma(n)` with a `[temperature] -> dist` tail | every block's maximum (and the row's validation); the stage's threshold passes (count, sum and maximum of the finite logits, then the squared deviations); the tokens at or above its cut logit gathered by the blocks that reach it; the tail sums them in their positions' lanes (the masked tokens add `+0.0`) and walks them | the token |
 //! | `xtc` with a `[temperature] -> dist` tail | not acting this step (its uniform above `probability`): the tail over the row; acting: max; exp + sum; the tokens within 1e-3 nats of `ln(threshold · S)` gathered by `min_p`'s block scan and tested with the stage's test; when it removes its top choices but the least probable, the row copied without them and the tail over the copy (the set it leaves: id order, compacted), the drawn position mapped back to its token | the token |
@@ -629,7 +629,7 @@ fn survivors(logits: &[f32], lead: Lead, s: &mut Scratch) -> Survivors {
         }
         Lead::Typical { at, p, min_keep } => {
             let set = &mut s.typical_set;
-            if !typical_full(logits, p, min_keep, &mut s.sel, &mut s.typical, set) {
+            if !typical_full(logits, p, min_keep, false, &mut s.sel, &mut s.typical, set) {
                 return Survivors::Reference;
             }
             let all = set.ids.len() == logits.len();
@@ -1395,7 +1395,7 @@ fn lead_tail_token(
         }
         Lead::Typical { p, min_keep, .. } => {
             let set = &mut s.typical_set;
-            if !typical_full(logits, p, min_keep, &mut s.sel, &mut s.typical, set) {
+            if !typical_full(logits, p, min_keep, true, &mut s.sel, &mut s.typical, set) {
                 return None;
             }
             // The set's (score) order for the normaliser, ids for the walk.

@@ -13,11 +13,16 @@
 //! of `x`. Bands enter in the order of the distance at which they lie
 //! wholly within `[x* − D, x* + D]`; the first `D` whose whole bands hold
 //! more than `p + 1e-4` of the mass (and `min_keep` tokens) bounds the kept
-//! set. One pass gathers the tokens within `D + 1/16` of `x*` (a vectorised
-//! test per block), which are counting-sorted by score into 1/256-nat
-//! buckets and walked with the stage's f32 running sum in their exact
-//! (score, canonical) order, each bucket sorted only when the walk reaches
-//! it. The result is used only when the walk ends on a token whose exact
+//! set. One pass gathers the positions of the tokens within `D + 1/16` of
+//! `x*` (a vectorised test per block, the hits written without a branch per
+//! lane). They are counting-sorted by score into buckets, those below `x*`
+//! apart from those above it, and walked with the stage's f32 running sum
+//! in their exact (score, canonical) order, each bucket ordered only when
+//! the walk reaches it: below `x*` the score falls as the logit rises, so
+//! the canonical order (one integer key) is the score order; above it the
+//! score rises with the logit, so that side is taken by rising logit, each
+//! run of one score in canonical order, and the two sides of a bucket are
+//! merged. The result is used only when the walk ends on a token whose exact
 //! score lies below every token left out (all of them are farther than
 //! `D + 1/16` in f32, so their score exceeds it but for the rounding of
 //! `x − x*`, far below 1/16); otherwise the stage runs.
@@ -25,7 +30,7 @@
 use sampler_core::TokenId;
 
 use super::scan::{
-    as_block, blocks, desc_key, key_id, key_row_logit, lane_mask, max_checked, set_bits,
+    as_block, blocks, desc_key, key_id, key_logit, key_row_logit, lane_mask, max_checked,
 };
 use super::simd::LANES;
 
@@ -33,8 +38,13 @@ use super::simd::LANES;
 const PER_NAT: f32 = 16.0;
 /// Bands: `x` from 0 down to −64 nats; deeper tokens share the last band.
 const BANDS: usize = 1024;
-/// Score buckets per nat of the walk's order (by distance from the center).
-const SCORE_PER_NAT: f64 = 256.0;
+/// Score buckets per nat of the walk's order (by distance from the
+/// center): about four gathered tokens per bucket on average, within these
+/// bounds. (A fixed 1/256 nat gave a small set thousands of nearly empty
+/// buckets; the tail's buckets, where the tokens are densest, hold many
+/// times the average either way, and finer buckets measured no faster.)
+const MIN_PER_NAT: f64 = 16.0;
+const MAX_PER_NAT: f64 = 4096.0;
 
 /// Reused buffers of the typical kernel.
 #[derive(Debug, Default)]
@@ -43,24 +53,33 @@ pub(crate) struct TypicalScratch {
     /// counted), in four tables while they are summed.
     count: Vec<u32>,
     mass: Vec<f64>,
-    /// `(score bits, desc_key, p bits)` of the gathered tokens, in id
-    /// order, and their `x = l − max`.
-    keys: Vec<(u64, u64, u32)>,
-    xs: Vec<f32>,
-    /// The same, by score bucket (each sorted when the walk reaches it).
-    sorted: Vec<(u64, u64, u32)>,
-    /// Score bucket starts in `sorted`, and the next free slot of each.
+    /// Positions of the gathered tokens (id order), with room for a block
+    /// past the last one.
+    idx: Vec<u32>,
+    /// Their `desc_key`s, signed scores and walk slots, in id order.
+    keys: Vec<u64>,
+    scores: Vec<f64>,
+    slots: Vec<u32>,
+    /// The keys by slot (each bucket ordered when the walk reaches it).
+    sorted: Vec<u64>,
+    /// Slot starts in `sorted`, and the next free place of each.
     starts: Vec<u32>,
     next: Vec<u32>,
+    /// A merged bucket, and the walked tokens' probabilities.
+    merged: Vec<u64>,
+    walked_p: Vec<f32>,
 }
 
-/// The kept tokens (score order) with their logits and probabilities.
+/// The kept tokens: their logits in score order, and either their ids and
+/// probabilities in that order (a chain that goes on) or the same tokens in
+/// ascending id with their logits (a fused `temperature -> dist` tail, which
+/// needs no more); the other fields are left empty.
 #[derive(Debug, Default)]
 pub(crate) struct TypicalSet {
     pub ids: Vec<TokenId>,
     pub logits: Vec<f32>,
     pub probs: Vec<f32>,
-    /// The same tokens in ascending id: `(id, logit)`.
+    /// `(id, logit)` in ascending id (`fused` only).
     pub by_id: Vec<(TokenId, f32)>,
 }
 
@@ -128,13 +147,14 @@ fn band_sums<const COUNT: bool>(
     })
 }
 
-/// The typical set of a raw row into `out`. `false`: not decided here (a
-/// bad or all-`-inf` row, or a case the bounds above do not settle); the
-/// stage runs.
+/// The typical set of a raw row into `out` ([`TypicalSet`]: `fused` for a
+/// fused tail). `false`: not decided here (a bad or all-`-inf` row, or a
+/// case the bounds above do not settle); the stage runs.
 pub(crate) fn typical_full(
     logits: &[f32],
     p: f32,
     min_keep: usize,
+    fused: bool,
     maxima: &mut Vec<f32>,
     s: &mut TypicalScratch,
     out: &mut TypicalSet,
@@ -143,14 +163,14 @@ pub(crate) fn typical_full(
     {
         if std::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F (checked just above).
-            return unsafe { typical_full_avx512(logits, p, min_keep, maxima, s, out) };
+            return unsafe { typical_full_avx512(logits, p, min_keep, fused, maxima, s, out) };
         }
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { typical_full_avx2(logits, p, min_keep, maxima, s, out) };
+            return unsafe { typical_full_avx2(logits, p, min_keep, fused, maxima, s, out) };
         }
     }
-    typical_full_body(logits, p, min_keep, maxima, s, out, near_mask)
+    typical_full_body(logits, p, min_keep, fused, maxima, s, out, near_mask)
 }
 
 /// [`typical_full`] compiled for AVX-512F (the same operations, so the same
@@ -161,11 +181,12 @@ fn typical_full_avx512(
     logits: &[f32],
     p: f32,
     min_keep: usize,
+    fused: bool,
     maxima: &mut Vec<f32>,
     s: &mut TypicalScratch,
     out: &mut TypicalSet,
 ) -> bool {
-    typical_full_body(logits, p, min_keep, maxima, s, out, |block, near| {
+    typical_full_body(logits, p, min_keep, fused, maxima, s, out, |block, near| {
         near_mask_avx512(block, near)
     })
 }
@@ -177,11 +198,12 @@ fn typical_full_avx2(
     logits: &[f32],
     p: f32,
     min_keep: usize,
+    fused: bool,
     maxima: &mut Vec<f32>,
     s: &mut TypicalScratch,
     out: &mut TypicalSet,
 ) -> bool {
-    typical_full_body(logits, p, min_keep, maxima, s, out, |block, near| {
+    typical_full_body(logits, p, min_keep, fused, maxima, s, out, |block, near| {
         near_mask_avx2(block, near)
     })
 }
@@ -254,17 +276,20 @@ fn near_mask_avx2(block: &[f32; LANES], near: Near) -> u32 {
     half(0) | (half(1) << 8)
 }
 
+/// [`typical_full`]'s body, compiled into each instruction set's copy with
+/// its block test `mask`.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn typical_full_body(
     logits: &[f32],
     p: f32,
     min_keep: usize,
+    fused: bool,
     maxima: &mut Vec<f32>,
     s: &mut TypicalScratch,
     out: &mut TypicalSet,
     mask: impl Fn(&[f32; LANES], Near) -> u32,
 ) -> bool {
-    use sampler_core::numerics;
     let Ok(max) = max_checked(logits, maxima) else {
         return false;
     };
@@ -347,72 +372,111 @@ fn typical_full_body(
     if !reach.is_finite() {
         return false;
     }
-    // Everything within `reach + 1/16` of the center, by exact key: a
-    // vectorised test per block, the tokens that pass one by one.
+    // Everything within `reach + 1/16` of the center: a vectorised test
+    // per block, the positions of the lanes that pass written without a
+    // branch per lane (each lane's position is stored, the count advances
+    // by its bit), so `idx` needs room for a block past the last hit.
     let bound = reach + 1.0 / PER_NAT;
     let near = Near { max, center, bound };
-    s.keys.clear();
-    s.xs.clear();
-    let mut push = |i: usize| {
-        let l = logits[i];
-        let x = l - max;
-        let score = (ln_sum - f64::from(x) - entropy).abs();
-        s.keys.push((score.to_bits(), desc_key(l, i as TokenId), 0));
-        s.xs.push(x);
-    };
+    if s.idx.len() < logits.len() + LANES {
+        s.idx.resize(logits.len() + LANES, 0);
+    }
+    let mut n = 0usize;
     let (full, rest) = blocks(logits);
     for (k, block) in full.enumerate() {
-        for j in set_bits(mask(as_block(block), near)) {
-            push(k * LANES + j);
-        }
+        let m = mask(as_block(block), near);
+        n += compress_positions(m, (k * LANES) as u32, &mut s.idx[n..n + LANES]);
     }
     for (i, &l) in logits.iter().enumerate().skip(rest) {
-        if near.test(l) {
-            push(i);
-        }
+        s.idx[n] = i as u32;
+        n += usize::from(near.test(l));
     }
-    // Their probabilities, `(exp(x) · (1/S)) as f32` (a loop that
-    // vectorises).
-    for x in &mut s.xs {
-        *x = (f64::from(numerics::exp_nonpos(*x)) * inv) as f32;
-    }
-    for (k, &p) in s.keys.iter_mut().zip(&s.xs) {
-        k.2 = p.to_bits();
-    }
-    // The walk's order, (score, canonical): counting-sorted by score bucket
-    // (non-decreasing in the score), each bucket sorted when the walk gets
-    // there, so nothing past the crossing bucket is sorted.
-    let buckets = ((f64::from(bound) + 1.0) * SCORE_PER_NAT) as usize + 2;
-    let bucket =
-        |score_bits: u64| ((f64::from_bits(score_bits) * SCORE_PER_NAT) as usize).min(buckets - 1);
+    let idx = &s.idx[..n];
+    // In id order: their keys and signed scores `ln S − x − H` (the
+    // stage's `f64` operations, so `|·|` is its score; `>= 0` below the
+    // center in `x`, where the score falls as the logit rises), in loops
+    // that vectorise.
+    let score = Score {
+        max,
+        ln_sum,
+        entropy,
+    };
+    fill(&mut s.keys, idx, |&i| desc_key(logits[i as usize], i));
+    fill(&mut s.scores, &s.keys, |&k| score.signed(key_logit(k)));
+    // The walk's order, (score, canonical), by bucket of score (about four
+    // gathered tokens per bucket on average, [`MIN_PER_NAT`]), and in each
+    // the tokens below the center apart from those above it (slots `2b`
+    // and `2b + 1`). Below the center the canonical order is the score
+    // order; above it the score rises with the logit. Counting-sorted (in
+    // id order within a slot), each bucket ordered only when the walk
+    // reaches it.
+    let per_nat = (n as f64 / (4.0 * (f64::from(bound) + 1.0))).clamp(MIN_PER_NAT, MAX_PER_NAT);
+    let buckets = ((f64::from(bound) + 1.0) * per_nat) as usize + 2;
+    let last = (buckets - 1) as f64;
+    fill(&mut s.slots, &s.scores, |&sc| {
+        // `floor(|sc| · per_nat)`, clamped, as the low bits of `v + 2^52`.
+        let v = (sc.abs() * per_nat).min(last).floor();
+        let b = (v + 4_503_599_627_370_496.0).to_bits() as u32;
+        2 * b + u32::from(sc < 0.0)
+    });
     s.starts.clear();
-    s.starts.resize(buckets + 1, 0);
-    for k in &s.keys {
-        s.starts[bucket(k.0) + 1] += 1;
+    s.starts.resize(2 * buckets + 1, 0);
+    for &slot in &s.slots {
+        s.starts[slot as usize + 1] += 1;
     }
-    for b in 0..buckets {
+    for b in 0..2 * buckets {
         s.starts[b + 1] += s.starts[b];
     }
     s.next.clear();
-    s.next.extend_from_slice(&s.starts[..buckets]);
+    s.next.extend_from_slice(&s.starts[..2 * buckets]);
     s.sorted.clear();
-    s.sorted.resize(s.keys.len(), (0, 0, 0));
-    for &k in &s.keys {
-        let slot = &mut s.next[bucket(k.0)];
-        s.sorted[*slot as usize] = k;
-        *slot += 1;
+    s.sorted.resize(n, 0);
+    for (&slot, &k) in s.slots.iter().zip(&s.keys) {
+        let at = &mut s.next[slot as usize];
+        s.sorted[*at as usize] = k;
+        *at += 1;
     }
+    // The walk, on `sorted` in place: bucket by bucket, the tokens below
+    // the center put in key order, those above it by rising logit with each
+    // run of one score in key order, the two merged by (score, key) (through
+    // `merged`); then their probabilities `(exp(x) · (1/S)) as f32` (a loop
+    // that vectorises) and the stage's f32 running sum, 64 or more tokens at
+    // a time.
+    s.walked_p.clear();
     let mut cum = 0.0f32;
     let mut keep = None;
-    'walk: for b in 0..buckets {
-        let (lo, hi) = (s.starts[b] as usize, s.starts[b + 1] as usize);
-        let slice = &mut s.sorted[lo..hi];
-        slice.sort_unstable();
-        for (i, k) in (lo..).zip(slice.iter()) {
-            cum += f32::from_bits(k.2);
-            if cum > p && (min_keep == 0 || i + 1 >= min_keep) {
-                keep = Some(i + 1);
-                break 'walk;
+    for b in 0..buckets {
+        let (lo, mid, hi) = (
+            s.starts[2 * b] as usize,
+            s.starts[2 * b + 1] as usize,
+            s.starts[2 * b + 2] as usize,
+        );
+        if hi - lo > 1 {
+            let (below, above) = s.sorted[lo..hi].split_at_mut(mid - lo);
+            sort_small(below);
+            if !above.is_empty() {
+                above.sort_unstable_by(|a, b| b.cmp(a));
+                score.runs_in_key_order(above);
+                if !below.is_empty() {
+                    s.merged.clear();
+                    score.merge(below, above, &mut s.merged);
+                    s.sorted[lo..hi].copy_from_slice(&s.merged);
+                }
+            }
+        }
+        let from = s.walked_p.len();
+        if hi - from >= 64 || b + 1 == buckets {
+            keep = score.sum(
+                &s.sorted[..hi],
+                &mut s.walked_p,
+                from,
+                inv,
+                &mut cum,
+                p,
+                min_keep,
+            );
+            if keep.is_some() {
+                break;
             }
         }
     }
@@ -422,33 +486,205 @@ fn typical_full_body(
     // Every token left out is farther than `bound` from the center in f32;
     // its exact score is above `bound` less the rounding of `x − center`
     // (relative 2^-24 of the operands) and of the f64 score.
-    let last_score = f64::from_bits(s.sorted[keep - 1].0);
+    let last_key = s.sorted[keep - 1];
+    let last_score = score.signed(key_logit(last_key)).abs();
     let slack = 1e-3 + 4.0 * f64::from(f32::EPSILON) * (f64::from(center.abs()) + 64.0);
     if !(last_score < f64::from(bound) - slack) {
         return false;
     }
+    let kept = &s.sorted[..keep];
     out.ids.clear();
-    out.logits.clear();
     out.probs.clear();
-    for k in &s.sorted[..keep] {
-        let id = key_id(k.1);
-        out.ids.push(id);
-        // From the key: a random read of the row per kept token measured
-        // 12 % of the stage at V = 151936.
-        out.logits.push(key_row_logit(k.1, logits));
-        out.probs.push(f32::from_bits(k.2));
-    }
-    // The kept tokens are the gathered ones at or before the last in the
-    // walk's order; the gathered list is in id order.
-    let last = s.sorted[keep - 1];
     out.by_id.clear();
-    out.by_id.extend(
-        s.keys
-            .iter()
-            .filter(|&&k| k <= last)
-            .map(|k| (key_id(k.1), key_row_logit(k.1, logits))),
-    );
+    // From the key: a random read of the row per kept token measured 12 %
+    // of the stage at V = 151936.
+    fill(&mut out.logits, kept, |&k| key_row_logit(k, logits));
+    if fused {
+        // The kept tokens are the gathered ones at or before the last in
+        // the walk's order; the gathered list is in id order. Each is
+        // written, the count advancing only for the kept.
+        out.by_id.resize(n, (0, 0.0));
+        let mut len = 0;
+        for (&k, &sc) in s.keys.iter().zip(&s.scores) {
+            let sc = sc.abs();
+            out.by_id[len] = (key_id(k), key_row_logit(k, logits));
+            len += usize::from(sc < last_score || (sc == last_score && k <= last_key));
+        }
+        out.by_id.truncate(len);
+    } else {
+        fill(&mut out.ids, kept, |&k| key_id(k));
+        out.probs.extend_from_slice(&s.walked_p[..keep]);
+    }
     true
+}
+
+/// For each byte `m`, the lanes whose bits are set in it, ascending (then
+/// zeros), and their number.
+const SET_LANES: [[u32; 8]; 256] = {
+    let mut t = [[0u32; 8]; 256];
+    let mut m = 0;
+    while m < 256 {
+        let (mut c, mut j) = (0, 0);
+        while j < 8 {
+            if (m >> j) & 1 == 1 {
+                t[m][c] = j as u32;
+                c += 1;
+            }
+            j += 1;
+        }
+        m += 1;
+    }
+    t
+};
+const SET_COUNT: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut m = 0;
+    while m < 256 {
+        t[m] = (m as u32).count_ones() as u8;
+        m += 1;
+    }
+    t
+};
+
+/// The positions `base + j` of the lanes `j` set in `mask` (16 lanes) to
+/// the front of `dst`, ascending, and their number: per 8 lanes, one row of
+/// [`SET_LANES`] plus `base` written whole (the entries past the count are
+/// overwritten next), with no branch per lane.
+#[inline(always)]
+fn compress_positions(mask: u32, base: u32, dst: &mut [u32]) -> usize {
+    const _: () = assert!(LANES == 16);
+    let (lo, hi) = ((mask & 0xff) as usize, ((mask >> 8) & 0xff) as usize);
+    for (d, &j) in dst[..8].iter_mut().zip(&SET_LANES[lo]) {
+        *d = base + j;
+    }
+    let c = usize::from(SET_COUNT[lo]);
+    for (d, &j) in dst[c..c + 8].iter_mut().zip(&SET_LANES[hi]) {
+        *d = base + 8 + j;
+    }
+    c + usize::from(SET_COUNT[hi])
+}
+
+/// `dst` set to `f` of each of `src`, in a plain loop over the two
+/// slices (inlined, so that it vectorises for the caller's instruction set:
+/// `Vec::extend` over a `map` was left out of line, without it).
+#[inline(always)]
+fn fill<S, T: Copy + Default>(dst: &mut Vec<T>, src: &[S], f: impl Fn(&S) -> T) {
+    dst.clear();
+    dst.resize(src.len(), T::default());
+    for (d, x) in dst.iter_mut().zip(src) {
+        *d = f(x);
+    }
+}
+
+/// `keys` in ascending order: in place by insertion when short (most
+/// buckets of the walk hold a few tokens), else `sort_unstable`.
+#[inline(always)]
+fn sort_small(keys: &mut [u64]) {
+    if keys.len() > 16 {
+        keys.sort_unstable();
+        return;
+    }
+    for i in 1..keys.len() {
+        let k = keys[i];
+        let mut j = i;
+        while j > 0 && keys[j - 1] > k {
+            keys[j] = keys[j - 1];
+            j -= 1;
+        }
+        keys[j] = k;
+    }
+}
+
+/// The stage's score of a logit, from the row's `max`, `ln S` and entropy.
+#[derive(Clone, Copy, Debug)]
+struct Score {
+    max: f32,
+    ln_sum: f64,
+    entropy: f64,
+}
+
+impl Score {
+    /// `ln S − (l − max) − H` in the stage's operations: the score is its
+    /// magnitude; non-increasing in `l` (every rounding is monotone), so
+    /// `>= 0` below the center.
+    #[inline(always)]
+    fn signed(self, l: f32) -> f64 {
+        self.ln_sum - f64::from(l - self.max) - self.entropy
+    }
+
+    /// The walk's key of a [`desc_key`]: its score's bits (non-negative, so
+    /// they order it), then the key.
+    #[inline(always)]
+    fn order(self, key: u64) -> (u64, u64) {
+        (self.signed(key_logit(key)).abs().to_bits(), key)
+    }
+
+    /// The stage's probability of a logit, `(exp(l − max) · inv) as f32`.
+    #[inline(always)]
+    fn prob(self, l: f32, inv: f64) -> f32 {
+        (f64::from(sampler_core::numerics::exp_nonpos(l - self.max)) * inv) as f32
+    }
+
+    /// Keys above the center in descending order (rising logit, so rising
+    /// score) put in the walk's order: each run of one score, which is in
+    /// descending key order, reversed.
+    fn runs_in_key_order(self, keys: &mut [u64]) {
+        let mut start = 0;
+        while start < keys.len() {
+            let sc = self.signed(key_logit(keys[start]));
+            let mut end = start + 1;
+            while end < keys.len() && self.signed(key_logit(keys[end])) == sc {
+                end += 1;
+            }
+            keys[start..end].reverse();
+            start = end;
+        }
+    }
+
+    /// The probabilities of `walked[from..]` (a loop that vectorises) onto
+    /// `walked_p`, and the stage's f32 running sum `cum` over them: the
+    /// length of the kept prefix if it passes `p` there (holding
+    /// `min_keep`).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn sum(
+        self,
+        walked: &[u64],
+        walked_p: &mut Vec<f32>,
+        from: usize,
+        inv: f64,
+        cum: &mut f32,
+        p: f32,
+        min_keep: usize,
+    ) -> Option<usize> {
+        walked_p.resize(walked.len(), 0.0);
+        for (pk, &k) in walked_p[from..].iter_mut().zip(&walked[from..]) {
+            *pk = self.prob(key_logit(k), inv);
+        }
+        for (i, &pk) in walked_p.iter().enumerate().skip(from) {
+            *cum += pk;
+            if *cum > p && (min_keep == 0 || i + 1 >= min_keep) {
+                return Some(i + 1);
+            }
+        }
+        None
+    }
+
+    /// `a` and `b`, each in the walk's order, merged into `out` in it.
+    fn merge(self, a: &[u64], b: &[u64], out: &mut Vec<u64>) {
+        let (mut i, mut j) = (0, 0);
+        while i < a.len() && j < b.len() {
+            if self.order(a[i]) <= self.order(b[j]) {
+                out.push(a[i]);
+                i += 1;
+            } else {
+                out.push(b[j]);
+                j += 1;
+            }
+        }
+        out.extend_from_slice(&a[i..]);
+        out.extend_from_slice(&b[j..]);
+    }
 }
 
 #[cfg(test)]
@@ -473,6 +709,26 @@ mod tests {
         assert_eq!(band(-64.0 + 1.0 / PER_NAT), BANDS - 1);
         assert_eq!(band((-64.0f32 + 1.0 / PER_NAT).next_up()), BANDS - 2);
         assert_eq!(band_or_masked(f32::NEG_INFINITY), BANDS as u16);
+    }
+
+    /// The compressed positions are the set lanes in order, for every
+    /// mask of one byte in either half and a sample of whole masks.
+    #[test]
+    fn compress_positions_are_the_set_lanes() {
+        let mut dst = [u32::MAX; LANES + 3];
+        let masks = (0..256u32)
+            .flat_map(|m| [m, m << 8, m | (m.rotate_left(3) & 0xff) << 8])
+            .chain([0xffff, 0x8001, 0x0180]);
+        for m in masks {
+            let base = 1000 + m;
+            let c = compress_positions(m, base, &mut dst);
+            let want: Vec<u32> = (0..16)
+                .filter(|j| (m >> j) & 1 == 1)
+                .map(|j| base + j)
+                .collect();
+            assert_eq!(&dst[..c], &want[..], "mask {m:#06x}");
+            assert_eq!(dst[LANES..], [u32::MAX; 3], "mask {m:#06x}: wrote past 16");
+        }
     }
 
     /// The gather's vector masks are the scalar test lane by lane: random
@@ -536,17 +792,58 @@ mod tests {
         }
     }
 
+    /// The kernel decides `row` (it does not hand it to the stage), in
+    /// both forms of its output, and its set is the stage's: ids, logits bit
+    /// for bit (zeros with their sign), probabilities in score order, and,
+    /// fused, the same logits and the same set in id order. A kernel that
+    /// quietly handed rows to the stage would give the same tokens, only
+    /// slower: this catches that.
+    fn assert_decides_as_stage(row: &[f32], p: f32, min_keep: usize, at: &str) {
+        let (mut maxima, mut scratch) = (Vec::new(), TypicalScratch::default());
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let spec = ChainSpec::new(vec![StageSpec::Typical { p, min_keep }], None);
+        let mut chain = crate::build_chain(&spec).unwrap();
+        let mut want = Candidates::from_logits(row);
+        chain.apply_from(0, &mut want).unwrap();
+        let mut got = TypicalSet::default();
+        let decided = typical_full(row, p, min_keep, false, &mut maxima, &mut scratch, &mut got);
+        assert!(decided, "{at}: the kernel fell back ({} kept)", want.len());
+        assert_eq!(got.ids, want.ids(), "{at}");
+        assert_eq!(bits(&got.logits), bits(want.logits()), "{at}");
+        assert_eq!(bits(&got.probs), bits(want.probs().unwrap()), "{at}");
+        assert!(got.by_id.is_empty(), "{at}");
+        let mut by_id: Vec<(TokenId, f32)> = got
+            .ids
+            .iter()
+            .copied()
+            .zip(got.logits.iter().copied())
+            .collect();
+        by_id.sort_unstable_by_key(|&(id, _)| id);
+        let mut fused = TypicalSet::default();
+        let decided = typical_full(
+            row,
+            p,
+            min_keep,
+            true,
+            &mut maxima,
+            &mut scratch,
+            &mut fused,
+        );
+        assert!(decided, "{at}: fused, the kernel fell back");
+        assert_eq!(bits(&fused.logits), bits(want.logits()), "{at}");
+        assert!(fused.ids.is_empty() && fused.probs.is_empty(), "{at}");
+        assert_eq!(fused.by_id.len(), by_id.len(), "{at}");
+        for (g, w) in fused.by_id.iter().zip(&by_id) {
+            assert_eq!((g.0, g.1.to_bits()), (w.0, w.1.to_bits()), "{at}");
+        }
+    }
+
     /// On ordinary rows (`-c·ln(rank)`, ranks scattered over ids, the top
-    /// logit `-0.0`) the kernel decides, with and without the band counts
-    /// (`min_keep` 1 and above), and its set is the stage's: ids, logits
-    /// bit for bit (zeros with their sign), probabilities, and the same set
-    /// in id order. A kernel that quietly hands every row to the stage
-    /// would give the same tokens, only slower: this test catches that.
+    /// logit `-0.0`), with and without the band counts (`min_keep` 1 and
+    /// above).
     #[test]
     fn decides_ordinary_rows_as_the_stage() {
         let vocab = 20_000;
-        let (mut maxima, mut scratch) = (Vec::new(), TypicalScratch::default());
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for c in [0.8f32, 1.0, 1.3, 2.0] {
             let row: Vec<f32> = (0..vocab)
                 .map(|i| -c * ((((i * 7919 + 13) % vocab) + 1) as f32).ln())
@@ -554,28 +851,38 @@ mod tests {
             for p in [0.2f32, 0.5, 0.9, 0.95] {
                 for min_keep in [1usize, 3, 50] {
                     let at = format!("c {c} p {p} min_keep {min_keep}");
-                    let spec = ChainSpec::new(vec![StageSpec::Typical { p, min_keep }], None);
-                    let mut chain = crate::build_chain(&spec).unwrap();
-                    let mut want = Candidates::from_logits(&row);
-                    chain.apply_from(0, &mut want).unwrap();
-                    let mut got = TypicalSet::default();
-                    let decided =
-                        typical_full(&row, p, min_keep, &mut maxima, &mut scratch, &mut got);
-                    assert!(decided, "{at}: the kernel fell back ({} kept)", want.len());
-                    assert_eq!(got.ids, want.ids(), "{at}");
-                    assert_eq!(bits(&got.logits), bits(want.logits()), "{at}");
-                    assert_eq!(bits(&got.probs), bits(want.probs().unwrap()), "{at}");
-                    let mut by_id: Vec<(TokenId, f32)> = got
-                        .ids
-                        .iter()
-                        .copied()
-                        .zip(got.logits.iter().copied())
-                        .collect();
-                    by_id.sort_unstable_by_key(|&(id, _)| id);
-                    assert_eq!(got.by_id.len(), by_id.len(), "{at}");
-                    for (g, w) in got.by_id.iter().zip(&by_id) {
-                        assert_eq!((g.0, g.1.to_bits()), (w.0, w.1.to_bits()), "{at}");
-                    }
+                    assert_decides_as_stage(&row, p, min_keep, &at);
+                }
+            }
+        }
+    }
+
+    /// On rows full of ties: logits on a grid of 1/8 (runs of equal logits,
+    /// so of equal scores, on both sides of the center, ordered by id), the
+    /// maximum as `+0.0` and `-0.0` both, and logits a hair below it
+    /// (`-1e-30`, `-1e-38`) whose scores are equal in f64 to the maximum's
+    /// though their logits differ: the walk puts such a run above the center
+    /// back in the canonical order, and merges the two sides of each bucket
+    /// by (score, canonical).
+    #[test]
+    fn orders_ties_as_the_stage() {
+        let vocab = 6_000;
+        for (c, grid) in [(1.0f32, 8.0f32), (2.0, 8.0), (0.7, 4.0), (1.3, 64.0)] {
+            let mut row: Vec<f32> = (0..vocab)
+                .map(|i| {
+                    let l = -c * ((((i * 4007 + 5) % vocab) / 3 + 1) as f32).ln();
+                    (l * grid).round() / grid
+                })
+                .collect();
+            for (i, l) in [(17, 0.0f32), (4000, -0.0), (9, -1e-30), (2500, -1e-38)] {
+                row[i] = l;
+            }
+            let zeros = row.iter().filter(|&&l| l == 0.0).count();
+            assert!(zeros >= 4, "{zeros}");
+            for p in [0.05f32, 0.3, 0.9, 0.99] {
+                for min_keep in [1usize, 7] {
+                    let at = format!("c {c} grid {grid} p {p} min_keep {min_keep}");
+                    assert_decides_as_stage(&row, p, min_keep, &at);
                 }
             }
         }
