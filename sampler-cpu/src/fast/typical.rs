@@ -381,14 +381,17 @@ fn typical_full_body(
     if s.idx.len() < logits.len() + LANES {
         s.idx.resize(logits.len() + LANES, 0);
     }
+    // (Local slices here and below, so that the loops' stores need not be
+    // assumed to reach the vectors' own pointers in `s`.)
     let mut n = 0usize;
     let (full, rest) = blocks(logits);
+    let idx = &mut s.idx[..];
     for (k, block) in full.enumerate() {
         let m = mask(as_block(block), near);
-        n += compress_positions(m, (k * LANES) as u32, &mut s.idx[n..n + LANES]);
+        n += compress_positions(m, (k * LANES) as u32, &mut idx[n..n + LANES]);
     }
     for (i, &l) in logits.iter().enumerate().skip(rest) {
-        s.idx[n] = i as u32;
+        idx[n] = i as u32;
         n += usize::from(near.test(l));
     }
     let idx = &s.idx[..n];
@@ -421,19 +424,21 @@ fn typical_full_body(
     });
     s.starts.clear();
     s.starts.resize(2 * buckets + 1, 0);
+    let starts = &mut s.starts[..];
     for &slot in &s.slots {
-        s.starts[slot as usize + 1] += 1;
+        starts[slot as usize + 1] += 1;
     }
     for b in 0..2 * buckets {
-        s.starts[b + 1] += s.starts[b];
+        starts[b + 1] += starts[b];
     }
     s.next.clear();
     s.next.extend_from_slice(&s.starts[..2 * buckets]);
     s.sorted.clear();
     s.sorted.resize(n, 0);
+    let (next, sorted) = (&mut s.next[..], &mut s.sorted[..]);
     for (&slot, &k) in s.slots.iter().zip(&s.keys) {
-        let at = &mut s.next[slot as usize];
-        s.sorted[*at as usize] = k;
+        let at = &mut next[slot as usize];
+        sorted[*at as usize] = k;
         *at += 1;
     }
     // The walk, on `sorted` in place: bucket by bucket, the tokens below
@@ -504,10 +509,10 @@ fn typical_full_body(
         // the walk's order; the gathered list is in id order. Each is
         // written, the count advancing only for the kept.
         out.by_id.resize(n, (0, 0.0));
-        let mut len = 0;
+        let (mut len, by_id) = (0, &mut out.by_id[..]);
         for (&k, &sc) in s.keys.iter().zip(&s.scores) {
             let sc = sc.abs();
-            out.by_id[len] = (key_id(k), key_row_logit(k, logits));
+            by_id[len] = (key_id(k), key_row_logit(k, logits));
             len += usize::from(sc < last_score || (sc == last_score && k <= last_key));
         }
         out.by_id.truncate(len);
