@@ -957,28 +957,40 @@ fn row_tail_token(
     s: &mut Scratch,
 ) -> Option<Result<TokenId, SampleError>> {
     let max = max_checked(logits, &mut s.sel).ok()?;
-    Some(temp_dist_token_in_id_order(
+    Some(row_tail_token_at(logits, max, chain, tail, s))
+}
+
+/// [`row_tail_token`] on a row already validated, whose maximum is `max`.
+fn row_tail_token_at(
+    logits: &[f32],
+    max: f32,
+    chain: &Chain,
+    tail: tail::TempDist,
+    s: &mut Scratch,
+) -> Result<TokenId, SampleError> {
+    temp_dist_token_in_id_order(
         None,
         logits,
         Some(max),
         tail.t,
         tail_uniform(chain, tail),
         &mut s.prefix,
-    ))
+    )
 }
 
 /// The dynamic temperature the stage computes on a raw row
 /// (`stages::temperature::dynamic_t` of its entropy and finite count), as
-/// the fused tail's temperature: `Some(None)` for 1 (no division). `None`:
-/// not decided here (a bad, all-`-inf` or one-token row, or the argmax
-/// rule).
+/// the fused tail's temperature: `Some(None)` for 1 (no division), with the
+/// row's maximum (the row is valid: the tail needs no second max pass).
+/// `None`: not decided here (a bad, all-`-inf` or one-token row, or the
+/// argmax rule).
 fn dynamic_row_t(
     logits: &[f32],
     t: f32,
     range: f32,
     exponent: f32,
     s: &mut Scratch,
-) -> Option<Option<f32>> {
+) -> Option<(Option<f32>, f32)> {
     if logits.len() <= 1 {
         return None;
     }
@@ -987,12 +999,14 @@ fn dynamic_row_t(
         return None;
     }
     let (_, entropy) = crate::util::log_norm_entropy(logits, max);
-    let finite = logits.iter().filter(|l| l.is_finite()).count();
+    // Finite: `>= -f32::MAX` (no NaN or `+inf` passed the max pass), a
+    // vectorised count.
+    let finite = scan::count_at_least(logits, -f32::MAX);
     let t = crate::stages::temperature::dynamic_t(t, range, exponent, entropy, finite);
     if t.is_nan() || t < sampler_core::GREEDY_TEMPERATURE {
         return None;
     }
-    Some((t != 1.0).then_some(t))
+    Some(((t != 1.0).then_some(t), max))
 }
 
 /// `xtc` (its `probability`, `threshold`, `min_keep`) at stage `at` on a
@@ -1512,11 +1526,9 @@ fn run_lead(
         dist_at,
     } = lead
         && let Some(token) = with_scratch(|s| {
-            let tail = tail::TempDist {
-                t: dynamic_row_t(logits, t, range, exponent, s)?,
-                dist_at,
-            };
-            row_tail_token(logits, chain, tail, s)
+            let (t, max) = dynamic_row_t(logits, t, range, exponent, s)?;
+            let tail = tail::TempDist { t, dist_at };
+            Some(row_tail_token_at(logits, max, chain, tail, s))
         })
     {
         let token = token?;
@@ -1794,7 +1806,7 @@ mod tests {
         };
         let got = with_scratch(|s| dynamic_row_t(&logits, t, range, exponent, s));
         assert!(
-            matches!(got, Some(Some(t)) if t > 0.3 && t < 1.3),
+            matches!(got, Some((Some(t), max)) if t > 0.3 && t < 1.3 && max == 0.0),
             "{got:?}"
         );
         // Mirostat v1 is decided whole (token and probability), over steps

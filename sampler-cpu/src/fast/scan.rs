@@ -466,7 +466,7 @@ fn max_and_min_finite(values: &[f32]) -> (f32, f32) {
 
 /// How many of `values` are `>= thr` (AVX-512F / AVX2 compares and a
 /// population count, chosen at run time; else in lanes).
-fn count_at_least(values: &[f32], thr: f32) -> usize {
+pub(crate) fn count_at_least(values: &[f32], thr: f32) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx512f") {
