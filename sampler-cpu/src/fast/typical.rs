@@ -374,8 +374,8 @@ fn typical_full_body(
     }
     // Everything within `reach + 1/16` of the center: a vectorised test
     // per block, the positions of the lanes that pass written without a
-    // branch per lane (each lane's position is stored, the count advances
-    // by its bit), so `idx` needs room for a block past the last hit.
+    // branch per lane ([`compress_positions`]: each block writes 16 slots
+    // from the count on, which the row's length always leaves room for).
     let bound = reach + 1.0 / PER_NAT;
     let near = Near { max, center, bound };
     if s.idx.len() < logits.len() + LANES {
@@ -446,7 +446,7 @@ fn typical_full_body(
     // run of one score in key order, the two merged by (score, key) (through
     // `merged`); then their probabilities `(exp(x) · (1/S)) as f32` (a loop
     // that vectorises) and the stage's f32 running sum, 64 or more tokens at
-    // a time.
+    // a time (the last bucket's may be fewer).
     s.walked_p.clear();
     let mut cum = 0.0f32;
     let mut keep = None;
@@ -554,7 +554,7 @@ const SET_COUNT: [u8; 256] = {
 /// The positions `base + j` of the lanes `j` set in `mask` (16 lanes) to
 /// the front of `dst`, ascending, and their number: per 8 lanes, one row of
 /// [`SET_LANES`] plus `base` written whole (the entries past the count are
-/// overwritten next), with no branch per lane.
+/// scratch, for the next block to write over), with no branch per lane.
 #[inline(always)]
 fn compress_positions(mask: u32, base: u32, dst: &mut [u32]) -> usize {
     const _: () = assert!(LANES == 16);
